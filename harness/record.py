@@ -1,0 +1,252 @@
+"""The run record: the one JSON file (``results.json``) every report is rendered from.
+
+Data flows one way: the worker writes one ``CellResult`` per cell as a JSON line
+(``cells.jsonl`` in the run folder) the moment the ranks agree on its verdict; the launcher
+folds those lines into a ``RunRecord`` after every launch, so an interrupted sweep still
+leaves a valid, ``incomplete`` record behind. Reports (``reports/``) are pure functions of
+``RunRecord.serialize()`` and never import torch.
+
+Schema (``schema = 1``), all plain JSON:
+
+``RunRecord``
+    schema, status ("complete" | "incomplete"), started/finished (ISO-8601 UTC),
+    duration_s, command (the shell line that reproduces the whole sweep), argv, backend,
+    environment (torch, python, platform, hostname, device, pg_backend, git_commit),
+    selection (preset, axis overrides, filter, examples), tolerance (policy table and any
+    override), world_sizes, launches (one ``LaunchRecord`` per torchrun launch), counts
+    (status -> number of cells), cells (``CellResult`` list in matrix order).
+
+``CellResult``
+    id (the stable cell id), axes (axis -> value), expect ("pass" | "error"), status (one of
+    ``STATUSES``), duration_s, worst_ratio (largest error/bound over all tensor checks, or
+    None), first_failure (one line, or None), repro (command line), ranks (``RankResult``
+    per rank), example (the shape/split example that ran, with ``shrunk`` when hypothesis
+    shrank a failure to it; None for the cell's default example).
+
+``RankResult``
+    rank, status, comparisons (``Check`` list), error ({type, message, traceback} or None).
+
+``Check``
+    name (path such as ``mb0.output`` or ``weight1.main_grad``), kind ("tensor" | "count" |
+    "flag" | "dtype" | "exception"), ok, message (assert_close-style text when not ok),
+    and for tensors: numel, mismatched, max_abs, max_rel, ratio (max error/bound),
+    bound_at_worst, index (of the worst element); for counts/flags/dtypes: expected, actual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+STATUSES = ("pass", "xfail", "fail", "error", "timeout", "skipped")
+#: statuses that meet the cell's expectation; everything else makes a sweep exit 1.
+GOOD_STATUSES = ("pass", "xfail")
+
+
+@dataclass
+class Check:
+    name: str
+    kind: str
+    ok: bool
+    message: str | None = None
+    numel: int | None = None
+    mismatched: int | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    ratio: float | None = None
+    bound_at_worst: float | None = None
+    index: list[int] | None = None
+    expected: Any = None
+    actual: Any = None
+
+    def serialize(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k == "ok"}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Check":
+        return cls(**d)
+
+
+@dataclass
+class RankResult:
+    rank: int
+    status: str
+    comparisons: list[Check] = field(default_factory=list)
+    error: dict[str, str] | None = None
+
+    def serialize(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "status": self.status,
+            "comparisons": [c.serialize() for c in self.comparisons],
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RankResult":
+        return cls(
+            rank=d["rank"],
+            status=d["status"],
+            comparisons=[Check.from_dict(c) for c in d.get("comparisons", [])],
+            error=d.get("error"),
+        )
+
+
+@dataclass
+class CellResult:
+    id: str
+    axes: dict[str, Any]
+    expect: str
+    status: str
+    duration_s: float = 0.0
+    worst_ratio: float | None = None
+    first_failure: str | None = None
+    repro: str = ""
+    ranks: list[RankResult] = field(default_factory=list)
+    example: dict[str, Any] | None = None
+
+    def serialize(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "axes": self.axes,
+            "expect": self.expect,
+            "status": self.status,
+            "duration_s": self.duration_s,
+            "worst_ratio": self.worst_ratio,
+            "first_failure": self.first_failure,
+            "repro": self.repro,
+            "ranks": [r.serialize() for r in self.ranks],
+            "example": self.example,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CellResult":
+        return cls(
+            id=d["id"],
+            axes=d["axes"],
+            expect=d["expect"],
+            status=d["status"],
+            duration_s=d.get("duration_s", 0.0),
+            worst_ratio=d.get("worst_ratio"),
+            first_failure=d.get("first_failure"),
+            repro=d.get("repro", ""),
+            ranks=[RankResult.from_dict(r) for r in d.get("ranks", [])],
+            example=d.get("example"),
+        )
+
+    def __bool__(self) -> bool:
+        """True when the cell met its expectation (as nox's ``Result``)."""
+        return self.status in GOOD_STATUSES
+
+
+@dataclass
+class LaunchRecord:
+    world_size: int
+    cells: list[str]
+    exit_code: int | None
+    duration_s: float
+    log_dir: str
+    attempt: int = 0
+    note: str | None = None
+
+    def serialize(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LaunchRecord":
+        return cls(**d)
+
+
+@dataclass
+class RunRecord:
+    status: str
+    started: str
+    finished: str | None
+    duration_s: float
+    command: str
+    argv: list[str]
+    backend: str
+    environment: dict[str, Any]
+    selection: dict[str, Any]
+    tolerance: dict[str, Any]
+    world_sizes: list[int]
+    launches: list[LaunchRecord] = field(default_factory=list)
+    cells: list[CellResult] = field(default_factory=list)
+    schema: int = SCHEMA
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in STATUSES}
+        for c in self.cells:
+            out[c.status] = out.get(c.status, 0) + 1
+        return out
+
+    def serialize(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "status": self.status,
+            "started": self.started,
+            "finished": self.finished,
+            "duration_s": self.duration_s,
+            "command": self.command,
+            "argv": self.argv,
+            "backend": self.backend,
+            "environment": self.environment,
+            "selection": self.selection,
+            "tolerance": self.tolerance,
+            "world_sizes": self.world_sizes,
+            "launches": [l.serialize() for l in self.launches],
+            "counts": self.counts,
+            "cells": [c.serialize() for c in self.cells],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"unsupported run record schema={d.get('schema')!r} (expected {SCHEMA})")
+        return cls(
+            status=d["status"],
+            started=d["started"],
+            finished=d.get("finished"),
+            duration_s=d.get("duration_s", 0.0),
+            command=d.get("command", ""),
+            argv=d.get("argv", []),
+            backend=d["backend"],
+            environment=d.get("environment", {}),
+            selection=d.get("selection", {}),
+            tolerance=d.get("tolerance", {}),
+            world_sizes=d.get("world_sizes", []),
+            launches=[LaunchRecord.from_dict(l) for l in d.get("launches", [])],
+            cells=[CellResult.from_dict(c) for c in d.get("cells", [])],
+        )
+
+    def write(self, path: Path) -> None:
+        """Write atomically so a reader (or a crash) never sees half a record."""
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.serialize(), indent=1, sort_keys=False))
+        tmp.replace(path)
+
+
+def load(path: str | Path) -> RunRecord:
+    """Load a run record from ``results.json`` or from the run folder holding it."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    return RunRecord.from_dict(json.loads(p.read_text()))
+
+
+def read_cell_lines(path: Path) -> list[CellResult]:
+    """Read ``cells.jsonl``; a torn last line (a crash mid-write) is ignored, never fatal."""
+    out: list[CellResult] = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(CellResult.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, KeyError):
+            continue
+    return out

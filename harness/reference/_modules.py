@@ -1,0 +1,117 @@
+"""``Linear`` and ``GroupedLinear`` with the public signatures of ``transformer_engine.pytorch``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from harness.reference._core import GemmCall, GroupGemm, ReferenceImpl
+from harness.reference._wgrad import DelayedWgradMixin
+
+REFERENCE_IMPL = ReferenceImpl()
+
+
+def _new_param(shape: tuple[int, ...], dtype: torch.dtype | None, device: Any,
+               fan_in: int) -> torch.nn.Parameter:
+    data = torch.empty(shape, dtype=dtype or torch.get_default_dtype(), device=device)
+    bound = 1.0 / math.sqrt(max(fan_in, 1))
+    torch.nn.init.uniform_(data, -bound, bound)
+    return torch.nn.Parameter(data)
+
+
+def check_splits(m_splits: Sequence[int], num_gemms: int, rows: int) -> list[int]:
+    """Validate row splits up front so a bad split never reaches a GEMM or a collective.
+
+    Raises:
+        ValueError: wrong length, a negative entry, or a sum different from the rows.
+    """
+    splits = [int(s) for s in m_splits]
+    if len(splits) != num_gemms:
+        raise ValueError(f"m_splits has {len(splits)} entries but num_gemms={num_gemms}")
+    if any(s < 0 for s in splits):
+        raise ValueError(f"m_splits={splits} has a negative entry")
+    if sum(splits) != rows:
+        raise ValueError(f"m_splits={splits} sums to {sum(splits)} but the input has {rows} rows")
+    return splits
+
+
+class _GroupModule(DelayedWgradMixin, torch.nn.Module):
+    """Shared parameter layout and forward plumbing of the three modules."""
+
+    _impl: ClassVar[ReferenceImpl] = REFERENCE_IMPL
+    #: names of the weight parameters in group order (leader first)
+    _weight_names: tuple[str, ...]
+    _bias_names: tuple[str, ...]
+    #: whether a delayed backward also delays the bias gradients (TE's modules differ)
+    _delay_bias: ClassVar[bool] = False
+
+    def _build(self, n: int, in_features: int, out_features: int, bias: bool,
+               dtype: torch.dtype | None, device: Any, fused: bool, delay: bool,
+               single: bool = False) -> None:
+        self.in_features = in_features
+        self.out_features = out_features
+        self.fuse_wgrad_accumulation = bool(fused)
+        self._init_wgrad(delay)
+        self._weight_names = ("weight",) if single else tuple(f"weight{i}" for i in range(n))
+        self._bias_names = (("bias",) if single else tuple(f"bias{i}" for i in range(n))) if bias else ()
+        for name in self._weight_names:
+            self.register_parameter(name, _new_param((out_features, in_features), dtype, device, in_features))
+        for name in self._bias_names:
+            p = _new_param((out_features,), dtype, device, in_features)
+            self.register_parameter(name, p)
+        self._mark_delayed_params()
+
+    def _delayed_param_names(self) -> tuple[str, ...]:
+        return self._weight_names + (self._bias_names if self._delay_bias else ())
+
+    def _run(self, inp: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
+        weights = [getattr(self, n) for n in self._weight_names]
+        biases = [getattr(self, n) for n in self._bias_names]
+        distributed = self._impl.check_supported(self, weights)
+        self._mark_delayed_params()
+        call = GemmCall(
+            module=self, impl=self._impl, m_splits=m_splits, fused=self.fuse_wgrad_accumulation,
+            delay=self.delay_wgrad_compute, delay_bias=self._delay_bias,
+            distributed=distributed, n=len(weights), has_bias=bool(biases),
+        )
+        return GroupGemm.apply(inp, call, *weights, *biases)
+
+
+class Linear(_GroupModule):
+    """``y = x W^T + b``; ``weight`` may be replaced by a DistributedWeight."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 params_dtype: torch.dtype | None = None, device: Any = None,
+                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False) -> None:
+        super().__init__()
+        self._build(1, in_features, out_features, bias, params_dtype, device,
+                    fuse_wgrad_accumulation, delay_wgrad_compute, single=True)
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        lead = inp.shape[:-1]
+        flat = inp.reshape(-1, inp.shape[-1])
+        out = self._run(flat, [flat.shape[0]])
+        return out.reshape(*lead, self.out_features)
+
+
+class GroupedLinear(_GroupModule):
+    """N independent linears over row splits of one input (MoE experts)."""
+
+    _delay_bias = True
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
+                 params_dtype: torch.dtype | None = None, device: Any = None,
+                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False) -> None:
+        super().__init__()
+        if num_gemms < 1:
+            raise ValueError(f"num_gemms must be >= 1, got num_gemms={num_gemms}")
+        self.num_gemms = num_gemms
+        self._build(num_gemms, in_features, out_features, bias, params_dtype, device,
+                    fuse_wgrad_accumulation, delay_wgrad_compute)
+
+    def forward(self, inp: torch.Tensor, m_splits: Sequence[int],
+                is_first_microbatch: bool | None = None) -> torch.Tensor:
+        splits = check_splits(m_splits, self.num_gemms, inp.shape[0])
+        return self._run(inp, splits)
