@@ -72,8 +72,11 @@ class ReferenceImpl:
         ctx.weight_objects = tuple(weights)
 
     # ---- backward ------------------------------------------------------------------
-    def backward_weights(self, ctx: Any, call: GemmCall) -> list[Any]:
-        """The objects backward decides "distributed?" from (the fix: never the unpacked)."""
+    def backward_weights(self, ctx: Any, call: GemmCall, saved: Sequence[torch.Tensor]) -> list[Any]:
+        """The objects backward decides "distributed?" from (the fix: never the unpacked).
+
+        ``saved`` is ``ctx.saved_tensors``, unpacked exactly once (checkpointing forbids more).
+        """
         return list(ctx.weight_objects)
 
     def backward_gemm_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
@@ -180,8 +183,9 @@ class GroupGemm(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         call: GemmCall = ctx.call
         impl = call.impl
-        inp = ctx.saved_tensors[0]
-        weights = impl.backward_weights(ctx, call)
+        saved = ctx.saved_tensors
+        inp = saved[0]
+        weights = impl.backward_weights(ctx, call, saved)
         distributed = _dw.is_distributed_weight(weights[0])
         gemm_weights = impl.backward_gemm_weights(ctx, call, weights, distributed)
         grad_out = grad_out.contiguous()

@@ -21,7 +21,7 @@ class OpsImpl(ReferenceImpl):
              gemm_weights: Any) -> None:
         ctx.save_for_backward(inp)
 
-    def backward_weights(self, ctx: Any, call: GemmCall) -> list[Any]:
+    def backward_weights(self, ctx: Any, call: GemmCall, saved: Any) -> list[Any]:
         return [getattr(call.module, name) for name in call.module._weight_names]
 
 

@@ -34,8 +34,8 @@ class PrefixImpl(ReferenceImpl):
         owners = gemm_weights if self.refs_to_gemm_weights else weights
         ctx.origin_weight_refs = [weakref.ref(w) for w in owners]
 
-    def backward_weights(self, ctx: Any, call: GemmCall) -> list[Any]:
-        return list(ctx.saved_tensors[1: 1 + call.n])
+    def backward_weights(self, ctx: Any, call: GemmCall, saved: Sequence[torch.Tensor]) -> list[Any]:
+        return list(saved[1: 1 + call.n])
 
     def origin_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
                        distributed: bool) -> list[Any]:

@@ -1,0 +1,188 @@
+"""Synthetic but realistic run records for the report tests (built with ``harness.record``).
+
+Not a conftest (no fixtures, nothing pytest loads on its own): the report tests import it by
+path. Records look like what the sweep writes: realistic ids and axes, ~20 checks per rank
+with assert_close-style messages, rank tracebacks that contain ``<script>``, ``&`` and quotes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+from harness.record import Check, CellResult, LaunchRecord, RankResult, RunRecord
+
+AXES: dict[str, list[Any]] = {
+    "module": ["linear", "grouped_linear", "ops_grouped_linear"],
+    "weight": ["distributed", "plain"],
+    "hooks": ["none", "offload", "save_on_cpu", "checkpoint"],
+    "fused": [True, False],
+    "dtype": ["fp32", "bf16", "fp16"],
+    "world_size": [1, 2, 4],
+    "consumer": ["ddp", "autograd"],
+    "microbatches": [1, 2],
+    "num_gemms": [1, 4],
+    "bias": [True, False],
+    "input_grad": [True, False],
+    "delay_wgrad": [False, True],
+}
+
+EVIL = '<script>alert("pwned")</script> & </script><!-- \'quoted\' -->'
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/work/main/harness/worker.py", line 212, in run_cell\n'
+    "    out = module(inp, m_splits)\n"
+    '  File "/work/main/harness/backends/reference.py", line 88, in backward\n'
+    "    raise RuntimeError(msg)\n"
+    "RuntimeError: weight was removed while fuse_wgrad_accumulation=True "
+    f"(ctx.saved_tensors[0] is a plain Tensor) {EVIL}\n"
+)
+
+
+def cell_id(axes: dict[str, Any]) -> str:
+    return "-".join([
+        axes["module"], axes["weight"], f"hooks={axes['hooks']}", "fused" if axes["fused"] else "unfused",
+        axes["dtype"], f"ws{axes['world_size']}", axes["consumer"], f"mb{axes['microbatches']}",
+        f"g{axes['num_gemms']}", "bias" if axes["bias"] else "nobias", "igrad" if axes["input_grad"] else "noigrad",
+        "delay" if axes["delay_wgrad"] else "nodelay",
+    ])
+
+
+def repro_for(cid: str) -> str:
+    return f"dw-harness repro --backend harness.backends.reference --seed 20240611 --cell '{cid}'"
+
+
+def _tensor_check(name: str, ratio: float, rng: random.Random) -> Check:
+    bound = 10 ** rng.uniform(-4, -1)
+    ok = ratio <= 1.0
+    numel = rng.choice([512, 4096, 16384])
+    msg = None
+    if not ok:
+        bad = rng.randint(1, 40)
+        msg = (f"Gradients are not close! Mismatched elements: {bad} / {numel} ({100 * bad / numel:.1f}%)\n"
+               f"greatest abs diff {ratio * bound:.3g} at (2, 17) (up to {bound:.3g} allowed)\n"
+               f"fp64 oracle at (2, 17): backend err {ratio * bound:.3g}, reference err {bound / 9:.3g}\n"
+               f"The failure occurred for item [rank 0]['{name}']  <b>&amp;</b>")
+    return Check(name=name, kind="tensor", ok=ok, message=msg, numel=numel, mismatched=0 if ok else 3,
+                 max_abs=ratio * bound, max_rel=ratio * bound * 3.1, ratio=ratio, bound_at_worst=bound,
+                 index=[2, 17])
+
+
+def _rank_checks(axes: dict[str, Any], rng: random.Random, worst: float, fail: bool) -> list[Check]:
+    names = []
+    for mb in range(axes["microbatches"]):
+        names.append(f"mb{mb}.output")
+        if axes["input_grad"]:
+            names.append(f"mb{mb}.input_grad")
+    for g in range(axes["num_gemms"]):
+        names.append(f"weight{g}.main_grad" if axes["consumer"] == "ddp" else f"weight{g}.grad")
+        if axes["bias"]:
+            names.append(f"bias{g}.main_grad" if axes["consumer"] == "ddp" else f"bias{g}.grad")
+    out = [_tensor_check(n, worst * 10 ** rng.uniform(-3, 0), rng) for n in names]
+    out[-1 if not fail else rng.randrange(len(out))] = _tensor_check(names[-1], worst, rng)
+    out += [
+        Check("calls.materialize_forward", "count", True, expected=1, actual=1),
+        Check("calls.materialize_backward", "count", not fail or rng.random() < 0.5,
+              expected=1, actual=1 if not fail else 2,
+              message=None if not fail else "materialize_group_for_backward called 2 times, expected 1"),
+        Check("calls.finalize", "count", True, expected=1, actual=1),
+        Check("finalize.dtype", "dtype", True, expected="torch.float32", actual="torch.float32"),
+        Check("weight0.grad_added_to_main_grad", "flag", True, expected=True, actual=True),
+        Check("wgrad_hooks.calls", "count", True, expected=axes["microbatches"], actual=axes["microbatches"]),
+    ]
+    return out
+
+
+def make_cell(axes: dict[str, Any], status: str, rng: random.Random, n_ranks: int | None = None) -> CellResult:
+    cid = cell_id(axes)
+    n_ranks = axes["world_size"] if n_ranks is None else n_ranks
+    expect = "error" if axes["delay_wgrad"] and axes["weight"] == "distributed" else "pass"
+    ranks: list[RankResult] = []
+    worst_ratio: float | None = None
+    first_failure = None
+    example = {"m_splits": [[3, 0, 5, 8]], "in_features": 24, "out_features": 40}
+    if status in ("pass", "fail"):
+        worst_ratio = 10 ** rng.uniform(-3.5, -0.02) if status == "pass" else rng.uniform(1.2, 40)
+        for r in range(n_ranks):
+            w = worst_ratio if r == n_ranks - 1 else worst_ratio * rng.uniform(0.2, 0.95)
+            checks = _rank_checks(axes, rng, w if status == "pass" or r == n_ranks - 1 else min(w, 0.9),
+                                  fail=status == "fail" and r == n_ranks - 1)
+            ranks.append(RankResult(r, "fail" if any(not c.ok for c in checks) else "pass", checks))
+        if status == "fail":
+            bad = next(c for c in ranks[-1].comparisons if not c.ok)
+            first_failure = f"[rank {n_ranks - 1}] {bad.name}: " + (bad.message or "").splitlines()[0]
+            example = {**example, "shrunk": True}
+    elif status == "xfail":
+        for r in range(n_ranks):
+            err = {"type": "ValueError", "message": "delay_wgrad_compute=True is not supported with a DistributedWeight",
+                   "traceback": "Traceback (most recent call last):\nValueError: delay_wgrad_compute ... & <ok>\n"}
+            ranks.append(RankResult(r, "xfail", [Check("raised", "exception", True, expected="ValueError",
+                                                       actual="ValueError")], err))
+    elif status == "error":
+        for r in range(n_ranks):
+            ranks.append(RankResult(r, "error", [], {"type": "RuntimeError",
+                                                      "message": f"weight was removed {EVIL}",
+                                                      "traceback": TRACEBACK}))
+        first_failure = f"[rank 0] RuntimeError: weight was removed while fuse_wgrad_accumulation=True {EVIL}"
+    elif status == "timeout":
+        ranks = [RankResult(r, "timeout", [], {"type": "Timeout", "message": "no event for 120 s",
+                                               "traceback": f"rank {r} last event: backward_start\n"})
+                 for r in range(n_ranks)]
+        first_failure = "timeout: rank 1 sent no event for 120 s (last: backward_start)"
+    elif status == "skipped":
+        first_failure = "skipped: ops_grouped_linear needs num_gemms >= 2"
+    return CellResult(id=cid, axes=dict(axes), expect=expect, status=status,
+                      duration_s=round(rng.uniform(0.05, 4.0), 3), worst_ratio=worst_ratio,
+                      first_failure=first_failure, repro=repro_for(cid), ranks=ranks,
+                      example=example if status != "skipped" else None)
+
+
+def all_axes() -> list[dict[str, Any]]:
+    names = list(AXES)
+    return [dict(zip(names, vals)) for vals in itertools.product(*AXES.values())]
+
+
+def pick_status(axes: dict[str, Any], rng: random.Random, mix: dict[str, float]) -> str:
+    if axes["delay_wgrad"] and axes["weight"] == "distributed":
+        return "xfail" if rng.random() < 0.9 else "fail"
+    x = rng.random()
+    for s, p in mix.items():
+        if x < p:
+            return s
+        x -= p
+    return "pass"
+
+
+DEFAULT_MIX = {"fail": 0.07, "error": 0.04, "timeout": 0.01, "skipped": 0.03}
+
+
+def make_record(n_cells: int = 80, *, seed: int = 0, n_ranks: int | None = None,
+                mix: dict[str, float] | None = None, status: str = "complete",
+                force: dict[int, str] | None = None) -> dict[str, Any]:
+    """A serialized record of ``n_cells`` cells spread over the whole matrix.
+
+    ``force`` maps cell positions to statuses (so small records hold every status).
+    """
+    rng = random.Random(seed)
+    space = all_axes()
+    step = max(1, len(space) // n_cells)
+    chosen = [space[(i * step + rng.randrange(step)) % len(space)] for i in range(n_cells)]
+    force = force or {}
+    cells = [make_cell(a, force.get(i) or pick_status(a, rng, mix or DEFAULT_MIX), rng, n_ranks)
+             for i, a in enumerate(chosen)]
+    rec = RunRecord(
+        status=status, started="2025-06-11T08:00:00Z", finished=None if status == "incomplete" else "2025-06-11T08:42:17Z",
+        duration_s=2537.4, command="dw-harness sweep --preset ci --backend reference --out runs/ci",
+        argv=["dw-harness", "sweep", "--preset", "ci"], backend="harness.backends.reference",
+        environment={"torch": "2.13.0+cpu", "python": "3.11.9", "platform": "Linux-6.1-x86_64",
+                     "hostname": "ci-runner-7", "device": "cpu", "pg_backend": "gloo", "git_commit": "515e9b2"},
+        selection={"preset": "ci", "filter": None}, tolerance={"bf16": {"u": 2 ** -8, "c": 4}},
+        world_sizes=sorted({c.axes["world_size"] for c in cells}),
+        launches=[LaunchRecord(world_size=w, cells=[c.id for c in cells if c.axes["world_size"] == w],
+                               exit_code=0 if w != 4 else 1, duration_s=800.0, log_dir=f"runs/ci/logs/ws{w}",
+                               note=None if w != 4 else "rank 1 timed out")
+                  for w in sorted({c.axes["world_size"] for c in cells})],
+        cells=cells,
+    )
+    return rec.serialize()

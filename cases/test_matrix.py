@@ -1,0 +1,370 @@
+"""Tests for harness.matrix: cells, axes, presets, filters and CLI value parsing.
+
+Coverage properties of the ci preset are recomputed here from first principles (the two
+validity rules of CONTRACTS §4 / the module docstring), not from the generator's helpers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import matrix
+from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
+
+DEFAULTS = {a.name: a.values for a in AXES}
+
+
+def valid(assign: dict) -> bool:
+    """The two validity rules, written independently of the generator."""
+    if assign.get("consumer") == "autograd" and assign.get("fused") is True:
+        return False
+    if assign.get("module") == "linear" and assign.get("num_gemms", 1) != 1:
+        return False
+    return True
+
+
+def pair_possible(a, va, b, vb, domains) -> bool:
+    """Brute force: some valid completion holds a=va and b=vb (linear forces num_gemms=1)."""
+    rest = [n for n in ("module", "fused", "consumer", "num_gemms") if n not in (a, b)]
+    for combo in itertools.product(*(domains[n] for n in rest)):
+        assign = {a: va, b: vb, **dict(zip(rest, combo))}
+        if assign["module"] == "linear" and "num_gemms" in rest:
+            assign["num_gemms"] = 1
+        if valid(assign):
+            return True
+    return False
+
+
+def required_pairs(domains):
+    for a, b in itertools.combinations(AXIS_NAMES, 2):
+        for va in domains[a]:
+            for vb in domains[b]:
+                if pair_possible(a, va, b, vb, domains):
+                    yield (a, va), (b, vb)
+
+
+def assert_pairwise(cells, domains):
+    seen = {((a, getattr(c, a)), (b, getattr(c, b)))
+            for c in cells for a, b in itertools.combinations(AXIS_NAMES, 2)}
+    missing = [p for p in required_pairs(domains) if p not in seen]
+    assert not missing, f"{len(missing)} pairs uncovered, e.g. {missing[:3]}"
+
+
+def demanding(domains, **fixed) -> dict:
+    """Expected values of the non-fixed axes for (b)/(c) cells, per the spec."""
+    d = domains
+    out = {
+        "microbatches": max(d["microbatches"]),
+        "num_gemms": 1 if fixed["module"] == "linear" else max(d["num_gemms"]),
+        "bias": True in d["bias"], "input_grad": True in d["input_grad"],
+        "dtype": "bf16" if "bf16" in d["dtype"] else d["dtype"][0],
+        "consumer": "ddp" if "ddp" in d["consumer"] else "autograd",
+        "delay_wgrad": False if False in d["delay_wgrad"] else True,
+        "hooks": "off" if "off" in d["hooks"] else d["hooks"][0],
+        "world_size": max(d["world_size"]),
+        "weight": d["weight"][0],
+    }
+    out.update(fixed)
+    return out
+
+
+def assert_b_and_c(cells, domains):
+    ids = {c.id for c in cells}
+    for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
+                                            domains["fused"], domains["weight"],
+                                            domains["world_size"]):
+        want = demanding(domains, module=m, hooks=h, fused=f, weight=w, world_size=ws)
+        if valid(want):
+            assert Cell(**want).id in ids, f"(b) missing {Cell(**want).id}"
+        else:  # only a fused cell without a ddp consumer can be impossible
+            assert f is True and "ddp" not in domains["consumer"]
+    for m, dl, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
+                                         domains["fused"], domains["weight"]):
+        want = demanding(domains, module=m, delay_wgrad=dl, fused=f, weight=w)
+        if valid(want):
+            assert Cell(**want).id in ids, f"(c) missing {Cell(**want).id}"
+
+
+# --- cells ------------------------------------------------------------------------------
+
+@st.composite
+def cells(draw):
+    d = {n: draw(st.sampled_from(v)) for n, v in DEFAULTS.items()}
+    d["world_size"] = draw(st.integers(1, 64))
+    d["microbatches"] = draw(st.integers(1, 16))
+    d["num_gemms"] = 1 if d["module"] == "linear" else draw(st.integers(1, 16))
+    if d["consumer"] == "autograd":
+        d["fused"] = False
+    return Cell(**d)
+
+
+@given(cells())
+def test_id_roundtrip_and_serialize(cell):
+    assert Cell.from_id(cell.id) == cell
+    data = json.loads(json.dumps(cell.serialize()))
+    assert Cell.from_dict(data) == cell
+    assert isinstance(data["fused"], bool) and list(data) == list(AXIS_NAMES)
+    assert 0 <= cell.seed < 2**63 and cell.seed == Cell.from_id(cell.id).seed
+
+
+def test_id_format_and_seed_are_stable():
+    c = Cell("grouped_linear", "distributed", "offload", True, "bf16", 4, "ddp", 2, 4,
+             True, False, False)
+    assert c.id == ("grouped_linear-distributed-hooks=offload-fused-bf16-ws4-ddp-mb2-g4-"
+                    "bias-noigrad-nodelay")
+    # pinned: a change here reshuffles every cell's data across runs and machines
+    import hashlib
+    assert c.seed == int(hashlib.sha256(c.id.encode()).hexdigest()[:16], 16) >> 1
+
+
+@pytest.mark.parametrize("bad", [
+    "linear", "linear-distributed-hooks=off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad",
+    "linear-distributed-hook=off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-yes-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-fused-bf16-wsX-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-fused-bf16-ws02-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-fused-fp64-ws2-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-fused-bf16-ws0-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-fused-bf16-ws2-ddp-mb2-g4-bias-igrad-nodelay",
+    "linear-distributed-hooks=off-fused-bf16-ws2-autograd-mb2-g1-bias-igrad-nodelay",
+])
+def test_from_id_rejects_malformed(bad):
+    with pytest.raises(MatrixError, match="Malformed cell id") as e:
+        Cell.from_id(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_constraints_on_construction():
+    base = dict(module="grouped_linear", weight="plain", hooks="off", fused=False,
+                dtype="fp32", world_size=1, consumer="autograd", microbatches=1,
+                num_gemms=4, bias=True, input_grad=True, delay_wgrad=False)
+    Cell(**base)
+    with pytest.raises(MatrixError, match="consumer='autograd' requires fused=False"):
+        Cell(**{**base, "fused": True})
+    with pytest.raises(MatrixError, match="module='linear' requires num_gemms=1"):
+        Cell(**{**base, "module": "linear"})
+    with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):
+        Cell(**{**base, "dtype": "fp64"})
+    with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):
+        Cell(**{**base, "world_size": 0})
+    with pytest.raises(MatrixError, match="fused must be a bool"):
+        Cell(**{**base, "fused": "off"})
+    with pytest.raises(MatrixError, match="missing=\\['bias'\\]"):
+        Cell.from_dict({k: v for k, v in base.items() if k != "bias"})
+
+
+def test_expect_error_exactly_for_delay_and_distributed():
+    full = select("full")
+    for c in full:
+        assert (c.expect == "error") == (c.delay_wgrad and c.weight == "distributed"), c.id
+    assert any(c.expect == "error" for c in full) and any(c.expect == "pass" for c in full)
+
+
+# --- axes -------------------------------------------------------------------------------
+
+def test_axis_is_immutable_composable_and_validated():
+    a = Axis("dtype", ("fp32", "bf16"))
+    b = a.filter(lambda v: v != "fp32")
+    assert b.values == ("bf16",) and a.values == ("fp32", "bf16")
+    assert repr(b) == "Axis('dtype', ('fp32', 'bf16')).filter(<lambda>)"
+    u = b | Axis("dtype", ("fp16", "bf16"))
+    assert u.values == ("bf16", "fp16") and "|" in repr(u)
+    assert a.restrict(["bf16"]).values == ("bf16",)
+    assert u == Axis("dtype", ("bf16", "fp16"))  # repr history is not part of equality
+    with pytest.raises(Exception):
+        a.values = ("fp16",)
+    with pytest.raises(MatrixError, match="Cannot restrict axis dtype to 'fp16'"):
+        a.restrict(["fp16"])
+    with pytest.raises(MatrixError, match="Cannot union axis dtype with axis hooks"):
+        a | Axis("hooks", ("off",))
+    with pytest.raises(MatrixError, match="no values"):
+        a.filter(lambda v: False)
+    with pytest.raises(MatrixError, match="Unknown axis 'dtypes'"):
+        Axis("dtypes", ("bf16",))
+
+
+# --- presets ----------------------------------------------------------------------------
+
+def test_full_size_is_product_minus_invalid():
+    full = select("full")
+    assert len(full) == len({c.id for c in full})
+    # linear cells exist only with num_gemms=1, which is in the default domain
+    expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
+                   for combo in itertools.product(*DEFAULTS.values()))
+    assert len(full) == expected == 21600
+    assert all(valid(c.serialize()) for c in full)
+
+
+def test_ci_default_coverage_and_size():
+    t = time.perf_counter()
+    ci = select("ci")
+    assert time.perf_counter() - t < 0.5
+    assert 200 <= len(ci) <= 300
+    assert len({c.id for c in ci}) == len(ci)
+    assert_pairwise(ci, DEFAULTS)
+    assert_b_and_c(ci, DEFAULTS)
+    # impossible pairs really are absent
+    assert not any(c.consumer == "autograd" and c.fused for c in ci)
+    assert {c.num_gemms for c in ci if c.module == "linear"} == {1}
+
+
+def test_ci_is_deterministic_and_ordered():
+    a, b = select("ci"), select("ci")
+    assert a == b and matrix.ids_digest(a) == matrix.ids_digest(b)
+    assert [c.world_size for c in a] == sorted(c.world_size for c in a)
+    groups = matrix.plan(a)
+    assert list(groups) == [1, 2, 4]
+    assert [c for g in groups.values() for c in g] == a
+
+
+def test_ci_world_size_override_adds_ws8():
+    domains = {**DEFAULTS, "world_size": (1, 2, 4, 8)}
+    ci = select("ci", {"world_size": [1, 2, 4, 8]})
+    assert any(c.world_size == 8 for c in ci) and 200 <= len(ci) <= 320
+    assert_pairwise(ci, domains)
+    assert_b_and_c(ci, domains)
+    # (c) uses the largest world size
+    assert all(c.world_size == 8 for c in ci if c.delay_wgrad and c.hooks == "off"
+               and c.microbatches == 2 and c.dtype == "bf16" and c.bias and c.input_grad
+               and c.consumer == "ddp" and c.num_gemms == (1 if c.module == "linear" else 4)
+               and c.world_size >= 4)
+
+
+def small_domain(name, values):
+    if name in ("world_size", "microbatches", "num_gemms"):
+        return st.lists(st.integers(1, 6), min_size=1, max_size=3, unique=True)
+    return st.lists(st.sampled_from(values), min_size=1, max_size=len(values), unique=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.fixed_dictionaries({}, optional={n: small_domain(n, v) for n, v in DEFAULTS.items()}))
+def test_ci_coverage_under_random_overrides(overrides):
+    domains = {**DEFAULTS, **{k: tuple(v) for k, v in overrides.items()}}
+    ci = select("ci", overrides)
+    if not ci:  # only when nothing is valid: autograd-only consumer and fused-only
+        assert domains["consumer"] == ("autograd",) and domains["fused"] == (True,)
+        return
+    for c in ci:
+        for n in AXIS_NAMES:
+            v = getattr(c, n)
+            assert v in domains[n] or (n == "num_gemms" and c.module == "linear" and v == 1)
+    assert_pairwise(ci, domains)
+    assert_b_and_c(ci, domains)
+    assert select("ci", overrides) == ci
+
+
+def test_full_under_overrides_adds_linear_num_gemms_1():
+    full = select("full", {"num_gemms": [4], "consumer": ["ddp"], "world_size": [2]})
+    lin = [c for c in full if c.module == "linear"]
+    assert lin and {c.num_gemms for c in lin} == {1}
+    assert {c.num_gemms for c in full if c.module != "linear"} == {4}
+
+
+def test_smoke():
+    smoke = select("smoke")
+    assert len(smoke) == 6
+    assert {c.module for c in smoke} == set(DEFAULTS["module"])
+    assert {c.hooks for c in smoke} == {"identity", "off"}
+    assert all(c.world_size == 2 and c.fused and c.weight == "distributed"
+               and c.expect == "pass" for c in smoke)
+    assert {c.world_size for c in select("smoke", {"world_size": [1]})} == {1}
+
+
+def test_unknown_preset_and_axis():
+    with pytest.raises(MatrixError, match=r"Unknown preset 'nightly' \(presets: ci, full, smoke\)"):
+        select("nightly")
+    with pytest.raises(MatrixError, match=r"Unknown axis 'dtypes' \(axes: module, weight"):
+        select("ci", {"dtypes": ["bf16"]})
+    with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):
+        select("ci", {"world_size": [0, 2]})
+    with pytest.raises(MatrixError, match="Unknown value 'fp64'"):
+        select("ci", {"dtype": ["fp64"]})
+
+
+# --- filters ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expr,check", [
+    ('module == "linear" and world_size >= 2',
+     lambda c: c.module == "linear" and c.world_size >= 2),
+    ('hooks in ("offload", "checkpoint") and not fused',
+     lambda c: c.hooks in ("offload", "checkpoint") and not c.fused),
+    ("fused or delay_wgrad", lambda c: c.fused or c.delay_wgrad),
+    ("1 < world_size <= 4 and dtype != 'fp32'",
+     lambda c: 1 < c.world_size <= 4 and c.dtype != "fp32"),
+    ("hooks not in ['off'] and num_gemms == 4", lambda c: c.hooks != "off" and c.num_gemms == 4),
+])
+def test_filter_matches_python_semantics(expr, check):
+    ci = select("ci")
+    got = select("ci", filter_expr=expr)
+    assert got == [c for c in ci if check(c)] and got
+
+
+@pytest.mark.parametrize("expr,msg", [
+    ("module ==", "Malformed filter 'module ==': invalid syntax"),
+    ("modul == 'linear'", "Unknown name 'modul' in filter (axes: module, weight"),
+    ("__import__('os')", "Unsupported syntax Call"),
+    ("module.upper() == 'X'", "Unsupported syntax"),
+    ("world_size + 1 > 2", "Unsupported syntax BinOp"),
+    ("module == 'linaer'", "Unknown value 'linaer' for axis module"),
+    ("fused == 'on'", "fused must be a bool"),
+    ("hooks in ('offload', 'ofload')", "Unknown value 'ofload' for axis hooks"),
+    ("hooks in (module,)", "only constants"),
+    ("[x for x in ()]", "Unsupported syntax"),
+])
+def test_filter_rejects(expr, msg):
+    with pytest.raises(MatrixError) as e:
+        select("ci", filter_expr=expr)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_filter_type_error_is_matrix_error():
+    with pytest.raises(MatrixError, match="Cannot evaluate filter"):
+        select("ci", filter_expr="module < 3")
+
+
+# --- CLI helpers ------------------------------------------------------------------------
+
+def test_parse_values():
+    assert matrix.parse_values("fused", "on, OFF") == (True, False)
+    assert matrix.parse_values("bias", "true,0,1") == (True, False)
+    assert matrix.parse_values("world_size", "1,2,4,8") == (1, 2, 4, 8)
+    assert matrix.parse_values("dtype", "bf16") == ("bf16",)
+    assert set(matrix.AXIS_OPTIONS.values()) == set(AXIS_NAMES)
+    assert matrix.AXIS_OPTIONS["--world-sizes"] == "world_size"
+
+
+@pytest.mark.parametrize("axis,text,msg", [
+    ("fused", "yes", "fused takes on/off, true/false or 1/0, got fused='yes'"),
+    ("world_size", "1,two", "world_size must be an int >= 1, got world_size='two'"),
+    ("world_size", "0", "world_size must be an int >= 1, got world_size=0"),
+    ("dtype", "bf16,fp64", "Unknown value 'fp64' for axis dtype"),
+    ("dtype", "bf16,", "Empty value in dtype='bf16,'"),
+    ("dtypes", "bf16", "Unknown axis 'dtypes'"),
+])
+def test_parse_values_errors(axis, text, msg):
+    with pytest.raises(MatrixError) as e:
+        matrix.parse_values(axis, text)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_describe_and_digest():
+    ci = select("ci")
+    text = matrix.describe(ci)
+    lines = text.splitlines()
+    errors = sum(c.delay_wgrad and c.weight == "distributed" for c in ci)
+    assert lines[0] == f"{len(ci)} cells ({errors} expected to raise)" and errors > 0
+    assert len(lines) == 1 + len(AXIS_NAMES)
+    ws_line = next(line for line in lines if line.strip().startswith("world_size:"))
+    n1 = sum(c.world_size == 1 for c in ci)
+    assert f"1={n1}," in ws_line
+    assert matrix.ids_digest(ci) != matrix.ids_digest(ci[::-1])
+    assert len(matrix.ids_digest([])) == 64
+    assert math.isclose(sum(int(p.split("=")[1]) for p in lines[1].split(": ")[1].split(", ")),
+                        len(ci))

@@ -1,0 +1,84 @@
+"""The consumer: who owns the gradient of record (CONTRACTS §4).
+
+``ddp`` stands in for Megatron's DDP: fp32 ``main_grad`` buffers starting at a seeded
+non-zero value, a reducer that folds ``.grad`` into ``main_grad`` (from a post-accumulate
+hook, or from the module's wgrad hook for parameters marked ``skip_backward_post_hook``),
+and an end-of-step average of replicated parameters. ``autograd`` is plain PyTorch: the
+gradient of record is ``.grad``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.inputs import main_grad_start
+
+CONSUMERS = ("ddp", "autograd")
+
+
+class Consumer:
+    """Sets up one module's parameters for a step and finishes the step."""
+
+    def __init__(self, mode: str, module: torch.nn.Module, sharded: set[str], seed: int,
+                 rank: int, world_size: int, group: Any = None) -> None:
+        if mode not in CONSUMERS:
+            raise ValueError(f"unknown consumer {mode!r} (choose from {', '.join(CONSUMERS)})")
+        self.mode = mode
+        self.module = module
+        self.sharded = sharded
+        self.world_size = world_size
+        self.group = group
+        self.params: dict[str, torch.nn.Parameter] = dict(module.named_parameters(recurse=False))
+        self.start: dict[str, torch.Tensor] = {}
+        self.wgrad_hook_calls = 0
+        self._handles: list[Any] = []
+        if mode == "ddp":
+            for name, p in self.params.items():
+                start = main_grad_start(tuple(p.shape), seed, name, rank if name in sharded else None)
+                self.start[name] = start.clone()
+                p.main_grad = start.to(p.device)
+                p.grad_added_to_main_grad = False
+        for name, p in self.params.items():
+            if mode == "ddp" and not getattr(p, "skip_backward_post_hook", False):
+                self._handles.append(p.register_post_accumulate_grad_hook(self._reduce))
+        module.register_wgrad_accumulation_and_reduce_hooks(self._wgrad_hook)
+
+    def _reduce(self, p: torch.Tensor) -> None:
+        """Fold a real ``.grad`` into ``main_grad`` unless the backend already did."""
+        if p.grad is not None:
+            if not getattr(p, "grad_added_to_main_grad", False):
+                p.main_grad.add_(p.grad)
+            p.grad = None
+
+    def _wgrad_hook(self) -> None:
+        self.wgrad_hook_calls += 1
+        if self.mode == "ddp":
+            for p in self.params.values():
+                if getattr(p, "skip_backward_post_hook", False):
+                    self._reduce(p)
+
+    def finish_step(self) -> None:
+        """Average replicated (non-GTP) parameters' gradients of record across ranks."""
+        for name, p in self.params.items():
+            if name in self.sharded:
+                continue
+            if self.mode == "ddp":
+                inc = p.main_grad - self.start[name].to(p.main_grad.device)
+                if self.world_size > 1:
+                    dist.all_reduce(inc, group=self.group)
+                p.main_grad.copy_(self.start[name].to(inc.device) + inc / self.world_size)
+            elif p.grad is not None and self.world_size > 1:
+                dist.all_reduce(p.grad, group=self.group)
+                p.grad.div_(self.world_size)
+
+    def record(self, name: str) -> torch.Tensor | None:
+        """The gradient of record of parameter ``name``."""
+        p = self.params[name]
+        return p.main_grad if self.mode == "ddp" else p.grad
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()

@@ -1,0 +1,108 @@
+"""Seeded inputs of one cell: weights, per-rank activations, upstream grads and splits.
+
+Every value is drawn from a seed that depends only on the cell, the example, the rank and
+the microbatch - never on the backend - and is rounded to the cell's dtype before the
+oracle sees it, so the float64 reference and the backend start from identical numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Example:
+    """The shapes a cell runs with; hypothesis draws others with ``--examples``.
+
+    ``out_features`` defaults to 30 so that GTP shards need tail padding at world sizes 4
+    and 8 and none at 1 and 2; ``rows`` are per rank and microbatch.
+    """
+
+    in_features: int = 24
+    out_features: int = 30
+    rows: int = 12
+    salt: int = 0
+
+    def serialize(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Example":
+        return cls(**{k: int(v) for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def generator(seed: int, *path: Any) -> torch.Generator:
+    """A CPU generator seeded by a stable hash of ``(seed, *path)``."""
+    digest = hashlib.sha256(repr((seed, *path)).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int, *path: Any, scale: float = 1.0) -> torch.Tensor:
+    """Standard-normal values, scaled, then rounded to ``dtype`` (what both sides use)."""
+    return (torch.randn(shape, generator=generator(seed, *path), dtype=torch.float32) * scale).to(dtype)
+
+
+def draw_splits(rows: int, groups: int, seed: int, rank: int, mb: int) -> list[int]:
+    """Row splits over ``groups`` that differ per rank and microbatch, with empty groups.
+
+    Rank 0's first microbatch always leaves at least one group empty (when there are at
+    least two), so zero-row GEMMs are exercised in every grouped cell.
+    """
+    if groups == 1:
+        return [rows]
+    g = generator(seed, "splits", rank, mb)
+    live = torch.rand(groups, generator=g) > 0.35
+    if rank == 0 and mb == 0:
+        live[int(torch.randint(groups, (1,), generator=g))] = False
+    if not live.any():
+        live[int(torch.randint(groups, (1,), generator=g))] = True
+    probs = live.to(torch.float64) * torch.rand(groups, generator=g, dtype=torch.float64).add_(0.1)
+    if rows == 0:
+        return [0] * groups
+    picks = torch.multinomial(probs, rows, replacement=True, generator=g)
+    return torch.bincount(picks, minlength=groups).tolist()
+
+
+@dataclass
+class CellInputs:
+    """Everything every rank needs to run, and the oracle to judge, one cell."""
+
+    dtype: torch.dtype
+    weights: list[torch.Tensor]           # full logical (out, in), one per group member
+    biases: list[torch.Tensor]            # (out,) or empty
+    x: list[list[torch.Tensor]]           # [rank][mb] (rows, in)
+    dy: list[list[torch.Tensor]]          # [rank][mb] (rows, out)
+    splits: list[list[list[int]]]         # [rank][mb] -> per-group rows
+
+
+def make_inputs(seed: int, example: Example, dtype_name: str, world_size: int,
+                microbatches: int, groups: int, bias: bool) -> CellInputs:
+    dtype = DTYPES[dtype_name]
+    e = example
+    s = (seed, e.salt)
+    weights = [randn((e.out_features, e.in_features), dtype, *s, "w", i, scale=0.5) for i in range(groups)]
+    biases = [randn((e.out_features,), dtype, *s, "b", i, scale=0.5) for i in range(groups)] if bias else []
+    ranks = range(world_size)
+    mbs = range(microbatches)
+    x = [[randn((e.rows, e.in_features), dtype, *s, "x", r, m) for m in mbs] for r in ranks]
+    dy = [[randn((e.rows, e.out_features), dtype, *s, "dy", r, m) for m in mbs] for r in ranks]
+    splits = [[draw_splits(e.rows, groups, hash_seed(s), r, m) for m in mbs] for r in ranks]
+    return CellInputs(dtype, weights, biases, x, dy, splits)
+
+
+def hash_seed(parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def main_grad_start(shape: tuple[int, ...], seed: int, name: str, rank: int | None) -> torch.Tensor:
+    """The seeded non-zero value a DDP ``main_grad`` starts a step with (fp32).
+
+    Replicated parameters pass ``rank=None`` so every rank starts from the same value.
+    """
+    return torch.randn(shape, generator=generator(seed, "main_grad", name, rank), dtype=torch.float32)

@@ -1,0 +1,554 @@
+"""The verification matrix: axes, cells and the presets that select them.
+
+Pure Python (no torch), so every rank, the CLI and the reports can rebuild the same matrix
+cheaply. Every rank calls :func:`select` with the same arguments and compares
+:func:`ids_digest` before any cell runs; after that only indices travel (STYLE §3).
+
+A cell fixes one value on each of twelve axes, in this order::
+
+    module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
+    bias, input_grad, delay_wgrad
+
+Two combinations are invalid and never generated: ``consumer='autograd'`` with
+``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4) and
+``module='linear'`` with ``num_gemms != 1``. A ``linear`` cell always has ``num_gemms=1``,
+even when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
+valid but *expected to raise* (CONTRACTS §2).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "PRESETS", "Axis", "Cell", "MatrixError",
+    "describe", "ids_digest", "parse_values", "plan", "product", "select",
+]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "module": ("linear", "grouped_linear", "ops_grouped_linear"),
+    "weight": ("distributed", "plain"),
+    "hooks": ("off", "identity", "offload", "save_on_cpu", "checkpoint"),
+    "dtype": ("fp32", "bf16", "fp16"),
+    "consumer": ("ddp", "autograd"),
+}
+_BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad")
+_INT_AXES = ("world_size", "microbatches", "num_gemms")
+_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "module": _CHOICES["module"], "weight": _CHOICES["weight"], "hooks": _CHOICES["hooks"],
+    "fused": (True, False), "dtype": _CHOICES["dtype"], "world_size": (1, 2, 4),
+    "consumer": _CHOICES["consumer"], "microbatches": (1, 2), "num_gemms": (1, 4),
+    "bias": (True, False), "input_grad": (True, False), "delay_wgrad": (False, True),
+}
+AXIS_NAMES: tuple[str, ...] = tuple(_DEFAULTS)
+AXIS_OPTIONS: dict[str, str] = {
+    "--modules": "module", "--weights": "weight", "--hooks": "hooks", "--fused": "fused",
+    "--dtypes": "dtype", "--world-sizes": "world_size", "--consumers": "consumer",
+    "--microbatches": "microbatches", "--num-gemms": "num_gemms", "--bias": "bias",
+    "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad",
+}
+PRESETS: tuple[str, ...] = ("ci", "full", "smoke")
+
+
+class MatrixError(ValueError):
+    """Bad input to the matrix: an unknown axis, value, preset, id or filter."""
+
+
+def _check_axis_name(name: str) -> None:
+    if name not in _DEFAULTS:
+        raise MatrixError(f"Unknown axis {name!r} (axes: {', '.join(AXIS_NAMES)})")
+
+
+def _check_value(name: str, value: Any) -> None:
+    """Raise MatrixError unless ``value`` is a legal value of axis ``name``."""
+    if name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise MatrixError(f"Unknown value {value!r} for axis {name} "
+                              f"(choose from {', '.join(_CHOICES[name])})")
+    elif name in _BOOL_AXES:
+        if not isinstance(value, bool):
+            raise MatrixError(f"{name} must be a bool, got {name}={value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MatrixError(f"{name} must be an int >= 1, got {name}={value!r}")
+
+
+# Constraints between two axes: (axis a, axis b, ok(value_a, value_b), reason). The pairs
+# are disjoint, so a partial assignment can be completed exactly when each pair can be
+# (see _feasible); keep it that way or replace _feasible with a search.
+_CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
+    ("consumer", "fused", lambda c, f: not (c == "autograd" and f),
+     "consumer='autograd' requires fused=False (no main_grad to fuse into)"),
+    ("module", "num_gemms", lambda m, g: m != "linear" or g == 1,
+     "module='linear' requires num_gemms=1"),
+)
+
+
+@dataclass(frozen=True, repr=False)
+class Axis:
+    """One axis of the matrix and its domain; immutable, validated when built.
+
+    Args:
+        name: one of ``AXIS_NAMES``.
+        values: the domain, in order; duplicates are dropped.
+
+    Raises:
+        MatrixError: unknown name, empty domain or an illegal value.
+    """
+
+    name: str
+    values: tuple[Any, ...]
+    _expr: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        _check_axis_name(self.name)
+        values = tuple(dict.fromkeys(self.values))  # dedupe, keep order
+        if not values:
+            raise MatrixError(f"Axis {self.name} has no values, got values={self.values!r}")
+        for v in values:
+            _check_value(self.name, v)
+        object.__setattr__(self, "values", values)
+
+    def __repr__(self) -> str:
+        return self._expr or f"Axis({self.name!r}, {self.values!r})"
+
+    def filter(self, pred: Callable[[Any], bool]) -> Axis:
+        """Return the axis keeping the values for which ``pred`` is true."""
+        expr = f"{self!r}.filter({getattr(pred, '__name__', repr(pred))})"
+        return Axis(self.name, tuple(v for v in self.values if pred(v)), expr)
+
+    def restrict(self, values: Iterable[Any]) -> Axis:
+        """Return the axis restricted to ``values``, which must already be in the domain.
+
+        Raises:
+            MatrixError: a value is not in this axis's domain.
+        """
+        values = tuple(values)
+        for v in values:
+            if v not in self.values:
+                raise MatrixError(f"Cannot restrict axis {self.name} to {v!r}: "
+                                  f"not in values={self.values!r}")
+        return Axis(self.name, values, f"{self!r}.restrict({values!r})")
+
+    def __or__(self, other: Axis) -> Axis:
+        if not isinstance(other, Axis):
+            return NotImplemented
+        if other.name != self.name:
+            raise MatrixError(f"Cannot union axis {self.name} with axis {other.name}")
+        return Axis(self.name, self.values + other.values, f"{self!r} | {other!r}")
+
+
+AXES: tuple[Axis, ...] = tuple(Axis(n, v) for n, v in _DEFAULTS.items())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of axis values: one test case, run on ``world_size`` ranks.
+
+    Raises:
+        MatrixError: an illegal value, or an invalid combination (see module docstring).
+    """
+
+    module: str
+    weight: str
+    hooks: str
+    fused: bool
+    dtype: str
+    world_size: int
+    consumer: str
+    microbatches: int
+    num_gemms: int
+    bias: bool
+    input_grad: bool
+    delay_wgrad: bool
+
+    def __post_init__(self) -> None:
+        for name in AXIS_NAMES:
+            _check_value(name, getattr(self, name))
+        for a, b, ok, reason in _CONSTRAINTS:
+            va, vb = getattr(self, a), getattr(self, b)
+            if not ok(va, vb):
+                raise MatrixError(f"Invalid cell: {reason}, got {a}={va!r}, {b}={vb!r}")
+
+    @property
+    def id(self) -> str:
+        """Stable, readable id: pytest param id, JUnit name, report anchor and JSON key."""
+        return (f"{self.module}-{self.weight}-hooks={self.hooks}-"
+                f"{'fused' if self.fused else 'unfused'}-{self.dtype}-ws{self.world_size}-"
+                f"{self.consumer}-mb{self.microbatches}-g{self.num_gemms}-"
+                f"{'bias' if self.bias else 'nobias'}-"
+                f"{'igrad' if self.input_grad else 'noigrad'}-"
+                f"{'delay' if self.delay_wgrad else 'nodelay'}")
+
+    @property
+    def expect(self) -> str:
+        """``"error"`` when the backend must raise by contract (CONTRACTS §2), else ``"pass"``."""
+        return "error" if self.delay_wgrad and self.weight == "distributed" else "pass"
+
+    @property
+    def seed(self) -> int:
+        """A 63-bit seed from the id; sha256, because ``hash()`` differs per process."""
+        return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:8], "big") >> 1
+
+    def serialize(self) -> dict[str, Any]:
+        """Return the axis values as a JSON-able dict (bools stay bools)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Cell:
+        """Rebuild a cell from :meth:`serialize` output.
+
+        Raises:
+            MatrixError: missing or unknown keys, or bad values.
+        """
+        missing = [n for n in AXIS_NAMES if n not in d]
+        extra = [k for k in d if k not in _DEFAULTS]
+        if missing or extra:
+            raise MatrixError(f"Cannot build a cell: missing={missing!r}, unknown={extra!r}")
+        return cls(**{n: d[n] for n in AXIS_NAMES})
+
+    @classmethod
+    def from_id(cls, cell_id: str) -> Cell:
+        """Parse an id made by :attr:`id` back into a cell.
+
+        Raises:
+            MatrixError: the id is malformed, not canonical, or names an invalid cell.
+        """
+        parts = cell_id.split("-")
+        if len(parts) != 12:
+            raise MatrixError(f"Malformed cell id {cell_id!r}: expected 12 '-'-separated "
+                              f"parts, got {len(parts)}")
+
+        def flag(i: int, yes: str, no: str) -> bool:
+            if parts[i] not in (yes, no):
+                raise MatrixError(f"Malformed cell id {cell_id!r}: part {i + 1} is "
+                                  f"{parts[i]!r}, expected {yes!r} or {no!r}")
+            return parts[i] == yes
+
+        def number(i: int, prefix: str) -> int:
+            digits = parts[i][len(prefix):]
+            if not parts[i].startswith(prefix) or not digits.isdigit():
+                raise MatrixError(f"Malformed cell id {cell_id!r}: part {i + 1} is "
+                                  f"{parts[i]!r}, expected {prefix}<int>")
+            return int(digits)
+
+        if not parts[2].startswith("hooks="):
+            raise MatrixError(f"Malformed cell id {cell_id!r}: part 3 is {parts[2]!r}, "
+                              f"expected hooks=<value>")
+        try:
+            cell = cls(parts[0], parts[1], parts[2][len("hooks="):], flag(3, "fused", "unfused"),
+                       parts[4], number(5, "ws"), parts[6], number(7, "mb"), number(8, "g"),
+                       flag(9, "bias", "nobias"), flag(10, "igrad", "noigrad"),
+                       flag(11, "delay", "nodelay"))
+        except MatrixError as e:
+            if str(e).startswith("Malformed"):
+                raise
+            raise MatrixError(f"Malformed cell id {cell_id!r}: {e}") from None
+        if cell.id != cell_id:
+            raise MatrixError(f"Malformed cell id {cell_id!r}: not canonical "
+                              f"(expected {cell.id!r})")
+        return cell
+
+
+# --- domains and feasibility ----------------------------------------------------------
+
+Domains = dict[str, tuple[Any, ...]]
+Assignment = dict[str, Any]
+
+
+def _options(name: str, assign: Assignment, domains: Domains) -> tuple[Any, ...]:
+    """Values ``name`` may take given ``assign`` (a linear cell's num_gemms is always 1)."""
+    base = (1,) if name == "num_gemms" and assign.get("module") == "linear" else domains[name]
+    if name in assign:
+        return (assign[name],) if assign[name] in base else ()
+    return base
+
+
+def _feasible(assign: Assignment, domains: Domains) -> bool:
+    """True when the partial assignment extends to a valid cell (exact: constraints are disjoint)."""
+    for a, b, ok, _ in _CONSTRAINTS:
+        if not any(ok(va, vb) for va in _options(a, assign, domains)
+                   for vb in _options(b, {**assign, a: va}, domains)):
+            return False
+    return True
+
+
+def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` ordered most demanding first: the values most likely to expose a bug."""
+    first = {"weight": "distributed", "hooks": "off", "fused": True, "dtype": "bf16",
+             "consumer": "ddp", "bias": True, "input_grad": True, "delay_wgrad": False}
+    if name in _INT_AXES:
+        return tuple(sorted(values, reverse=True))
+    if name in first and first[name] in values:
+        return (first[name],) + tuple(v for v in values if v != first[name])
+    return values
+
+
+def _complete(fixed: Assignment, domains: Domains) -> Cell | None:
+    """Fill the free axes with their most demanding feasible values; None if impossible."""
+    assign = dict(fixed)
+    if not _feasible(assign, domains):
+        return None
+    for name in AXIS_NAMES:
+        if name not in assign:
+            # _feasible is exact, so the first feasible value never needs backtracking.
+            assign[name] = next(v for v in _preferred(name, _options(name, assign, domains))
+                                if _feasible({**assign, name: v}, domains))
+    return Cell(**assign)
+
+
+def _domains(overrides: Mapping[str, Sequence[Any] | Axis] | None) -> Domains:
+    domains = {a.name: a.values for a in AXES}
+    for name, values in (overrides or {}).items():
+        _check_axis_name(name)
+        axis = values if isinstance(values, Axis) else Axis(name, tuple(values))
+        if axis.name != name:
+            raise MatrixError(f"Override for axis {name} is axis {axis.name}")
+        domains[name] = axis.values
+    return domains
+
+
+# --- presets ---------------------------------------------------------------------------
+
+def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
+    """All valid cells of the cartesian product; axes not given keep their defaults.
+
+    Linear cells take ``num_gemms=1`` whatever the num_gemms domain (deduplicated).
+    """
+    domains = _domains({a.name: a for a in axes})
+    cells: dict[Cell, None] = {}
+    for combo in itertools.product(*(domains[n] for n in AXIS_NAMES)):
+        assign = dict(zip(AXIS_NAMES, combo))
+        if assign["module"] == "linear":
+            assign["num_gemms"] = 1
+        if all(ok(assign[a], assign[b]) for a, b, ok, _ in _CONSTRAINTS):
+            cells.setdefault(Cell(**assign))
+    return list(cells)
+
+
+def _pairs(cell: Cell) -> Iterable[tuple[tuple[str, Any], tuple[str, Any]]]:
+    items = [(n, getattr(cell, n)) for n in AXIS_NAMES]
+    return itertools.combinations(items, 2)
+
+
+def _ci(domains: Domains) -> list[Cell]:
+    """Covering design: (b) hooks x fused x weight per module and world size, (c) delayed
+    wgrad per module, then (a) a greedy all-pairs pass over what (b) and (c) left uncovered.
+    """
+    cells: dict[Cell, None] = {}
+    for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
+                                            domains["fused"], domains["weight"],
+                                            domains["world_size"]):
+        cell = _complete({"module": m, "hooks": h, "fused": f, "weight": w,
+                          "world_size": ws}, domains)
+        if cell is not None:
+            cells.setdefault(cell)
+    for m, d, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
+                                        domains["fused"], domains["weight"]):
+        cell = _complete({"module": m, "delay_wgrad": d, "fused": f, "weight": w,
+                          "world_size": max(domains["world_size"])}, domains)
+        if cell is not None:
+            cells.setdefault(cell)
+
+    # (a) AETG-style greedy: start each new cell from the first uncovered pair, then give
+    # every other axis the feasible value that covers the most still-uncovered pairs.
+    uncovered = {((a, va), (b, vb))
+                 for (a, b) in itertools.combinations(AXIS_NAMES, 2)
+                 for va in domains[a] for vb in domains[b]
+                 if _feasible({a: va, b: vb}, domains)}
+    for cell in cells:
+        uncovered.difference_update(_pairs(cell))
+    order = {n: i for i, n in enumerate(AXIS_NAMES)}
+
+    def key(p: tuple[tuple[str, Any], tuple[str, Any]]) -> tuple[int, ...]:
+        (a, va), (b, vb) = p
+        return order[a], domains[a].index(va), order[b], domains[b].index(vb)
+
+    while uncovered:
+        (a, va), (b, vb) = min(uncovered, key=key)
+        assign: Assignment = {a: va, b: vb}
+        for name in AXIS_NAMES:
+            if name in assign:
+                continue
+            best, gain = None, -1
+            for v in _options(name, assign, domains):
+                if not _feasible({**assign, name: v}, domains):
+                    continue
+                g = sum(((o, assign[o]), (name, v)) in uncovered if order[o] < order[name]
+                        else ((name, v), (o, assign[o])) in uncovered for o in assign)
+                if g > gain:
+                    best, gain = v, g
+            assign[name] = best
+        cell = Cell(**assign)
+        cells.setdefault(cell)
+        uncovered.difference_update(_pairs(cell))
+    return list(cells)
+
+
+def _smoke(domains: Domains) -> list[Cell]:
+    """Per module, hooks=identity and hooks=off at the smallest multi-rank world size."""
+    multi = [ws for ws in domains["world_size"] if ws >= 2]
+    ws = min(multi) if multi else min(domains["world_size"])
+    hooks = [h for h in ("identity", "off") if h in domains["hooks"]] or [domains["hooks"][0]]
+    cells: dict[Cell, None] = {}
+    for m, h in itertools.product(domains["module"], hooks):
+        cell = _complete({"module": m, "hooks": h, "world_size": ws}, domains)
+        if cell is not None:
+            cells.setdefault(cell)
+    return list(cells)
+
+
+_FILTER_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
+                 ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In,
+                 ast.NotIn, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List, ast.Set)
+
+
+def _compile_filter(expr: str) -> Callable[[Cell], bool]:
+    """Check ``expr`` against the safe subset once, and return a predicate on cells.
+
+    Bool axes are real bools in the expression (``fused``, ``not bias``); comparing one with
+    a string such as ``"on"`` is rejected, as is an unknown value for a string axis.
+    """
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as e:
+        raise MatrixError(f"Malformed filter {expr!r}: {e.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _FILTER_NODES):
+            raise MatrixError(f"Unsupported syntax {type(node).__name__} in filter {expr!r} "
+                              f"(allowed: axis names, constants, comparisons, and/or/not)")
+        if isinstance(node, ast.Name) and node.id not in _DEFAULTS:
+            raise MatrixError(f"Unknown name {node.id!r} in filter "
+                              f"(axes: {', '.join(AXIS_NAMES)})")
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and not all(
+                isinstance(e, ast.Constant) for e in node.elts):
+            raise MatrixError(f"Malformed filter {expr!r}: a tuple/list/set may hold "
+                              f"only constants")
+    for node in ast.walk(tree):  # second pass: every name is now known to be an axis
+        if isinstance(node, ast.Compare):
+            _check_compare(node, expr)
+    code = compile(tree, "<filter>", "eval")
+
+    def pred(cell: Cell) -> bool:
+        try:
+            return bool(eval(code, {"__builtins__": {}}, cell.serialize()))  # noqa: S307
+        except TypeError as e:  # e.g. module < 3
+            raise MatrixError(f"Cannot evaluate filter {expr!r} on {cell.id}: {e}") from None
+    return pred
+
+
+def _check_compare(node: ast.Compare, expr: str) -> None:
+    """Catch typos that would silently select nothing: `module == "linaer"`, `fused == "on"`."""
+    operands = [node.left, *node.comparators]
+    for op, lhs, rhs in zip(node.ops, operands, operands[1:]):
+        for name, other in ((lhs, rhs), (rhs, lhs)):
+            if not isinstance(name, ast.Name):
+                continue
+            if isinstance(op, (ast.Eq, ast.NotEq)) and isinstance(other, ast.Constant):
+                consts = [other.value]
+            elif isinstance(op, (ast.In, ast.NotIn)) and name is lhs and isinstance(
+                    other, (ast.Tuple, ast.List, ast.Set)):
+                consts = [e.value for e in other.elts if isinstance(e, ast.Constant)]
+            else:
+                continue
+            for c in consts:
+                try:
+                    _check_value(name.id, c)
+                except MatrixError as e:
+                    raise MatrixError(f"Bad filter {expr!r}: {e}") from None
+
+
+def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | None = None,
+           filter_expr: str | None = None) -> list[Cell]:
+    """Select the cells to run, identically on every rank.
+
+    Args:
+        preset: ``"ci"`` (covering design, see :func:`_ci`), ``"full"`` (whole product)
+            or ``"smoke"`` (a handful of demanding cells).
+        overrides: axis name -> values (or an :class:`Axis`) that replace its default domain,
+            e.g. ``{"world_size": [1, 2, 4, 8]}``.
+        filter_expr: a boolean expression over axis names, e.g.
+            ``'module == "linear" and world_size >= 2'`` or ``'hooks in ("offload",) and not
+            fused'``; bool axes are bools.
+
+    Returns:
+        The cells, deduplicated, ordered by world size, then generation order.
+
+    Raises:
+        MatrixError: unknown preset, axis or value, or a malformed filter.
+    """
+    if preset not in PRESETS:
+        raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
+    pred = _compile_filter(filter_expr) if filter_expr is not None else None
+    domains = _domains(overrides)
+    if preset == "full":
+        cells = product(Axis(n, v) for n, v in domains.items())
+    else:
+        cells = _ci(domains) if preset == "ci" else _smoke(domains)
+    if pred is not None:
+        cells = [c for c in cells if pred(c)]
+    return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order
+
+
+def parse_values(axis_name: str, text: str) -> tuple[Any, ...]:
+    """Parse a CLI option's comma-separated values for ``axis_name``.
+
+    Bool axes take on/off, true/false or 1/0; int axes take ints >= 1.
+
+    Raises:
+        MatrixError: unknown axis, an empty item or a value that does not parse or validate.
+    """
+    _check_axis_name(axis_name)
+    values: list[Any] = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            raise MatrixError(f"Empty value in {axis_name}={text!r}")
+        if axis_name in _BOOL_AXES:
+            truth = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+            if item.lower() not in truth:
+                raise MatrixError(f"{axis_name} takes on/off, true/false or 1/0, "
+                                  f"got {axis_name}={item!r}")
+            values.append(truth[item.lower()])
+        elif axis_name in _INT_AXES:
+            try:
+                values.append(int(item))
+            except ValueError:
+                raise MatrixError(f"{axis_name} must be an int >= 1, "
+                                  f"got {axis_name}={item!r}") from None
+        else:
+            values.append(item)
+    return Axis(axis_name, tuple(values)).values
+
+
+def describe(cells: Sequence[Cell]) -> str:
+    """A short summary: the count, per-axis value counts and the expected-error count."""
+    def show(v: Any) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    errors = sum(c.expect == "error" for c in cells)
+    lines = [f"{len(cells)} cells ({errors} expected to raise)"]
+    for name in AXIS_NAMES:
+        counts = Counter(getattr(c, name) for c in cells)
+        rank = {v: i for i, v in enumerate(_DEFAULTS[name])}
+        values = sorted(counts, key=lambda v: (rank.get(v, len(rank)), v))
+        lines.append(f"  {name}: " + ", ".join(f"{show(v)}={counts[v]}" for v in values))
+    return "\n".join(lines)
+
+
+def ids_digest(cells: Iterable[Cell]) -> str:
+    """sha256 hex of the newline-joined ids; ranks compare it before running anything."""
+    return hashlib.sha256("\n".join(c.id for c in cells).encode()).hexdigest()
+
+
+def plan(cells: Iterable[Cell]) -> dict[int, list[Cell]]:
+    """Group cells by world size (ascending), keeping their order: one launch per size."""
+    groups: dict[int, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.world_size, []).append(c)
+    return dict(sorted(groups.items()))

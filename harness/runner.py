@@ -1,0 +1,215 @@
+"""One cell on one rank: build, inject, run the microbatches, check against the oracle.
+
+The worker calls ``run_cell`` for every cell of its launch; the in-process tests call it
+with world size 1. Every check traces to a sentence of CONTRACTS.md (quoted in comments).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from harness import compare, oracle
+from harness.consumer import Consumer
+from harness.gtp import GTPGroup, inject_gtp, weight_names
+from harness.hooks import forward_executions, run_forward
+from harness.inputs import CellInputs, Example, make_inputs
+from harness.matrix import Cell
+from harness.record import Check, RankResult
+
+
+@dataclass
+class RankContext:
+    """What a rank brings to every cell: identity, device and process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    group: Any = None
+
+
+def build_module(backend: ModuleType, cell: Cell, example: Example, device: torch.device) -> torch.nn.Module:
+    """Construct the cell's module with only the keyword arguments CONTRACTS §1 names."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cell.dtype]
+    e = example
+    if cell.module == "linear":
+        return backend.Linear(e.in_features, e.out_features, bias=cell.bias, params_dtype=dtype,
+                              device=device, fuse_wgrad_accumulation=cell.fused,
+                              delay_wgrad_compute=cell.delay_wgrad)
+    if cell.module == "grouped_linear":
+        return backend.GroupedLinear(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias,
+                                     params_dtype=dtype, device=device,
+                                     fuse_wgrad_accumulation=cell.fused,
+                                     delay_wgrad_compute=cell.delay_wgrad)
+    return backend.ops.GroupedLinear(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias,
+                                     device=device, dtype=dtype,
+                                     accumulate_into_main_grad=cell.fused,
+                                     delay_wgrad_compute=cell.delay_wgrad)
+
+
+def _bias_names(module: torch.nn.Module) -> list[str]:
+    names = [n for n, _ in module.named_parameters(recurse=False) if n.startswith("bias")]
+    return sorted(names, key=lambda n: int(n[4:] or 0))
+
+
+def _call(module: torch.nn.Module, cell: Cell, splits: list[int]):
+    if cell.module == "linear":
+        return lambda x: module(x)
+    if cell.module == "grouped_linear":
+        return lambda x: module(x, splits)
+    sizes = torch.tensor(splits, dtype=torch.int64)
+    return lambda x: module(x, sizes)
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+@dataclass
+class _Step:
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    dgrads: list[torch.Tensor | None] = field(default_factory=list)
+
+
+def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
+    with torch.no_grad():
+        for name, w in zip(weight_names(module), inputs.weights):
+            getattr(module, name).copy_(w)
+        for name, b in zip(_bias_names(module), inputs.biases):
+            getattr(module, name).copy_(b)
+
+
+def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example | None = None) -> RankResult:
+    """Run ``cell`` on this rank and return its checks (never raises for backend faults)."""
+    example = example or Example()
+    inputs = make_inputs(cell.seed, example, cell.dtype, ctx.world_size, cell.microbatches,
+                         cell.num_gemms, cell.bias)
+    module = build_module(backend, cell, example, ctx.device)
+    _load_full(module, inputs)
+    gtp: GTPGroup | None = None
+    if cell.weight == "distributed":
+        gtp = inject_gtp(module, group=ctx.group)
+    sharded = set(weight_names(module)) if gtp else set()
+    consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
+    step = _Step()
+    try:
+        _run_step(module, cell, inputs, ctx, step)
+        consumer.finish_step()
+    except Exception as exc:  # the backend's failure is a result, not a harness crash
+        if cell.expect == "error":
+            return _judge_expected_error(cell, exc, consumer, gtp, ctx.rank)
+        return RankResult(ctx.rank, "error", [Check("exception", "exception", False,
+                                                    message=f"{type(exc).__name__}: {exc}")], _error(exc))
+    finally:
+        consumer.close()
+    if cell.expect == "error":
+        return RankResult(ctx.rank, "fail", [Check(
+            "expected_exception", "exception", False,
+            message="delay_wgrad_compute=True with a DistributedWeight must raise before any "
+                    "collective (CONTRACTS §2), but the step ran")])
+    checks = _checks(cell, inputs, ctx, module, consumer, gtp, step)
+    return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
+
+
+def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext, step: _Step) -> None:
+    dev = ctx.device
+    for mb in range(cell.microbatches):
+        x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
+        dy = inputs.dy[ctx.rank][mb].to(dev)
+        out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb]), x)
+        out.backward(dy)
+        if cell.delay_wgrad:
+            # Megatron calls backward_dw() after each microbatch's backward (§4).
+            module.backward_dw()
+        step.outputs.append(out.detach())
+        step.dgrads.append(x.grad if cell.input_grad else None)
+
+
+def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer,
+                          gtp: GTPGroup | None, rank: int) -> RankResult:
+    """§5: passes exactly when the backend raised the clear exception, touching nothing."""
+    text = str(exc).lower()
+    checks = [compare.compare_value("exception_names_both", "exception",
+                                    "delay" in text and "distributed" in text, True)]
+    if gtp is not None:
+        collectives = sum(gtp.log.count(k) for k in ("materialize_forward", "materialize_backward", "finalize"))
+        checks.append(compare.compare_value("collectives_before_error", "count", collectives, 0))
+    for name in consumer.params:
+        rec = consumer.record(name)
+        if consumer.mode == "ddp":
+            untouched = bool(torch.equal(rec.cpu(), consumer.start[name]))
+        else:
+            untouched = rec is None
+        checks.append(compare.compare_value(f"{name}.untouched", "flag", untouched, True))
+    ok = all(c.ok for c in checks)
+    if not ok:
+        checks[0].message = (checks[0].message or "") + f" (raised {type(exc).__name__}: {exc})"
+    return RankResult(rank, "xfail" if ok else "fail", checks, None if ok else _error(exc))
+
+
+def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
+            consumer: Consumer, gtp: GTPGroup | None, step: _Step) -> list[Check]:
+    orc = oracle.compute(inputs, ctx.rank)
+    checks: list[Check] = []
+    for mb in range(cell.microbatches):
+        checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], cell.dtype))
+        if cell.input_grad:
+            checks.append(compare.compare_tensor(f"mb{mb}.input_grad", step.dgrads[mb], orc.dgrads[mb], cell.dtype))
+    ddp = cell.consumer == "ddp"
+    record_attr = "main_grad" if ddp else "grad"
+    # Weight gradient of record: formed in main_grad's dtype when fused, or for a
+    # distributed weight with a main_grad (§2); otherwise in the compute dtype.
+    w_dtype = "fp32" if ddp and (cell.fused or gtp is not None) else cell.dtype
+    for i, name in enumerate(weight_names(module)):
+        shard = None
+        if gtp is not None:
+            s = gtp.rows_per_rank
+            shard = (gtp.padded_rows, ctx.rank * s, s)
+        ref = oracle.record_of(orc.wgrad_sums[i], consumer.start.get(name) if ddp else None, shard)
+        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, w_dtype))
+    for i, name in enumerate(_bias_names(module)):
+        ref = oracle.record_of(orc.bgrad_sums[i], consumer.start.get(name) if ddp else None, None)
+        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, cell.dtype))
+    if ddp:
+        for name, p in consumer.params.items():
+            is_weight = name.startswith("weight")
+            expected = is_weight and (cell.fused or gtp is not None)
+            checks.append(compare.compare_value(f"{name}.grad_added_to_main_grad", "flag",
+                                                bool(getattr(p, "grad_added_to_main_grad", False)), expected))
+    # Each registered hook runs exactly once per backward_dw() that computed something (§4).
+    checks.append(compare.compare_value("wgrad_hook_calls", "count", consumer.wgrad_hook_calls,
+                                        cell.microbatches if cell.delay_wgrad else 0))
+    if gtp is not None:
+        checks.extend(_protocol_checks(cell, gtp))
+    return checks
+
+
+def _protocol_checks(cell: Cell, gtp: GTPGroup) -> list[Check]:
+    """§2: per step, on the leader only: forward-materialize once per forward execution,
+    backward-materialize exactly once, finalize exactly once; ``grad_buffer`` on every
+    member when fused; finalize receives ``main_grad``'s dtype whenever there is one."""
+    k = cell.microbatches
+    expected = {
+        "materialize_forward": k * forward_executions(cell.hooks),
+        "materialize_backward": k,
+        "finalize": k,
+    }
+    checks = []
+    for kind, n in expected.items():
+        checks.append(compare.compare_value(f"leader.{kind}_calls", "count", gtp.log.count(kind, 0), n))
+        followers = sum(gtp.log.count(kind, i) for i in range(1, len(gtp.members)))
+        if len(gtp.members) > 1:
+            checks.append(compare.compare_value(f"followers.{kind}_calls", "count", followers, 0))
+    if cell.fused:
+        for i in range(len(gtp.members)):
+            checks.append(compare.compare_value(f"weight{i}.grad_buffer_calls", "count",
+                                                gtp.log.count("grad_buffer", i), k))
+    want = "float32" if cell.consumer == "ddp" else {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cell.dtype]
+    dtypes = sorted(set(gtp.log.finalize_dtypes()))
+    checks.append(compare.compare_value("finalize_dtypes", "dtype", dtypes, [want]))
+    return checks
