@@ -1,0 +1,53 @@
+"""``python -m harness`` / ``dw-harness``: list, sweep, repro, report, diff, selftest.
+
+``main`` takes argv and returns the exit code; every command lives in its own module under
+``harness/commands`` and maps its outcome to ``harness.exitcodes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from harness import exitcodes
+from harness.backends import BackendError
+from harness.matrix import MatrixError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness.commands import diff, list_cmd, repro, report, selftest, sweep
+
+    parser = argparse.ArgumentParser(prog="dw-harness", description="Verification harness for "
+                                     "distributed-weight autograd (TE Linear/GroupedLinear + GTP).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for mod in (list_cmd, sweep, repro, report, diff, selftest):
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
+        return int(exc.code or 0)
+    args.argv = argv
+    try:
+        return int(args.func(args))
+    except (MatrixError, BackendError, exitcodes.UsageError) as exc:
+        print(f"dw-harness: error: {exc}", file=sys.stderr)
+        return exitcodes.BAD_INPUT
+    except KeyboardInterrupt:
+        print("dw-harness: interrupted; the run record written so far is marked incomplete", file=sys.stderr)
+        return exitcodes.INTERRUPTED
+    except Exception:
+        traceback.print_exc()
+        print("dw-harness: internal error (a harness bug, not a verdict on the backend); "
+              "please report it with the traceback above", file=sys.stderr)
+        return exitcodes.HARNESS_BUG
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

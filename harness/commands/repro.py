@@ -1,0 +1,67 @@
+"""``repro CELL_ID``: run one cell under torchrun and print every check of every rank."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness import exitcodes, matrix
+from harness.backends import load_backend
+from harness.commands import _options
+from harness.inputs import Example
+from harness.launch import LaunchOptions, launch_cells
+from harness.record import CellResult
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("repro", help="run one cell with full detail")
+    p.add_argument("cell_id", help="a cell id as printed by list/sweep")
+    _options.add_run(p)
+    p.add_argument("--example", help="shape example as printed in a repro line, e.g. "
+                   "in_features=8,out_features=5,rows=3,salt=0")
+    p.set_defaults(func=run)
+
+
+def parse_example(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        pairs = dict(kv.split("=", 1) for kv in text.split(","))
+        return Example.from_dict(pairs).serialize()
+    except (ValueError, TypeError) as exc:
+        raise exitcodes.UsageError(f"malformed --example {text!r}: {exc}") from exc
+
+
+def detail(res: CellResult) -> str:
+    lines = [f"{res.id}: {res.status} (expect {res.expect}, {res.duration_s:.3f}s)"]
+    for r in res.ranks:
+        lines.append(f"  [rank {r.rank}] {r.status}")
+        for c in r.comparisons:
+            mark = "ok  " if c.ok else "FAIL"
+            if c.kind == "tensor":
+                info = (f"max_abs={c.max_abs:.3g} max_rel={c.max_rel:.3g} ratio={c.ratio:.3g}"
+                        if c.max_abs is not None else "")
+            else:
+                info = f"expected={c.expected!r} actual={c.actual!r}"
+            lines.append(f"    {mark} {c.name:40} {info}")
+            if not c.ok and c.message:
+                lines.extend("         " + m for m in c.message.splitlines())
+        if r.error:
+            lines.append(f"    {r.error['type']}: {r.error['message']}")
+            lines.extend("      " + t for t in r.error.get("traceback", "").splitlines())
+    lines.append(f"repro: {res.repro}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    cell = matrix.Cell.from_id(args.cell_id)
+    load_backend(args.backend)
+    example = parse_example(args.example)
+    _options.check_shardable([cell], (example or Example().serialize())["out_features"])
+    run_dir = _options.run_dir(args, prefix="repro")
+    results: list[CellResult] = []
+    opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
+                         device=args.device, example=example)
+    launch_cells(cell.world_size, [cell], opts, results.append)
+    print(detail(results[0]))
+    print(f"rank logs: {run_dir / 'logs'}")
+    return exitcodes.OK if results[0] else exitcodes.MISMATCH

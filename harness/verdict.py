@@ -1,0 +1,56 @@
+"""Folding every rank's result of a cell into one verdict (the ranks must agree)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Sequence
+
+from harness.matrix import Cell
+from harness.record import CellResult, RankResult
+
+
+def cell_status(ranks: Sequence[RankResult]) -> str:
+    """error > fail > (all xfail: xfail) > pass; a pass/xfail mix is a fail (ranks disagree)."""
+    statuses = {r.status for r in ranks}
+    for s in ("timeout", "error", "fail"):
+        if s in statuses:
+            return s
+    if statuses == {"xfail"}:
+        return "xfail"
+    if statuses == {"pass"}:
+        return "pass"
+    return "fail"
+
+
+def first_failure(ranks: Sequence[RankResult]) -> str | None:
+    """One line naming the rank and the first failed check or exception."""
+    for r in ranks:
+        if r.error and r.status in ("error", "timeout"):
+            return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
+        for c in r.comparisons:
+            if not c.ok:
+                return f"[rank {r.rank}] {(c.message or c.name).splitlines()[0]}"
+    return None
+
+
+def worst_ratio(ranks: Sequence[RankResult]) -> float | None:
+    ratios = [c.ratio for r in ranks for c in r.comparisons if c.kind == "tensor" and c.ratio is not None]
+    return max(ratios) if ratios else None
+
+
+def repro_command(cell_id: str, backend: str, example: dict[str, Any] | None = None) -> str:
+    parts = ["python", "-m", "harness", "repro", cell_id, "--backend", backend]
+    if example:
+        parts += ["--example", ",".join(f"{k}={v}" for k, v in sorted(example.items()))]
+    return shlex.join(parts)
+
+
+def merge(cell: Cell, ranks: Sequence[RankResult], duration_s: float, backend: str,
+          example: dict[str, Any] | None = None) -> CellResult:
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    return CellResult(
+        id=cell.id, axes=cell.serialize(), expect=cell.expect, status=cell_status(ranks),
+        duration_s=round(duration_s, 4), worst_ratio=worst_ratio(ranks),
+        first_failure=first_failure(ranks), repro=repro_command(cell.id, backend, example),
+        ranks=list(ranks), example=example,
+    )

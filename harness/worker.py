@@ -1,0 +1,120 @@
+"""What runs inside every rank of a launch: all of one world size's cells, in order.
+
+Started by torchrun (the launcher's, or a user's own ``torchrun --nnodes ... -m
+harness.worker --plan PLAN``). The ranks rebuild the cells from their ids, agree on a
+digest of the list, then run cell after cell; after each cell they exchange their results
+over a gloo control group and rank 0 appends the merged verdict to ``cells.jsonl`` at once,
+so a crash loses at most the cell in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness import matrix
+from harness.backends import load_backend
+from harness.inputs import Example
+from harness.record import RankResult
+from harness.runner import RankContext, run_cell
+from harness.verdict import merge
+
+
+def _redirect_output(log_path: Path) -> Any:
+    """Send this rank's stdout/stderr (and faulthandler dumps) to its own log file."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(log_path, "a", buffering=1)
+    os.dup2(f.fileno(), 1)
+    os.dup2(f.fileno(), 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    faulthandler.enable(file=f)
+    return f
+
+
+def _device(requested: str, local_rank: int) -> tuple[torch.device, str]:
+    if requested in ("auto", "cuda") and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    if requested == "cuda":
+        raise RuntimeError("--device cuda requested but CUDA is not available")
+    return torch.device("cpu"), "gloo"
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run(plan: dict[str, Any]) -> int:
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    run_dir = Path(plan["run_dir"])
+    _redirect_output(run_dir / "logs" / plan["launch"] / f"rank{rank}.log")
+    tag = f"[rank{rank}]"
+    torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
+    device, pg_backend = _device(plan.get("device", "auto"), local_rank)
+    timeout = datetime.timedelta(seconds=float(plan.get("collective_timeout", 120)))
+    dist.init_process_group(pg_backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout) if pg_backend != "gloo" else None
+    print(f"{tag} up: world={world} device={device} pg={pg_backend}", flush=True)
+
+    cells = [matrix.Cell.from_id(i) for i in plan["cells"]]
+    digests: list[Any] = [None] * world
+    dist.all_gather_object(digests, matrix.ids_digest(cells), group=control)
+    if len(set(digests)) != 1:
+        print(f"{tag} ranks disagree on the cells: digests {digests}", flush=True)
+        return 3
+    backend = load_backend(plan["backend"])
+    example = Example.from_dict(plan["example"]) if plan.get("example") else None
+    ctx = RankContext(rank, world, device, None)
+    out = run_dir / "cells.jsonl"
+    for i, cell in enumerate(cells):
+        print(f"{tag} start {i + 1}/{len(cells)} {cell.id}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            result = run_cell(backend, cell, ctx, example)
+        except Exception as exc:  # a bug in the harness itself, still a recorded result
+            result = RankResult(rank, "error", [], {
+                "type": f"HarnessBug({type(exc).__name__})", "message": str(exc).splitlines()[0] if str(exc) else "",
+                "traceback": traceback.format_exc()})
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, result.serialize(), group=control)
+        elapsed = time.perf_counter() - t0
+        print(f"{tag} done {cell.id} {result.status} {elapsed:.3f}s", flush=True)
+        if rank == 0:
+            merged = merge(cell, [RankResult.from_dict(g) for g in gathered], elapsed, plan["backend_label"],
+                           plan.get("example"))
+            merged_d = merged.serialize()
+            merged_d["launch"] = plan["launch"]
+            _append_line(out, merged_d)
+    dist.barrier(group=control)
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True, help="launch plan JSON written by the launcher")
+    args = parser.parse_args(argv)
+    return run(json.loads(Path(args.plan).read_text()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
