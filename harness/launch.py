@@ -42,6 +42,7 @@ class LaunchOptions:
 def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--monitor-interval", "0.1",
         "--nproc-per-node", str(world_size), "-m", "harness.worker", "--plan", str(plan_path),
     ]
 
@@ -179,10 +180,12 @@ def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
                                          f"(see the rank logs; torchrun: {_torchrun_reason(log_dir)})",
                                          world_size, log_dir, label, time.monotonic() - last))
                 elif not remaining:
+                    # Every result is on disk; give the ranks a moment to tear down cleanly,
+                    # then end the tree rather than wait out torchrun's shutdown.
                     try:
-                        proc.wait(timeout=60)
+                        proc.wait(timeout=2.0)
                     except subprocess.TimeoutExpired:
-                        note = "launch did not exit after its last cell; killed"
+                        pass
             finally:
                 kill_tree(proc)
         launches.append(LaunchRecord(world_size, [c.id for c in launched], proc.returncode,

@@ -84,7 +84,7 @@ def run(plan: dict[str, Any]) -> int:
     ctx = RankContext(rank, world, device, None)
     out = run_dir / "cells.jsonl"
     for i, cell in enumerate(cells):
-        print(f"{tag} start {i + 1}/{len(cells)} {cell.id}", flush=True)
+        print(f"{tag} {time.time():.3f} start {i + 1}/{len(cells)} {cell.id}", flush=True)
         t0 = time.perf_counter()
         try:
             result = run_cell(backend, cell, ctx, example)
@@ -97,7 +97,7 @@ def run(plan: dict[str, Any]) -> int:
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, result.serialize(), group=control)
         elapsed = time.perf_counter() - t0
-        print(f"{tag} done {cell.id} {result.status} {elapsed:.3f}s", flush=True)
+        print(f"{tag} {time.time():.3f} done {cell.id} {result.status} {elapsed:.3f}s", flush=True)
         if rank == 0:
             merged = merge(cell, [RankResult.from_dict(g) for g in gathered], elapsed, plan["backend_label"],
                            plan.get("example"))

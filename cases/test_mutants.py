@@ -1,0 +1,139 @@
+"""The planted faults of BUGS.md die in-process, for the right reason; the reference lives.
+
+Every mutant of ``harness.reference.mutants`` runs the world-size-1 cells of the ``ci``
+preset in this process. A mutant that can show at ws=1 must be *killed* (some cell's status
+is neither pass nor xfail) and at least one killing check must be evidence of its own fault
+(``Mutant.evidence``), not a side effect. The clean reference must pass every one of the
+same cells (no false alarms).
+
+The cells are those ``ci`` places at ws=1 plus the ``ci`` design computed for a one-process
+world (``world_size`` domain ``(1,)``). The second set is needed because ``ci`` puts its
+delayed-wgrad cells with a plain weight at the largest world size only (plus one unfused
+ws=2 cell), so ``dw-fused-hook-skipped`` has no killing cell among the ws=1 cells of ``ci``.
+
+``full-shape-dummy`` and ``unfused-finalize-dropped`` change nothing at ws=1 (a shard is the
+whole weight); they are skipped here with a note and checked by a multi-rank run.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from harness import matrix
+from harness.reference import _core, _modules, mutants, ops
+from harness.reference import Linear as RefLinear
+from harness.runner import RankContext, run_cell
+
+GOOD = ("pass", "xfail")
+
+
+def _cells() -> list[matrix.Cell]:
+    ci_ws1 = [c for c in matrix.select("ci") if c.world_size == 1]
+    single = matrix.select("ci", overrides={"world_size": (1,)})
+    return list(dict.fromkeys(ci_ws1 + single))
+
+
+CELLS = _cells()
+
+
+def _run(backend, cells):
+    return {c: run_cell(backend, c, RankContext()) for c in cells}
+
+
+def test_reference_passes_every_in_process_cell():
+    import harness.reference as reference
+
+    bad = {c.id: [(k.name, k.message) for k in r.comparisons if not k.ok][:3]
+           for c, r in _run(reference, CELLS).items() if r.status not in GOOD}
+    assert not bad, f"the clean reference fails {len(bad)} cells: {bad}"
+
+
+@pytest.mark.parametrize("name", list(mutants.MUTANTS))
+def test_mutant_killed_about_its_fault(name):
+    m = mutants.MUTANTS[name]
+    if m.min_world_size > 1:
+        pytest.skip(f"{name} needs world size >= {m.min_world_size} (at ws=1 a shard is the "
+                    "whole weight); it is killed by the ci cells at ws>=2 in a multi-rank run")
+    results = _run(m.backend, CELLS)
+    killed = {c: r for c, r in results.items() if r.status not in GOOD}
+    assert killed, f"{name} survived all {len(CELLS)} in-process cells"
+    evidence = {c.id: mutants.evidence_found(m, r.comparisons) for c, r in killed.items()}
+    about = {cid: ev for cid, ev in evidence.items() if ev}
+    assert about, (f"{name} was killed, but by no check about its fault ({m.evidence}): "
+                   + "; ".join(f"{c.id}: {[k.name for k in r.comparisons if not k.ok]}"
+                               for c, r in list(killed.items())[:3]))
+    # Minimal: a module class the mutant does not touch behaves exactly as the reference.
+    collateral = [c.id for c in killed if c.module not in m.modules]
+    assert not collateral, f"{name} also fails modules it does not change: {collateral}"
+
+
+def test_ws1_survivors_are_exactly_the_ws2_faults():
+    """min_world_size is honest: the mutants that need ws>=2 really do survive at ws=1."""
+    for m in mutants.MUTANTS.values():
+        if m.min_world_size == 1:
+            continue
+        bad = [c.id for c, r in _run(m.backend, CELLS).items() if r.status not in GOOD]
+        assert not bad, f"{m.name} claims min_world_size={m.min_world_size} but dies at ws=1: {bad[:3]}"
+
+
+def test_catalog_matches_bugs_md():
+    assert list(mutants.MUTANTS) == [
+        "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
+        "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
+        "per-member-materialize", "dw-fused-hook-skipped", "delay-with-dw-accepted",
+    ]
+    for m in mutants.MUTANTS.values():
+        assert m.description and "\n" not in m.description
+        assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
+        assert set(m.modules) <= set(mutants.ALL_MODULES)
+        for attr in ("Linear", "GroupedLinear"):
+            assert isinstance(getattr(m.backend, attr), type)
+        assert isinstance(m.backend.ops.GroupedLinear, type)
+
+
+def test_untouched_modules_are_the_reference_classes():
+    ref = {"linear": _modules.Linear, "grouped_linear": _modules.GroupedLinear,
+           "ops_grouped_linear": ops.GroupedLinear}
+    for m in mutants.MUTANTS.values():
+        got = {"linear": m.backend.Linear, "grouped_linear": m.backend.GroupedLinear,
+               "ops_grouped_linear": m.backend.ops.GroupedLinear}
+        for module, cls in got.items():
+            if module in m.modules:
+                assert cls is not ref[module] and issubclass(cls, ref[module]), (m.name, module)
+                assert type(cls._impl) is not type(ref[module]._impl), (m.name, module)
+            else:
+                assert cls is ref[module], (m.name, module)
+
+
+def test_reference_carries_no_mutant_code():
+    assert type(RefLinear._impl) is _core.ReferenceImpl
+    assert type(ops.GroupedLinear._impl) is ops.OpsImpl
+
+
+def test_get_and_loader():
+    from harness.backends import BackendError, load_backend
+
+    assert mutants.get("shared-grad-buffer") is mutants.MUTANTS["shared-grad-buffer"].backend
+    assert load_backend("harness.reference.mutants:ops-double-add") is mutants.get("ops-double-add")
+    assert getattr(mutants, "dgrad-forward-copy") is mutants.get("dgrad-forward-copy")
+    assert isinstance(mutants.get("per-member-materialize"), types.ModuleType)
+    with pytest.raises(ValueError, match="hooks-strip-subclass.*delay-with-dw-accepted"):
+        mutants.get("no-such-mutant")
+    with pytest.raises(BackendError, match="no-such-mutant"):
+        load_backend("harness.reference.mutants:no-such-mutant")
+    with pytest.raises(AttributeError):
+        getattr(mutants, "no-such-mutant")
+
+
+def test_evidence_found_reads_checks_and_dicts():
+    m = mutants.MUTANTS["per-member-materialize"]
+    checks = [{"name": "followers.materialize_forward_calls", "ok": False, "message": "expected 0, got 3"},
+              {"name": "followers.finalize_calls", "ok": True},
+              {"name": "mb0.output", "ok": False, "message": "not close"}]
+    assert mutants.evidence_found(m, checks) == ["followers.materialize_forward_calls: expected 0, got 3"]
+    m = mutants.MUTANTS["hooks-strip-subclass"]
+    checks = [{"name": "exception", "ok": False,
+               "message": "AssertionError: weight was removed while fuse_wgrad_accumulation=True"}]
+    assert len(mutants.evidence_found(m, checks)) == 1

@@ -1,0 +1,322 @@
+"""Planted faults: each class of BUGS.md as a named, minimal deviation of the reference.
+
+A mutant is a backend (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``) whose modules
+use a subclass of ``ReferenceImpl`` (or ``OpsImpl``) that overrides one decision - two where
+the fault spans two call sites - so the clean reference carries no flag or branch for any
+of them. Select one as ``harness.reference.mutants:<name>``, e.g.
+``harness.reference.mutants:shared-grad-buffer`` (the backend loader calls :func:`get`).
+
+Each :class:`Mutant` also says where the fault can show (``min_world_size``, ``modules``)
+and what a kill *about the fault* looks like (``evidence``), so a self-test can tell "the
+harness caught this bug" from "the harness failed for some other reason":
+
+- ``check:<glob>``: a failing check whose name matches the ``fnmatch`` glob
+  (``followers.*_calls``);
+- ``text:<substring>``: a failing check whose message contains the substring - the
+  ``exception`` check carries the backend's exception as ``Type: message``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import types
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from harness.reference import _dw, _modules, ops, prefix
+from harness.reference._core import GemmCall, ReferenceImpl, wgrad_gemm
+from harness.reference.ops import OpsImpl
+
+__all__ = ["MUTANTS", "Mutant", "evidence_found", "get", "names"]
+
+ALL_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
+MODULE_CLASSES = ("linear", "grouped_linear")
+
+
+# ---- the faults: one mixin per class of BUGS.md ---------------------------------------
+# Each mixin is placed before ReferenceImpl / OpsImpl in the MRO, so ``super()`` is the
+# correct behaviour and the override reads as "the fix, minus one thing".
+
+class _WgradComputeDtype:
+    """Distributed wgrads formed (and handed to finalize) in the compute dtype."""
+
+    def wgrad_dtype(self, weight: Any, compute_dtype: torch.dtype, fused: bool,
+                    distributed: bool) -> torch.dtype:
+        # Fault: main_grad's dtype is used only when fusing; the distributed case is forgotten.
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is not None and fused:
+            return main_grad.dtype
+        return compute_dtype
+
+    def grad_buffers(self, weights: Sequence[Any]) -> list[torch.Tensor]:
+        # Fault: the wgrad GEMM's output buffer takes the weight's (compute) dtype, so the
+        # GEMM runs and finalize reduces in bf16/fp16 instead of main_grad's fp32.
+        return [w.grad_buffer().to(w.dtype) for w in weights]
+
+
+class _SharedGradBuffer:
+    """One ``grad_buffer()`` serves the whole group."""
+
+    def grad_buffers(self, weights: Sequence[Any]) -> list[torch.Tensor]:
+        buf = weights[0].grad_buffer()  # Fault: hoisted out of the per-member loop.
+        return [buf for _ in weights]
+
+
+class _FullShapeDummy:
+    """The dummy gradient returned to autograd is shaped like the gathered weight."""
+
+    def distributed_wgrads(self, call: GemmCall, weights: Sequence[Any],
+                           grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                           compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        grads = super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
+        if not call.fused:
+            return grads
+        # Fault: the dummy is made like the wgrad (full logical shape), not like the shard.
+        return [torch.zeros(go.shape[-1], x.shape[-1], dtype=w.dtype, device=w.device)
+                for w, go, x in zip(weights, grad_outs, inps)]
+
+
+class _UnfusedFinalizeDropped:
+    """Unfused: finalize runs, but autograd gets the local, unreduced full wgrad."""
+
+    def deliver_finalized(self, finalized: list[torch.Tensor],
+                          local: list[torch.Tensor]) -> list[torch.Tensor]:
+        return local  # Fault: finalize's return value is ignored.
+
+
+class _OpsDoubleAdd:
+    """The op accumulates a distributed wgrad into ``main_grad`` *and* finalize adds it."""
+
+    def distributed_wgrads(self, call: GemmCall, weights: Sequence[Any],
+                           grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                           compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        if call.fused:
+            # Fault: the op's accumulate_into_main_grad step runs for every weight, before
+            # the distributed path hands the same wgrad to finalize.
+            self.plain_wgrads(call, weights, grad_outs, inps, compute_dtype)
+        return super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
+
+
+class _DgradForwardCopy:
+    """Backward reuses the forward's gathered weights instead of materializing again."""
+
+    def save(self, ctx: Any, call: GemmCall, inp: torch.Tensor, weights: Sequence[Any],
+             gemm_weights: Sequence[torch.Tensor]) -> None:
+        super().save(ctx, call, inp, weights, gemm_weights)
+        ctx.gemm_weights = tuple(gemm_weights)  # Fault: keeps the transient gathered tensors.
+
+    def backward_gemm_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
+                              distributed: bool) -> list[torch.Tensor]:
+        if distributed:
+            return list(ctx.gemm_weights)  # Fault: no backward-materialize.
+        return super().backward_gemm_weights(ctx, call, weights, distributed)
+
+
+class _PerMemberMaterialize:
+    """Every member is asked to materialize (each call gathers the whole group)."""
+
+    def forward_weights(self, call: GemmCall, weights: Sequence[Any]) -> list[torch.Tensor]:
+        if call.distributed:
+            return [_dw.as_list(w.materialize_group_for_forward())[i] for i, w in enumerate(weights)]
+        return super().forward_weights(call, weights)
+
+    def backward_gemm_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
+                              distributed: bool) -> list[torch.Tensor]:
+        if distributed:
+            return [_dw.as_list(w.materialize_group_for_backward())[i] for i, w in enumerate(weights)]
+        return super().backward_gemm_weights(ctx, call, weights, distributed)
+
+
+class _DwFusedHookSkipped:
+    """``backward_dw()`` fires the wgrad hooks only on its unfused branch."""
+
+    def fire_wgrad_hooks(self, module: Any, call: GemmCall) -> None:
+        if not call.fused:  # Fault: the accumulate-into-main_grad branch returns early.
+            super().fire_wgrad_hooks(module, call)
+
+
+class _DelayWithDwAccepted:
+    """Delayed wgrad with a distributed weight is not rejected up front."""
+
+    def check_supported(self, module: torch.nn.Module, weights: Sequence[Any]) -> bool:
+        return _dw.check_distributed_group(weights)  # Fault: the delay guard is missing.
+
+
+# ---- building backends ------------------------------------------------------------------
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-"))
+
+
+def _subclass(bases: tuple[type, ...], name: str, qualprefix: str, attrs: dict[str, Any]) -> type:
+    cls = type(name, bases, {"__module__": __name__, **attrs})
+    cls.__qualname__ = f"{qualprefix}.{name}"
+    return cls
+
+
+def _backend(name: str, description: str, linear: type, grouped: type, ops_grouped: type) -> types.ModuleType:
+    backend = types.ModuleType(f"{__name__}:{name}", description)
+    backend.__all__ = ["Linear", "GroupedLinear", "ops"]
+    backend.Linear = linear
+    backend.GroupedLinear = grouped
+    backend.ops = types.ModuleType(f"{__name__}:{name}.ops", description)
+    backend.ops.GroupedLinear = ops_grouped
+    return backend
+
+
+def _from_fault(name: str, description: str, fault: type, modules: Sequence[str]) -> types.ModuleType:
+    """A backend whose modules in ``modules`` use ``fault`` over the reference's impl."""
+    q = _camel(name)
+    linear, grouped, ops_grouped = _modules.Linear, _modules.GroupedLinear, ops.GroupedLinear
+    if set(modules) & set(MODULE_CLASSES):
+        impl = _subclass((fault, ReferenceImpl), f"{q}Impl", q, {})()
+        if "linear" in modules:
+            linear = _subclass((_modules.Linear,), "Linear", q, {"_impl": impl})
+        if "grouped_linear" in modules:
+            grouped = _subclass((_modules.GroupedLinear,), "GroupedLinear", q, {"_impl": impl})
+    if "ops_grouped_linear" in modules:
+        ops_impl = _subclass((fault, OpsImpl), f"{q}OpsImpl", q, {})()
+        ops_grouped = _subclass((ops.GroupedLinear,), "GroupedLinear", f"{q}.ops", {"_impl": ops_impl})
+    return _backend(name, description, linear, grouped, ops_grouped)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted fault of BUGS.md.
+
+    Attributes:
+        name: the BUGS.md id; ``harness.reference.mutants:<name>`` selects it.
+        description: one line: what the backend does wrong.
+        backend: a backend module (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``).
+        min_world_size: the smallest world size at which the fault changes anything the
+            contract observes (at ws=1 a shard is the full weight).
+        modules: the cell ``module`` values whose classes deviate; the others are the
+            reference's own classes and must pass.
+        evidence: what a kill about this fault looks like (see the module docstring).
+    """
+
+    name: str
+    description: str
+    backend: types.ModuleType
+    min_world_size: int
+    modules: tuple[str, ...]
+    evidence: tuple[str, ...]
+
+
+def _fault(name: str, description: str, fault: type, *, min_world_size: int = 1,
+           modules: Sequence[str] = ALL_MODULES, evidence: Iterable[str]) -> Mutant:
+    return Mutant(name, description, _from_fault(name, description, fault, modules),
+                  min_world_size, tuple(modules), tuple(evidence))
+
+
+def _hooks_strip_subclass() -> Mutant:
+    # The pre-fix backend is exactly this fault; the op reads its weights from its own
+    # attributes, so its class is the reference's (the control group).
+    name = "hooks-strip-subclass"
+    description = ("backward decides 'distributed?' from the unpacked saved tensor, which "
+                   "saved-tensor hooks turn into a plain Tensor (TE's pre-fix behaviour)")
+    backend = _backend(name, description, prefix.Linear, prefix.GroupedLinear, ops.GroupedLinear)
+    return Mutant(name, description, backend, 1, MODULE_CLASSES, (
+        "check:leader.materialize_backward_calls",
+        "text:weight was removed while fuse_wgrad_accumulation=True",
+    ))
+
+
+def _build() -> dict[str, Mutant]:
+    mutants = [
+        _hooks_strip_subclass(),
+        _fault("wgrad-compute-dtype",
+               "a distributed weight's wgrad is computed and reduced in the compute dtype, "
+               "not main_grad's (fused: the GEMM's buffer; unfused: the GEMM's dtype)",
+               _WgradComputeDtype, evidence=("check:finalize_dtypes",)),
+        _fault("shared-grad-buffer",
+               "the leader's grad_buffer() is used for every member of the group, so every "
+               "expert is finalized with the last expert's wgrad",
+               _SharedGradBuffer, modules=("grouped_linear", "ops_grouped_linear"),
+               evidence=("check:weight*.grad_buffer_calls", "check:weight*.main_grad")),
+        _fault("full-shape-dummy",
+               "fused: the dummy gradient returned to autograd has the full (gathered) "
+               "shape instead of the shard's",
+               _FullShapeDummy, min_world_size=2,
+               evidence=("text:invalid gradient", "text:expected shape compatible with")),
+        _fault("unfused-finalize-dropped",
+               "unfused: finalize's return value is ignored and autograd receives the local, "
+               "unreduced full wgrad",
+               _UnfusedFinalizeDropped, min_world_size=2,
+               evidence=("text:invalid gradient", "check:weight*.grad", "check:weight*.main_grad")),
+        _fault("ops-double-add",
+               "ops GroupedLinear accumulates a distributed weight's wgrad into main_grad "
+               "itself and then lets finalize add it too",
+               _OpsDoubleAdd, modules=("ops_grouped_linear",),
+               evidence=("check:weight*.main_grad", "text:must match the size")),
+        _fault("dgrad-forward-copy",
+               "backward reuses the forward's gathered weights (kept on ctx) and never calls "
+               "materialize_group_for_backward",
+               _DgradForwardCopy, evidence=("check:leader.materialize_backward_calls",)),
+        _fault("per-member-materialize",
+               "materialize_group_for_forward/backward is called on every member instead of "
+               "once through the leader",
+               _PerMemberMaterialize, modules=("grouped_linear", "ops_grouped_linear"),
+               evidence=("check:followers.*_calls",)),
+        _fault("dw-fused-hook-skipped",
+               "backward_dw() fires the wgrad accumulation-and-reduce hooks only on the "
+               "unfused branch",
+               _DwFusedHookSkipped, evidence=("check:wgrad_hook_calls",)),
+        _fault("delay-with-dw-accepted",
+               "delay_wgrad_compute=True with a distributed weight is not rejected up front; "
+               "the delayed wgrad is finalized later in backward_dw()",
+               _DelayWithDwAccepted, evidence=("check:expected_exception",)),
+    ]
+    return {m.name: m for m in mutants}
+
+
+MUTANTS: dict[str, Mutant] = _build()
+
+
+def names() -> list[str]:
+    """The mutant names, in BUGS.md order."""
+    return list(MUTANTS)
+
+
+def get(name: str) -> types.ModuleType:
+    """The backend of mutant ``name`` (what ``harness.reference.mutants:<name>`` loads).
+
+    Raises:
+        ValueError: an unknown name; the message lists the known ones.
+    """
+    try:
+        return MUTANTS[name].backend
+    except KeyError:
+        raise ValueError(f"Unknown mutant {name!r} (mutants: {', '.join(MUTANTS)})") from None
+
+
+def __getattr__(attr: str) -> types.ModuleType:
+    """``getattr(mutants, "shared-grad-buffer")`` for loaders that do not call :func:`get`."""
+    if attr in MUTANTS:
+        return MUTANTS[attr].backend
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def evidence_found(mutant: Mutant, checks: Iterable[Any]) -> list[str]:
+    """The failing checks that are evidence of ``mutant``'s fault, as ``name: message``.
+
+    Args:
+        mutant: the mutant whose ``evidence`` patterns to match.
+        checks: ``Check`` objects (or dicts with ``name``/``ok``/``message``), e.g. every
+            rank's ``RankResult.comparisons`` of a killed cell.
+    """
+    found = []
+    for c in checks:
+        get_ = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
+        if get_("ok"):
+            continue
+        cname, message = get_("name") or "", get_("message") or ""
+        for pattern in mutant.evidence:
+            kind, _, value = pattern.partition(":")
+            if (kind == "check" and fnmatch.fnmatchcase(cname, value)) or (
+                    kind == "text" and value in message):
+                found.append(f"{cname}: {message}".strip())
+                break
+    return found

@@ -1,0 +1,136 @@
+"""Helpers shared by the renderers: status vocabulary, number formatting, text hygiene.
+
+The reports read only the parsed ``results.json`` (``RunRecord.serialize()``), so the status
+vocabulary is restated here instead of imported from ``harness`` (whose package may pull in
+torch); ``cases/test_reports.py`` guards that the two copies agree.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable
+
+STATUSES: tuple[str, ...] = ("pass", "xfail", "fail", "error", "timeout", "skipped")
+#: statuses that meet the cell's expectation (``harness.record.GOOD_STATUSES``).
+GOOD_STATUSES: tuple[str, ...] = ("pass", "xfail")
+#: statuses that mean "the backend or the harness went wrong" (skips are neither good nor bad).
+BAD_STATUSES: tuple[str, ...] = ("fail", "error", "timeout")
+#: worst first; used to summarise several cells with one status.
+SEVERITY: tuple[str, ...] = ("fail", "error", "timeout", "skipped", "xfail", "pass")
+
+STATUS_LABELS: dict[str, str] = {
+    "pass": "pass",
+    "xfail": "expected error met",
+    "fail": "fail",
+    "error": "error",
+    "timeout": "timeout",
+    "skipped": "skipped",
+}
+
+# Characters XML 1.0 forbids (everything below 0x20 except tab/newline/CR, lone surrogates,
+# U+FFFE/U+FFFF). The same filter keeps terminals and markdown renderers sane.
+_ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def clean_text(s: Any) -> str:
+    """``str(s)`` minus characters that are illegal in XML 1.0 (and invisible anyway)."""
+    return _ILLEGAL_XML.sub("\ufffd", "" if s is None else str(s))
+
+
+def worst_status(statuses: Iterable[str]) -> str | None:
+    """The most severe status among ``statuses`` (unknown statuses rank as ``error``)."""
+    rank = {s: i for i, s in enumerate(SEVERITY)}
+    best: str | None = None
+    for s in statuses:
+        if best is None or rank.get(s, 1) < rank.get(best, 1):
+            best = s
+    return best
+
+
+def ratio_key(r: Any) -> float:
+    """Sort key for a worst_ratio: None lowest, NaN highest (a NaN error is never fine)."""
+    if r is None:
+        return -1.0
+    r = float(r)
+    return math.inf if math.isnan(r) else r
+
+
+def fmt_ratio(r: Any) -> str:
+    """A ratio as a short label: ``0.31``, ``2.4``, ``3e-04``; NaN/inf spelled out."""
+    if r is None:
+        return ""
+    r = float(r)
+    if math.isnan(r):
+        return "nan"
+    if math.isinf(r):
+        return "inf" if r > 0 else "-inf"
+    if r == 0:
+        return "0"
+    if r < 0.01:
+        m, e = f"{r:.0e}".split("e")
+        return f"{m}e{int(e)}"
+    if r < 10:
+        return f"{r:.2g}" if r < 1 else f"{r:.3g}"
+    return f"{r:.3g}"
+
+
+def fmt_duration(s: Any) -> str:
+    """Seconds as ``1h 02m 03s`` / ``4m 05s`` / ``6.2s``."""
+    if s is None:
+        return "–"
+    s = float(s)
+    if s < 60:
+        return f"{s:.1f}s"
+    m, sec = divmod(int(round(s)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
+
+
+def verdict(record: dict[str, Any]) -> str:
+    """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges."""
+    counts = counts_of(record)
+    bad = sum(n for s, n in counts.items() if s not in GOOD_STATUSES)
+    if record.get("status") == "incomplete":
+        return "INCOMPLETE"
+    return "FAIL" if bad else "PASS"
+
+
+def counts_of(record: dict[str, Any]) -> dict[str, int]:
+    """Counts per status, recomputed from the cells (the stored ``counts`` may be stale)."""
+    out = {s: 0 for s in STATUSES}
+    for c in record.get("cells", []):
+        out[c.get("status", "error")] = out.get(c.get("status", "error"), 0) + 1
+    return out
+
+
+def worst_check(cell: dict[str, Any]) -> tuple[str, int] | None:
+    """``(check name, rank)`` of the tensor check with the highest ratio in a cell."""
+    best: tuple[float, str, int] | None = None
+    for r in cell.get("ranks") or []:
+        for c in r.get("comparisons") or []:
+            if c.get("ratio") is None:
+                continue
+            k = ratio_key(c["ratio"])
+            if best is None or k > best[0]:
+                best = (k, c.get("name", "?"), r.get("rank", -1))
+    return None if best is None else (best[1], best[2])
+
+
+def failing_messages(cell: dict[str, Any], limit: int = 5) -> list[str]:
+    """Up to ``limit`` one-per-problem lines: failed checks and rank exceptions."""
+    out: list[str] = []
+    for r in cell.get("ranks") or []:
+        rank = r.get("rank", "?")
+        err = r.get("error")
+        if err:
+            out.append(f"[rank {rank}] {err.get('type', 'Exception')}: {err.get('message', '')}".rstrip())
+        for c in r.get("comparisons") or []:
+            if not c.get("ok", True):
+                msg = c.get("message") or ""
+                if not msg and "expected" in c:
+                    msg = f"expected {c.get('expected')!r}, got {c.get('actual')!r}"
+                out.append(f"[rank {rank}] {c.get('name', '?')}: {msg}".rstrip())
+        if len(out) >= limit:
+            break
+    return out[:limit]

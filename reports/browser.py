@@ -1,0 +1,160 @@
+"""Drive the HTML report in headless Chromium: the check that the page really works.
+
+Static asserts on the HTML cannot tell whether the grid builds, a chip opens its details, or
+10k cells render in time; a real browser can. Selenium is imported lazily (it is a test-time
+tool, not a dependency of the reports), and the driver is always the system chromedriver
+passed explicitly, so Selenium Manager never tries to download a browser or driver.
+
+The page marks its own progress: ``window.__gridBuiltAt`` (grid and filters built, ms since
+navigation start) and ``window.__renderedAt`` (the first frame after that).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
+FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-default-apps", "--disable-extensions", "--hide-scrollbars")
+
+
+def find_chromium() -> tuple[str, str] | None:
+    """``(chromium, chromedriver)`` paths (``DW_CHROMIUM``/``DW_CHROMEDRIVER`` win), or None."""
+    browser = os.environ.get("DW_CHROMIUM") or next((p for p in CHROMIUM_CANDIDATES if os.path.exists(p)), None)
+    driver = os.environ.get("DW_CHROMEDRIVER") or next((p for p in CHROMEDRIVER_CANDIDATES if os.path.exists(p)), None)
+    if browser is None:
+        browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if driver is None:
+        driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@contextmanager
+def chromium(width: int = 1600, height: int = 1000) -> Iterator[Any]:
+    """A headless Chromium WebDriver with a fresh profile, closed (and the profile removed) on exit.
+
+    Raises:
+        RuntimeError: when Chromium or chromedriver is not installed.
+    """
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    found = find_chromium()
+    if found is None:
+        raise RuntimeError("Chromium and chromedriver are required (apt-get install chromium chromium-driver)")
+    browser, driver_path = found
+    profile = tempfile.mkdtemp(prefix="dw-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for f in FLAGS:
+        opts.add_argument(f)
+    opts.add_argument(f"--user-data-dir={profile}")
+    opts.add_argument(f"--window-size={width},{height}")
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+_TIMING_JS = """
+var p = performance.getEntriesByType('paint').filter(function (e) { return e.name === 'first-contentful-paint'; });
+var nav = performance.getEntriesByType('navigation')[0];
+return {rendered_ms: window.__renderedAt, grid_built_ms: window.__gridBuiltAt, build_ms: window.__buildMs,
+        fcp_ms: p.length ? p[0].startTime : null, load_ms: nav ? nav.loadEventEnd : null,
+        timings: window.__timings, chips: document.querySelectorAll('#grid .chip').length};
+"""
+
+
+def _load(driver: Any, html_path: str | Path, timeout: float) -> dict[str, Any]:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(Path(html_path).resolve().as_uri())
+    WebDriverWait(driver, timeout).until(lambda d: d.execute_script("return window.__renderedAt !== undefined"))
+    return driver.execute_script(_TIMING_JS)
+
+
+def measure_render(html_path: str | Path, *, repeats: int = 3, timeout: float = 60.0) -> dict[str, Any]:
+    """Open the report ``repeats`` times; time to first render (ms since navigation) per load.
+
+    Returns:
+        ``{"rendered_ms": [...], "best_ms", "median_ms", "build_ms": [...], "chips", "bytes"}``.
+    """
+    runs = []
+    with chromium() as driver:
+        for _ in range(repeats):
+            runs.append(_load(driver, html_path, timeout))
+            driver.get("about:blank")
+    ms = sorted(r["rendered_ms"] for r in runs)
+    return {"rendered_ms": [r["rendered_ms"] for r in runs], "best_ms": ms[0], "median_ms": ms[len(ms) // 2],
+            "build_ms": [r["build_ms"] for r in runs], "fcp_ms": [r["fcp_ms"] for r in runs],
+            "timings": [r["timings"] for r in runs],
+            "chips": runs[0]["chips"], "bytes": Path(html_path).stat().st_size}
+
+
+def open_and_click_failing(html_path: str | Path, screenshot_path: str | Path, *,
+                           statuses: tuple[str, ...] = ("fail", "error", "timeout"),
+                           timeout: float = 30.0) -> dict[str, Any]:
+    """Open the report, click the first chip whose status is in ``statuses``, wait for ``#detail``.
+
+    Saves a PNG of the page with the detail drawer open to ``screenshot_path``.
+
+    Returns:
+        what the browser showed: ``cell_id``, ``status``, ``detail_visible``, ``detail_text``,
+        ``traceback_text``/``traceback_visible`` (first traceback block; empty when the cell
+        raised nothing), ``repro_text``/``repro_visible``, ``hash`` (the URL fragment), the
+        page timings (``rendered_ms``, ``grid_built_ms``, ``fcp_ms``, ``load_ms``),
+        ``click_to_detail_ms`` and ``screenshot``.
+
+    Raises:
+        LookupError: when no chip has one of ``statuses``.
+    """
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with chromium() as driver:
+        timing = _load(driver, html_path, timeout)
+        chip = None
+        for s in statuses:
+            found = driver.find_elements(By.CSS_SELECTOR, f'#grid .chip[data-status="{s}"]')
+            if found:
+                chip = found[0]
+                break
+        if chip is None:
+            raise LookupError(f"no chip with a status in statuses={statuses!r}")
+        status = chip.get_attribute("data-status")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'nearest'});", chip)
+        t = time.perf_counter()
+        chip.click()
+        detail = driver.find_element(By.ID, "detail")
+        WebDriverWait(driver, timeout).until(
+            lambda d: detail.is_displayed() and d.find_elements(By.CSS_SELECTOR, "#detail .repro-cmd"))
+        click_ms = (time.perf_counter() - t) * 1000
+        repro = driver.find_element(By.CSS_SELECTOR, "#detail .repro-cmd")
+        cell_id = driver.find_element(By.CSS_SELECTOR, "#detail .dh .id").text
+        tbs = driver.find_elements(By.CSS_SELECTOR, "#detail pre.traceback")
+        Path(screenshot_path).parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(screenshot_path))
+        return {
+            "cell_id": cell_id,
+            "status": status,
+            "detail_visible": detail.is_displayed(),
+            "detail_text": detail.text,
+            "traceback_text": tbs[0].text if tbs else "",
+            "traceback_visible": bool(tbs) and tbs[0].is_displayed(),
+            "repro_text": repro.text,
+            "repro_visible": repro.is_displayed(),
+            "hash": driver.execute_script("return decodeURIComponent(location.hash.slice(1))"),
+            "click_to_detail_ms": click_ms,
+            "screenshot": str(screenshot_path),
+            **timing,
+        }

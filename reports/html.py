@@ -1,0 +1,254 @@
+"""The HTML report: one self-contained file rendered from the run record alone.
+
+Why it looks the way it does:
+
+* It is opened from CI artifacts, often offline, so it has no network dependency (inline
+  CSS/JS, system fonts, CSS charts).
+* A ``full`` sweep has 10k+ cells. Rendering 10k detail panels up front would make a 100 MB
+  page, so the record is packed once (``_pack.py``) into a ``<script type="application/json">``
+  and the browser builds the grid from it and renders a cell's details only when opened.
+* The parts that are small and useful without JavaScript (header, counts, near-miss view,
+  failure signatures, self-test table) are rendered here, server side, escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from typing import Any, Sequence
+
+from ._assets import CSS, JS
+from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, counts_of, fmt_duration, fmt_ratio,
+                      ratio_key, verdict, worst_check)
+from ._pack import dump, pack
+
+#: log buckets of the near-miss histogram: (label, lower bound inclusive, upper bound exclusive).
+RATIO_BUCKETS: tuple[tuple[str, float, float], ...] = (
+    ("< 1e-3", -math.inf, 1e-3),
+    ("1e-3 – 1e-2", 1e-3, 1e-2),
+    ("1e-2 – 0.1", 1e-2, 0.1),
+    ("0.1 – 0.5", 0.1, 0.5),
+    ("0.5 – 1", 0.5, 1.0 + 1e-12),
+    ("> 1", 1.0 + 1e-12, math.inf),
+)
+TOP_NEAR_MISSES = 20
+
+
+def _e(s: Any) -> str:
+    return html.escape("" if s is None else str(s), quote=True)
+
+
+def _status_class(s: str) -> str:
+    return f"s-{s}" if s in STATUSES else "s-other"
+
+
+def _header(record: dict[str, Any], counts: dict[str, int]) -> str:
+    env = record.get("environment") or {}
+    v = verdict(record)
+    n = sum(counts.values())
+    sel = record.get("selection") or {}
+    items: list[tuple[str, Any]] = [
+        ("backend", record.get("backend")),
+        ("torch", env.get("torch")),
+        ("device / process group", " / ".join(str(x) for x in (env.get("device"), env.get("pg_backend")) if x)),
+        ("world sizes", ", ".join(str(w) for w in record.get("world_sizes") or []) or None),
+        ("preset", sel.get("preset")),
+        ("git commit", env.get("git_commit")),
+        ("started", record.get("started")),
+        ("finished", record.get("finished") or ("— (incomplete)" if record.get("status") == "incomplete" else None)),
+        ("duration", fmt_duration(record.get("duration_s"))),
+        ("host", env.get("hostname")),
+        ("python", env.get("python")),
+        ("platform", env.get("platform")),
+    ]
+    meta = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(val)}</dd></div>" for k, val in items if val not in (None, ""))
+    pills = "".join(
+        f'<span class="pill"><i class="dot {_status_class(s)}"></i>{_e(STATUS_LABELS.get(s, s))} <b>{c:,}</b></span>'
+        for s, c in counts.items() if c or s in STATUSES[:3])
+    launches = record.get("launches") or []
+    bad_launches = [l for l in launches if l.get("exit_code") not in (0, None) or l.get("note")]
+    launch_rows = "".join(
+        f"<tr><td class=num>{_e(l.get('world_size'))}</td><td class=num>{len(l.get('cells') or [])}</td>"
+        f"<td class=num>{_e(l.get('exit_code'))}</td><td class=num>{_e(fmt_duration(l.get('duration_s')))}</td>"
+        f"<td class=num>{_e(l.get('attempt', 0))}</td><td>{_e(l.get('note') or '')}</td>"
+        f"<td class=mono>{_e(l.get('log_dir'))}</td></tr>" for l in launches)
+    more = []
+    if launches:
+        more.append(
+            f'<details class="more"{" open" if bad_launches else ""}><summary>{len(launches)} torchrun launches'
+            f'{f", {len(bad_launches)} with a non-zero exit or a note" if bad_launches else ""}</summary>'
+            '<table class="plain"><tr><th class=num>ws</th><th class=num>cells</th><th class=num>exit</th>'
+            f'<th class=num>duration</th><th class=num>attempt</th><th>note</th><th>log dir</th></tr>{launch_rows}</table></details>')
+    for key, title in (("selection", "selection"), ("tolerance", "tolerance policy")):
+        if record.get(key):
+            more.append(f'<details class="more"><summary>{title}</summary><pre class="mono">'
+                        f'{_e(json.dumps(record[key], indent=1, default=str))}</pre></details>')
+    banner = ""
+    if record.get("status") == "incomplete":
+        banner = ('<div class="banner" id="incomplete"><b>INCOMPLETE</b> — the sweep did not finish; this report '
+                  f'covers the {n:,} cells recorded before it stopped.</div>')
+    return (
+        f'<header class="top"><h1>dw-harness report <span class="verdict v-{v}">{v}</span></h1>'
+        f'<div class="sub">{n:,} cells · backend {_e(record.get("backend"))} · {_e(record.get("started") or "")}</div></header>'
+        f"{banner}<main><section class=\"card\"><h2>Run</h2><dl class=\"meta\">{meta}</dl>"
+        f'<div class="counts">{pills}</div>'
+        f'<div class="cmd"><pre id="run-cmd">{_e(record.get("command") or " ".join(record.get("argv") or []))}</pre>'
+        f'<button data-copy="run-cmd">Copy</button></div>{"".join(more)}</section>')
+
+
+def _near_miss(cells: list[dict[str, Any]]) -> str:
+    """Histogram of worst_ratio (log buckets, stacked by status) and the top passing ratios."""
+    buckets: list[dict[str, int]] = [{} for _ in RATIO_BUCKETS]
+    no_ratio = 0
+    for c in cells:
+        r = c.get("worst_ratio")
+        if r is None:
+            no_ratio += 1
+            continue
+        k = ratio_key(r)
+        for b, (_, lo, hi) in enumerate(RATIO_BUCKETS):
+            if lo <= k < hi or (b == len(RATIO_BUCKETS) - 1 and k >= lo):
+                buckets[b][c.get("status", "error")] = buckets[b].get(c.get("status", "error"), 0) + 1
+                break
+    peak = max([sum(b.values()) for b in buckets] + [1])
+    bars = []
+    for (label, _, _), b in zip(RATIO_BUCKETS, buckets):
+        total = sum(b.values())
+        segs = "".join(f'<i class="{_status_class(s)}" style="width:{100 * b[s] / peak:.3f}%" '
+                       f'title="{_e(STATUS_LABELS.get(s, s))}: {b[s]:,}"></i>'
+                       for s in list(STATUSES) + sorted(set(b) - set(STATUSES)) if b.get(s))
+        over = " over" if label.startswith(">") else ""
+        bars.append(f'<span class="lab{over}">{_e(label)}</span><span class="track">{segs}</span>'
+                    f'<span class="cnt">{total:,}</span>')
+    passing = sorted((c for c in cells if c.get("status") == "pass" and c.get("worst_ratio") is not None),
+                     key=lambda c: ratio_key(c["worst_ratio"]), reverse=True)[:TOP_NEAR_MISSES]
+    rows = []
+    for c in passing:
+        wc = worst_check(c)
+        w = min(100.0, 100.0 * min(ratio_key(c["worst_ratio"]), 1.0))
+        rows.append(
+            f'<tr><td class="num" style="white-space:nowrap">{_e(fmt_ratio(c["worst_ratio"]))} <span class="rbar" style="width:{w * 0.6:.1f}px"></span></td>'
+            f'<td class="idcell"><a href="#{_e(c["id"])}">{_e(c["id"])}</a></td>'
+            f'<td class="mono">{_e(f"{wc[0]} (rank {wc[1]})" if wc else "")}</td></tr>')
+    top = ('<table class="plain" style="width:100%"><tr><th class="num">ratio</th><th>cell</th><th>worst check</th></tr>'
+           + "".join(rows) + "</table>") if rows else '<p class="muted">no passing cell recorded a ratio.</p>'
+    return (
+        '<section class="card" id="near-miss"><h2>Near misses</h2><div class="nm"><div>'
+        '<p class="muted" style="margin:0 0 8px">Worst error / tolerance-bound ratio per cell. '
+        'A ratio above 1 fails; passing cells close to 1 are the ones a slightly worse backend would fail.</p>'
+        f'<div class="bars">{"".join(bars)}</div>'
+        f'<p class="muted" style="font-size:12px">{no_ratio:,} cells recorded no ratio (errors, skips, '
+        'expected-error cells).</p></div>'
+        f'<div><h2 style="font-size:13px;margin:0 0 4px">Top {TOP_NEAR_MISSES} passing cells by ratio</h2>{top}</div></div></section>')
+
+
+_DIGITS = re.compile(r"(?<![A-Za-z_])[-+]?\d[\d.e+\-]*")
+
+
+def failure_signature(text: str | None) -> str:
+    """``first_failure`` with numbers replaced by ``#``: groups failures that differ only in values."""
+    return _DIGITS.sub("#", (text or "(no message)").strip())[:240]
+
+
+def _signatures(cells: list[dict[str, Any]], limit: int = 12) -> str:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in cells:
+        if c.get("status") in BAD_STATUSES:
+            groups.setdefault(f'{c.get("status")}: {failure_signature(c.get("first_failure"))}', []).append(c)
+    if not groups:
+        return ""
+    rows = "".join(
+        f'<tr><td class="num">{len(cs):,}</td><td class="mono" style="overflow-wrap:anywhere">{_e(sig)}</td>'
+        f'<td class="idcell"><a href="#{_e(cs[0]["id"])}">{_e(cs[0]["id"])}</a></td></tr>'
+        for sig, cs in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:limit])
+    extra = f'<p class="muted">… and {len(groups) - limit} more signatures.</p>' if len(groups) > limit else ""
+    return ('<section class="card" id="signatures"><h2>Failure signatures</h2>'
+            '<table class="plain" style="width:100%"><tr><th class="num">cells</th><th>first failure (numbers as #)</th>'
+            f'<th>example cell</th></tr>{rows}</table>{extra}</section>')
+
+
+def _selftest(selftest: dict[str, Any]) -> str:
+    mutants = selftest.get("mutants") or []
+    score = selftest.get("score")
+    rows = []
+    for m in mutants:
+        killed = bool(m.get("killed"))
+        ids = m.get("killing_cells") or []
+        links = ", ".join(f'<a href="#{_e(i)}">{_e(i)}</a>' for i in ids[:3])
+        if len(ids) > 3:
+            links += f' <span class="muted">and {len(ids) - 3:,} more</span>'
+        rows.append(
+            f'<tr><td class="mono">{_e(m.get("name"))}</td><td>{_e(m.get("description"))}</td>'
+            f'<td class="{"t-pass" if killed else "t-fail"}" style="font-weight:700">{"killed" if killed else "SURVIVED"}</td>'
+            f'<td class="num">{len(ids):,}</td><td class="idcell">{links}</td><td class="mono">{_e(m.get("first_check"))}</td></tr>')
+    score_txt = f"{100 * float(score):.1f}%" if isinstance(score, (int, float)) else _e(score)
+    fa = selftest.get("false_alarms")
+    return (
+        '<section class="card" id="selftest"><h2>Self-test (mutants)</h2>'
+        f'<p>score <b>{score_txt}</b> · {sum(1 for m in mutants if m.get("killed"))} of {len(mutants)} mutants killed'
+        f' · false alarms on the clean backend: <b class="{"t-fail" if fa else "t-pass"}">{_e(fa)}</b></p>'
+        '<table class="plain" style="width:100%"><tr><th>mutant</th><th>fault</th><th>verdict</th>'
+        f'<th class="num">killing cells</th><th>examples</th><th>first failing check</th></tr>{"".join(rows)}</table></section>')
+
+
+DEFAULT_ROWS: tuple[str, ...] = ("module", "weight", "hooks", "fused")
+DEFAULT_COLS: tuple[str, ...] = ("dtype", "world_size")
+
+
+def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
+                cols: Sequence[str] = DEFAULT_COLS, selftest: dict[str, Any] | None = None,
+                budget: int = 8_000_000) -> str:
+    """Render ``record`` (the parsed ``results.json``) as one self-contained HTML page.
+
+    Args:
+        record: ``RunRecord.serialize()`` output.
+        rows: axes whose value combinations make the grid rows (the page can regroup later).
+        cols: axes whose value combinations make the grid columns.
+        selftest: optional mutation-test summary, rendered as a table.
+        budget: size target in bytes for the embedded data; passing cells lose per-check detail
+            (see ``_pack.py``) only when the full detail would not fit.
+
+    Raises:
+        ValueError: when ``rows``/``cols`` (given explicitly) name an axis no cell has, or when
+            one axis is in both. The defaults silently skip axes a record lacks.
+    """
+    cells = record.get("cells") or []
+    known = {a for c in cells for a in (c.get("axes") or {})}
+    if rows is DEFAULT_ROWS:
+        rows = tuple(a for a in rows if a in known)
+    if cols is DEFAULT_COLS:
+        cols = tuple(a for a in cols if a in known)
+    for name, axes in (("rows", rows), ("cols", cols)):
+        unknown = [a for a in axes if a not in known]
+        if cells and unknown:
+            raise ValueError(f"Unknown axis in {name}={tuple(axes)!r}: {unknown!r} (axes: {sorted(known)!r})")
+    if set(rows) & set(cols):
+        raise ValueError(f"Cannot have an axis both in rows={tuple(rows)!r} and cols={tuple(cols)!r}")
+    counts = counts_of(record)
+    data, level = pack(record, budget=budget, extra=lambda: {"layout": {"rows": list(rows), "cols": list(cols)}})
+    v = verdict(record)
+    legend = "".join(f'<span><i class="{_status_class(s)}"></i>{_e(STATUS_LABELS[s])}</span>' for s in STATUSES)
+    legend += '<span><i style="background:var(--pass);box-shadow:inset 0 0 0 2px #f0b72f"></i>pass, ratio ≥ 0.5</span>'
+    thin_note = ("" if level == "full" else
+                 f'<p class="muted" style="font-size:12px;margin:6px 0 0">Large run: per-check detail of cells that met '
+                 f'their expectation is thinned (level <code>{_e(level)}</code>); results.json has all of it.</p>')
+    return "".join([
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>dw-harness {v} · {sum(counts.values()):,} cells · {_e(record.get('backend'))}</title>"
+        f"<style>{CSS}</style></head><body>",
+        _header(record, counts),
+        '<section class="card" id="matrix"><h2>Matrix</h2><div class="filters" id="filters"></div>'
+        f'<div class="legend">{legend}<span>· chip text = worst error/bound ratio · click a chip for details</span></div>'
+        f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'
+        '<tbody><tr><td>building the grid… (needs JavaScript)</td></tr></tbody></table></div></section>',
+        _signatures(cells),
+        _near_miss(cells),
+        _selftest(selftest) if selftest else "",
+        f'<p class="foot">dw-harness · schema {_e(record.get("schema"))} · rendered from results.json</p></main>',
+        '<aside id="detail" hidden></aside>',
+        f'<script type="application/json" id="dw-data">{dump(data)}</script>',
+        f"<script>{JS}</script></body></html>",
+    ])

@@ -1,0 +1,102 @@
+"""JUnit XML for CI test-result widgets (GitHub, GitLab, Jenkins): one testcase per cell.
+
+Mapping: ``fail`` -> ``<failure>``, ``error``/``timeout`` -> ``<error>``, ``skipped`` ->
+``<skipped>``; ``pass`` and ``xfail`` pass (an xfail met its expectation: the backend raised
+the clear error the contract asks for, noted in ``<system-out>``). The root is
+``<testsuites>`` around a single ``<testsuite name="dw-harness">`` (pytest's layout); both
+carry the totals, so readers that look at either find them.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from ._common import clean_text, counts_of, failing_messages
+
+MESSAGE_LIMIT = 1_000  # characters of the message attribute (CI widgets show it on one line)
+BODY_LIMIT = 20_000  # characters of a failure body (tracebacks are clipped in the middle)
+
+
+def _clip(s: str, limit: int) -> str:
+    if len(s) <= limit:
+        return s
+    half = limit // 2
+    return f"{s[:half]}\n... [{len(s) - limit} characters clipped] ...\n{s[-half:]}"
+
+
+def _body(cell: dict[str, Any]) -> str:
+    """The failure text: first failure, failing checks, rank tracebacks, and the repro line."""
+    lines = [f"cell: {cell.get('id')}", f"status: {cell.get('status')} (expected {cell.get('expect', 'pass')})"]
+    if cell.get("first_failure"):
+        lines.append(f"first failure: {cell['first_failure']}")
+    if cell.get("worst_ratio") is not None:
+        lines.append(f"worst error/bound ratio: {cell['worst_ratio']}")
+    problems = failing_messages(cell, limit=10)
+    if problems:
+        lines += ["", "problems:"] + [f"  {p}" for p in problems]
+    seen: set[str] = set()
+    for r in cell.get("ranks") or []:
+        tb = (r.get("error") or {}).get("traceback")
+        if tb and tb not in seen:
+            seen.add(tb)
+            lines += ["", f"traceback (rank {r.get('rank')}):", tb.rstrip()]
+    if cell.get("example"):
+        lines += ["", f"example: {cell['example']}"]
+    lines += ["", f"repro: {cell.get('repro', '')}"]
+    return clean_text(_clip("\n".join(lines), BODY_LIMIT))
+
+
+def _one_line(s: Any) -> str:
+    return clean_text(" ".join(str(s or "").split()))[:MESSAGE_LIMIT]
+
+
+def render_junit(record: dict[str, Any]) -> str:
+    """Render ``record`` (the parsed ``results.json``) as a JUnit XML document (a string)."""
+    counts = counts_of(record)
+    cells = record.get("cells") or []
+    env = record.get("environment") or {}
+    totals = {
+        "tests": str(len(cells)),
+        "failures": str(counts.get("fail", 0)),
+        "errors": str(sum(n for s, n in counts.items() if s not in ("pass", "xfail", "fail", "skipped"))),
+        "skipped": str(counts.get("skipped", 0)),
+        "time": f"{float(record.get('duration_s') or sum(c.get('duration_s') or 0 for c in cells)):.3f}",
+    }
+    root = ET.Element("testsuites", {"name": "dw-harness", **totals})
+    suite = ET.SubElement(root, "testsuite", {"name": "dw-harness", **totals,
+                                              "timestamp": clean_text(record.get("started") or ""),
+                                              "hostname": clean_text(env.get("hostname") or "")})
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("backend", record.get("backend")), ("torch", env.get("torch")), ("device", env.get("device")),
+                 ("pg_backend", env.get("pg_backend")), ("git_commit", env.get("git_commit")),
+                 ("record_status", record.get("status")), ("command", record.get("command"))):
+        if v is not None:
+            ET.SubElement(props, "property", {"name": k, "value": clean_text(v)})
+    for c in cells:
+        status = c.get("status", "error")
+        module = str((c.get("axes") or {}).get("module", "cell"))
+        tc = ET.SubElement(suite, "testcase", {
+            "classname": clean_text(f"dw_harness.{module}"),
+            "name": clean_text(c.get("id", "")),
+            "time": f"{float(c.get('duration_s') or 0.0):.3f}",
+        })
+        if status == "fail":
+            el = ET.SubElement(tc, "failure", {"message": _one_line(c.get("first_failure") or "cell failed"),
+                                                "type": "mismatch"})
+            el.text = _body(c)
+        elif status in ("error", "timeout") or status not in ("pass", "xfail", "skipped"):
+            errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
+            etype = "timeout" if status == "timeout" else (errs[0].get("type", "error") if errs else status)
+            el = ET.SubElement(tc, "error", {"message": _one_line(c.get("first_failure") or status),
+                                              "type": clean_text(etype)})
+            el.text = _body(c)
+        elif status == "skipped":
+            ET.SubElement(tc, "skipped", {"message": _one_line(c.get("first_failure") or "skipped")})
+        elif status == "xfail":
+            out = ET.SubElement(tc, "system-out")
+            errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
+            what = f": {errs[0].get('type', '')}: {errs[0].get('message', '')}" if errs else ""
+            out.text = clean_text(f"expected error met{what}")
+    ET.indent(root, space=" ")
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
