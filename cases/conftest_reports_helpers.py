@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+from pathlib import Path
 from typing import Any
 
-from harness.record import Check, CellResult, LaunchRecord, RankResult, RunRecord
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the tests run from a checkout, installed or not
+    sys.path.insert(0, str(ROOT))
+
+from harness.record import Check, CellResult, LaunchRecord, RankResult, RunRecord  # noqa: E402
 
 AXES: dict[str, list[Any]] = {
     "module": ["linear", "grouped_linear", "ops_grouped_linear"],
@@ -42,7 +48,7 @@ TRACEBACK = (
 
 def cell_id(axes: dict[str, Any]) -> str:
     return "-".join([
-        axes["module"], axes["weight"], f"hooks={axes['hooks']}", "fused" if axes["fused"] else "unfused",
+        axes["module"], axes["weight"], f"hooks_{axes['hooks']}", "fused" if axes["fused"] else "unfused",
         axes["dtype"], f"ws{axes['world_size']}", axes["consumer"], f"mb{axes['microbatches']}",
         f"g{axes['num_gemms']}", "bias" if axes["bias"] else "nobias", "igrad" if axes["input_grad"] else "noigrad",
         "delay" if axes["delay_wgrad"] else "nodelay",
@@ -186,3 +192,36 @@ def make_record(n_cells: int = 80, *, seed: int = 0, n_ranks: int | None = None,
         cells=cells,
     )
     return rec.serialize()
+
+
+def make_big_record(n_cells: int = 10_000, *, seed: int = 1, n_ranks: int = 4, templates: int = 48) -> dict[str, Any]:
+    """A large record, fast: ``templates`` cells per status are built with the dataclasses and
+    serialized; the ``n_cells`` cells reuse their (read-only) rank data under their own ids, axes,
+    ratios and repro lines. (Serializing 10k real cells takes tens of seconds - see Check.serialize.)
+    """
+    rng = random.Random(seed)
+    space = all_axes()
+    base = make_record(templates * 6, seed=seed, n_ranks=n_ranks,
+                       force={i: s for i, s in enumerate(
+                           [s for s in ("pass", "xfail", "fail", "error", "timeout", "skipped") for _ in range(templates)])})
+    by_status: dict[str, list[dict[str, Any]]] = {}
+    for c in base["cells"]:
+        by_status.setdefault(c["status"], []).append(c)
+    step = max(1, len(space) // n_cells)
+    cells = []
+    for i in range(n_cells):
+        axes = space[(i * step + rng.randrange(step)) % len(space)]
+        status = pick_status(axes, rng, DEFAULT_MIX)
+        t = rng.choice(by_status[status])
+        cid = cell_id(axes)
+        ratio = t["worst_ratio"]
+        if ratio is not None:
+            ratio = ratio * rng.uniform(0.5, 1.0) if status == "pass" else ratio * rng.uniform(1.0, 2.0)
+        cells.append({**t, "id": cid, "axes": dict(axes), "repro": repro_for(cid), "worst_ratio": ratio,
+                      "duration_s": round(rng.uniform(0.05, 4.0), 3),
+                      "expect": "error" if axes["delay_wgrad"] and axes["weight"] == "distributed" else "pass"})
+    counts = {s: 0 for s in ("pass", "xfail", "fail", "error", "timeout", "skipped")}
+    for c in cells:
+        counts[c["status"]] += 1
+    return {**base, "cells": cells, "counts": counts,
+            "world_sizes": sorted({c["axes"]["world_size"] for c in cells}), "launches": []}

@@ -117,7 +117,7 @@ def test_id_roundtrip_and_serialize(cell):
 def test_id_format_and_seed_are_stable():
     c = Cell("grouped_linear", "distributed", "offload", True, "bf16", 4, "ddp", 2, 4,
              True, False, False)
-    assert c.id == ("grouped_linear-distributed-hooks=offload-fused-bf16-ws4-ddp-mb2-g4-"
+    assert c.id == ("grouped_linear-distributed-hooks_offload-fused-bf16-ws4-ddp-mb2-g4-"
                     "bias-noigrad-nodelay")
     # pinned: a change here reshuffles every cell's data across runs and machines
     import hashlib
@@ -125,15 +125,15 @@ def test_id_format_and_seed_are_stable():
 
 
 @pytest.mark.parametrize("bad", [
-    "linear", "linear-distributed-hooks=off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad",
+    "linear", "linear-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad",
     "linear-distributed-hook=off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-yes-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-fused-bf16-wsX-ddp-mb2-g1-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-fused-bf16-ws02-ddp-mb2-g1-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-fused-fp64-ws2-ddp-mb2-g1-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-fused-bf16-ws0-ddp-mb2-g1-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-fused-bf16-ws2-ddp-mb2-g4-bias-igrad-nodelay",
-    "linear-distributed-hooks=off-fused-bf16-ws2-autograd-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-yes-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-fused-bf16-wsX-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-fused-bf16-ws02-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-fused-fp64-ws2-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-fused-bf16-ws0-ddp-mb2-g1-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g4-bias-igrad-nodelay",
+    "linear-distributed-hooks_off-fused-bf16-ws2-autograd-mb2-g1-bias-igrad-nodelay",
 ])
 def test_from_id_rejects_malformed(bad):
     with pytest.raises(MatrixError, match="Malformed cell id") as e:

@@ -24,7 +24,19 @@ from harness.matrix import Cell
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.verdict import repro_command
 
-ResultCallback = Callable[[CellResult], None]
+ResultCallback = Callable[[str, CellResult], None]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One cell against one backend; a launch runs a list of them in order."""
+
+    backend: str
+    cell: Cell
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.backend, self.cell.id)
 
 
 @dataclass
@@ -54,7 +66,7 @@ class _ResultTail:
         self.path = path
         self.offset = path.stat().st_size if path.exists() else 0
 
-    def read(self) -> list[CellResult]:
+    def read(self) -> list[tuple[str, CellResult]]:
         if not self.path.exists():
             return []
         with open(self.path) as f:
@@ -67,7 +79,8 @@ class _ResultTail:
         out = []
         for line in complete.splitlines():
             try:
-                out.append(CellResult.from_dict(json.loads(line)))
+                d = json.loads(line)
+                out.append((d.get("backend", ""), CellResult.from_dict(d)))
             except (json.JSONDecodeError, KeyError):
                 continue
         return out
@@ -97,9 +110,10 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def _lost_cell(cell: Cell, status: str, why: str, world_size: int, log_dir: Path,
-               backend: str, duration: float) -> CellResult:
+def _lost_cell(task: Task, status: str, why: str, world_size: int, log_dir: Path,
+               duration: float) -> CellResult:
     """A cell whose launch died or hung: every rank's log tail is the evidence."""
+    cell = task.cell
     ranks = []
     for r in range(world_size):
         tail = _log_tail(log_dir / f"rank{r}.log")
@@ -108,7 +122,7 @@ def _lost_cell(cell: Cell, status: str, why: str, world_size: int, log_dir: Path
     first = _first_failed_rank(log_dir, world_size)
     return CellResult(cell.id, cell.serialize(), cell.expect, status, round(duration, 3), None,
                       f"[rank {first}] {why}" if first is not None else why,
-                      repro_command(cell.id, backend), ranks)
+                      repro_command(cell.id, task.backend), ranks)
 
 
 def _first_failed_rank(log_dir: Path, world_size: int) -> int | None:
@@ -122,10 +136,19 @@ def _first_failed_rank(log_dir: Path, world_size: int) -> int | None:
 
 
 def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
-                 on_result: ResultCallback, backend_label: str | None = None) -> list[LaunchRecord]:
-    """Run ``cells`` (all of one world size) until each has a result; relaunch as needed."""
-    label = backend_label or opts.backend
-    remaining = list(cells)
+                 on_result: Callable[[CellResult], None]) -> list[LaunchRecord]:
+    """Run ``cells`` against ``opts.backend``; see ``launch_tasks``."""
+    return launch_tasks(world_size, [Task(opts.backend, c) for c in cells], opts,
+                        lambda backend, res: on_result(res))
+
+
+def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
+                 on_result: ResultCallback) -> list[LaunchRecord]:
+    """Run ``tasks`` (all of one world size) until each has a result; relaunch as needed.
+
+    Several backends can share one launch: the process group does not depend on them.
+    """
+    remaining = list(tasks)
     launches: list[LaunchRecord] = []
     attempt = 0
     (opts.run_dir / "plans").mkdir(parents=True, exist_ok=True)
@@ -133,8 +156,8 @@ def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
         name = f"ws{world_size}-{attempt}"
         log_dir = opts.run_dir / "logs" / name
         plan = {
-            "backend": opts.backend, "backend_label": label, "run_dir": str(opts.run_dir),
-            "launch": name, "cells": [c.id for c in remaining], "device": opts.device,
+            "run_dir": str(opts.run_dir), "launch": name,
+            "tasks": [{"backend": t.backend, "cell": t.cell.id} for t in remaining], "device": opts.device,
             "threads_per_rank": opts.threads_per_rank, "example": opts.example,
             "collective_timeout": max(opts.cell_timeout, 10.0),
         }
@@ -155,10 +178,10 @@ def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
             try:
                 while True:
                     exited = proc.poll() is not None
-                    for res in tail.read():
-                        if remaining and res.id == remaining[0].id:
+                    for backend, res in tail.read():
+                        if remaining and (backend, res.id) == remaining[0].key:
+                            on_result(backend, res)
                             remaining.pop(0)
-                            on_result(res)
                             last = time.monotonic()
                     if exited or not remaining:
                         break
@@ -166,19 +189,20 @@ def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
                     if time.monotonic() - last > limit:
                         note = f"cell timed out after {opts.cell_timeout:g}s; launch killed"
                         kill_tree(proc)
-                        on_result(_lost_cell(remaining.pop(0), "timeout",
-                                             f"no result within {opts.cell_timeout:g}s (per-cell timeout); "
-                                             "the launch was killed", world_size, log_dir, label,
-                                             time.monotonic() - last))
+                        lost = remaining.pop(0)
+                        on_result(lost.backend, _lost_cell(
+                            lost, "timeout", f"no result within {opts.cell_timeout:g}s (per-cell timeout); "
+                            "the launch was killed", world_size, log_dir, time.monotonic() - last))
                         break
                     time.sleep(0.05)
                 if remaining and proc.poll() is not None and note is None:
                     code = proc.returncode
                     note = f"launch exited with code {code} before finishing"
-                    on_result(_lost_cell(remaining.pop(0), "error",
-                                         f"launch exited with code {code} while this cell ran "
-                                         f"(see the rank logs; torchrun: {_torchrun_reason(log_dir)})",
-                                         world_size, log_dir, label, time.monotonic() - last))
+                    lost = remaining.pop(0)
+                    on_result(lost.backend, _lost_cell(
+                        lost, "error", f"launch exited with code {code} while this cell ran "
+                        f"(see the rank logs; torchrun: {_torchrun_reason(log_dir)})",
+                        world_size, log_dir, time.monotonic() - last))
                 elif not remaining:
                     # Every result is on disk; give the ranks a moment to tear down cleanly,
                     # then end the tree rather than wait out torchrun's shutdown.
@@ -188,7 +212,7 @@ def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
                         pass
             finally:
                 kill_tree(proc)
-        launches.append(LaunchRecord(world_size, [c.id for c in launched], proc.returncode,
+        launches.append(LaunchRecord(world_size, [t.cell.id for t in launched], proc.returncode,
                                      round(time.monotonic() - t0, 3), str(log_dir.relative_to(opts.run_dir)),
                                      attempt, note))
         attempt += 1

@@ -179,7 +179,7 @@ class Cell:
     @property
     def id(self) -> str:
         """Stable, readable id: pytest param id, JUnit name, report anchor and JSON key."""
-        return (f"{self.module}-{self.weight}-hooks={self.hooks}-"
+        return (f"{self.module}-{self.weight}-hooks_{self.hooks}-"
                 f"{'fused' if self.fused else 'unfused'}-{self.dtype}-ws{self.world_size}-"
                 f"{self.consumer}-mb{self.microbatches}-g{self.num_gemms}-"
                 f"{'bias' if self.bias else 'nobias'}-"
@@ -238,11 +238,11 @@ class Cell:
                                   f"{parts[i]!r}, expected {prefix}<int>")
             return int(digits)
 
-        if not parts[2].startswith("hooks="):
+        if not parts[2].startswith("hooks_"):
             raise MatrixError(f"Malformed cell id {cell_id!r}: part 3 is {parts[2]!r}, "
-                              f"expected hooks=<value>")
+                              f"expected hooks_<value>")
         try:
-            cell = cls(parts[0], parts[1], parts[2][len("hooks="):], flag(3, "fused", "unfused"),
+            cell = cls(parts[0], parts[1], parts[2][len("hooks_"):], flag(3, "fused", "unfused"),
                        parts[4], number(5, "ws"), parts[6], number(7, "mb"), number(8, "g"),
                        flag(9, "bias", "nobias"), flag(10, "igrad", "noigrad"),
                        flag(11, "delay", "nodelay"))
@@ -392,7 +392,7 @@ def _ci(domains: Domains) -> list[Cell]:
 
 
 def _smoke(domains: Domains) -> list[Cell]:
-    """Per module, hooks=identity and hooks=off at the smallest multi-rank world size."""
+    """Per module, hooks_identity and hooks_off at the smallest multi-rank world size."""
     multi = [ws for ws in domains["world_size"] if ws >= 2]
     ws = min(multi) if multi else min(domains["world_size"])
     hooks = [h for h in ("identity", "off") if h in domains["hooks"]] or [domains["hooks"][0]]

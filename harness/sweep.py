@@ -98,7 +98,7 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         for ws, cells in matrix.plan(spec.cells).items():
             todo = [c for c in cells if c.id not in results]
             if todo:
-                record.launches.extend(launch_cells(ws, todo, spec.options, collect, spec.backend))
+                record.launches.extend(launch_cells(ws, todo, spec.options, collect))
                 write()
         record.status = "complete" if all(c.id in results for c in spec.cells) else "incomplete"
     finally:

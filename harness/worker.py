@@ -73,18 +73,19 @@ def run(plan: dict[str, Any]) -> int:
     control = dist.new_group(backend="gloo", timeout=timeout) if pg_backend != "gloo" else None
     print(f"{tag} up: world={world} device={device} pg={pg_backend}", flush=True)
 
-    cells = [matrix.Cell.from_id(i) for i in plan["cells"]]
+    tasks = [(t["backend"], matrix.Cell.from_id(t["cell"])) for t in plan["tasks"]]
     digests: list[Any] = [None] * world
-    dist.all_gather_object(digests, matrix.ids_digest(cells), group=control)
+    dist.all_gather_object(digests, matrix.ids_digest([c for _, c in tasks]), group=control)
     if len(set(digests)) != 1:
         print(f"{tag} ranks disagree on the cells: digests {digests}", flush=True)
         return 3
-    backend = load_backend(plan["backend"])
+    backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
     example = Example.from_dict(plan["example"]) if plan.get("example") else None
     ctx = RankContext(rank, world, device, None)
     out = run_dir / "cells.jsonl"
-    for i, cell in enumerate(cells):
-        print(f"{tag} {time.time():.3f} start {i + 1}/{len(cells)} {cell.id}", flush=True)
+    for i, (spec, cell) in enumerate(tasks):
+        backend = backends[spec]
+        print(f"{tag} {time.time():.3f} start {i + 1}/{len(tasks)} {cell.id} [{spec}]", flush=True)
         t0 = time.perf_counter()
         try:
             result = run_cell(backend, cell, ctx, example)
@@ -99,10 +100,11 @@ def run(plan: dict[str, Any]) -> int:
         elapsed = time.perf_counter() - t0
         print(f"{tag} {time.time():.3f} done {cell.id} {result.status} {elapsed:.3f}s", flush=True)
         if rank == 0:
-            merged = merge(cell, [RankResult.from_dict(g) for g in gathered], elapsed, plan["backend_label"],
+            merged = merge(cell, [RankResult.from_dict(g) for g in gathered], elapsed, spec,
                            plan.get("example"))
             merged_d = merged.serialize()
             merged_d["launch"] = plan["launch"]
+            merged_d["backend"] = spec
             _append_line(out, merged_d)
     dist.barrier(group=control)
     dist.destroy_process_group()

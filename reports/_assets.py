@@ -111,7 +111,10 @@ table.grid th.rh.rep{color:#afb8c1}
 .ff{background:#ffebe9;border:1px solid #ffcecb;border-radius:6px;padding:8px 10px;margin-top:10px;font-family:var(--mono);font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
 .note{background:#ddf4ff;border:1px solid #b6e3ff;border-radius:6px;padding:6px 10px;font-size:12px;margin:8px 0}
 .rank{border:1px solid var(--line);border-radius:6px;margin:10px 0;overflow:hidden}
-.rank>.rh2{background:#f6f8fa;padding:6px 10px;font-weight:600;display:flex;gap:10px;align-items:center}
+.rank>.rh2{background:#f6f8fa;padding:6px 10px;font-weight:600;display:flex;gap:10px;align-items:center;cursor:pointer;list-style:none}
+.rank>summary.rh2::-webkit-details-marker{display:none}
+.rank>summary.rh2::before{content:"\25B8";color:var(--muted);font-size:11px}
+.rank[open]>summary.rh2::before{content:"\25BE"}
 .rank>.rb{padding:6px 10px}
 .exc{margin:6px 0}.exc .et{font-family:var(--mono);font-size:12px;font-weight:600;color:var(--fail);white-space:pre-wrap;overflow-wrap:anywhere}
 pre.traceback{background:#1f2328;color:#e6edf3;border-radius:6px;padding:10px 12px;margin-top:6px;max-height:420px;overflow:auto;font-size:11.5px}
@@ -374,6 +377,7 @@ JS = r"""
 
   // ---------------------------------------------------------------- details
   var detail = document.getElementById("detail");
+  function show(v) { return typeof v === "string" ? v : JSON.stringify(v); }
   function checkRows(checks, rankCol) {
     var h = ['<table class="checks"><thead><tr>' + (rankCol ? "<th>rank</th>" : "") +
              '<th>check</th><th>kind</th><th>ok</th><th class="num">max_abs</th><th class="num">max_rel</th>' +
@@ -394,7 +398,7 @@ JS = r"""
         msg = a[10];
       } else {
         var exp = a[3], act = a.length > 4 ? a[4] : a[3];
-        t.push('<td></td><td></td><td></td><td></td><td class="mono">' + esc(JSON.stringify(exp)) + '</td><td class="mono">' + esc(JSON.stringify(act)) + "</td>");
+        t.push('<td></td><td></td><td></td><td></td><td class="mono">' + esc(show(exp)) + '</td><td class="mono">' + esc(show(act)) + "</td>");
         msg = a[5];
       }
       h.push('<tr class="' + (ok ? "" : "bad") + '">' + t.join("") + "</tr>");
@@ -441,17 +445,24 @@ JS = r"""
       if (flat.length) h.push(checkRows(flat, true));
       h.push('<p class="muted">rank statuses: ' + c.ranks.map(function (g) { return "rank " + g[0] + " " + esc(S[g[1]]); }).join(", ") + "</p>");
     } else {
-      var tbs = {};
+      var tbs = {}, failed = [];
+      c.ranks.forEach(function (g) { g[3].forEach(function (a) { if (!a[2]) failed.push({rank: g[0], c: a}); }); });
+      var anyProblem = failed.length || c.ranks.some(function (g) { return g[2]; });
+      if (failed.length) h.push('<h3>Failed checks (' + failed.length + ')</h3>' + checkRows(failed, true));
+      h.push("<h3>Ranks</h3>");
       if (!c.ranks.length) h.push('<p class="muted">no per-rank results were recorded for this cell.</p>');
       c.ranks.forEach(function (g) {
         var rs = S[g[1]], nBad = g[3].filter(function (a) { return !a[2]; }).length;
-        h.push('<div class="rank"><div class="rh2">rank ' + g[0] + ' <span class="badge ' + sclass(rs) + '">' + esc(rs) + "</span>" +
-               '<span class="muted" style="font-weight:400">' + g[3].length + " checks" + (nBad ? ", " + nBad + " failed" : "") + "</span></div><div class=\"rb\">");
+        var opened = !anyProblem || nBad || g[2];
+        h.push('<details class="rank"' + (opened ? " open" : "") + '><summary class="rh2">rank ' + g[0] +
+               ' <span class="badge ' + sclass(rs) + '">' + esc(rs) + "</span>" +
+               '<span class="muted" style="font-weight:400">' + g[3].length + " checks" + (nBad ? ", " + nBad + " failed" : "") +
+               (g[2] ? ", raised " + esc(S[g[2][0]]) : "") + '</span></summary><div class="rb">');
         var same = null;
         if (g[2] && g[2][2] != null) { if (tbs[g[2][2]] !== undefined) same = tbs[g[2][2]]; else tbs[g[2][2]] = g[0]; }
         h.push(excBlock(g[2], same));
         if (g[3].length) h.push(checkRows(g[3].map(function (a) { return {rank: g[0], c: a}; }), false));
-        h.push("</div></div>");
+        h.push("</div></details>");
       });
     }
     h.push("</div>");

@@ -104,7 +104,7 @@ def measure_render(html_path: str | Path, *, repeats: int = 3, timeout: float = 
 def open_and_click_failing(html_path: str | Path, screenshot_path: str | Path, *,
                            statuses: tuple[str, ...] = ("fail", "error", "timeout"),
                            timeout: float = 30.0) -> dict[str, Any]:
-    """Open the report, click the first chip whose status is in ``statuses``, wait for ``#detail``.
+    """Open the report, click the grid's first chip with a status in ``statuses``, wait for ``#detail``.
 
     Saves a PNG of the page with the detail drawer open to ``screenshot_path``.
 
@@ -123,12 +123,8 @@ def open_and_click_failing(html_path: str | Path, screenshot_path: str | Path, *
 
     with chromium() as driver:
         timing = _load(driver, html_path, timeout)
-        chip = None
-        for s in statuses:
-            found = driver.find_elements(By.CSS_SELECTOR, f'#grid .chip[data-status="{s}"]')
-            if found:
-                chip = found[0]
-                break
+        found = driver.find_elements(By.CSS_SELECTOR, ", ".join(f'#grid .chip[data-status="{s}"]' for s in statuses))
+        chip = found[0] if found else None  # document order: the first one in the grid
         if chip is None:
             raise LookupError(f"no chip with a status in statuses={statuses!r}")
         status = chip.get_attribute("data-status")

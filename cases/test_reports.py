@@ -1,0 +1,426 @@
+"""The report layer: HTML, JUnit, markdown and diff rendered from a run record alone.
+
+Records are synthetic but built with ``harness.record`` (see ``conftest_reports_helpers.py``),
+with hostile text (``<script>``, ``&``, quotes, ``</script>``) in ids' neighbours, tracebacks
+and messages, and the sizes the ``full`` preset reaches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+
+def _helpers() -> ModuleType:
+    """Load the shared record builders by path (independent of pytest's import mode)."""
+    name = "conftest_reports_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+H = _helpers()
+
+import harness.record as hr  # noqa: E402
+from reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402
+                     render_markdown, write_all)
+from reports import _common  # noqa: E402
+
+ALL = ("pass", "xfail", "fail", "error", "timeout", "skipped")
+
+
+class _Scripts(HTMLParser):
+    """Collects the text of each <script> element exactly as a browser's tokenizer splits it."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.scripts: list[tuple[dict[str, str | None], str]] = []
+        self._cur: tuple[dict[str, str | None], list[str]] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "script":
+            self._cur = (dict(attrs), [])
+
+    def handle_data(self, data: str) -> None:
+        if self._cur is not None:
+            self._cur[1].append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script" and self._cur is not None:
+            self.scripts.append((self._cur[0], "".join(self._cur[1])))
+            self._cur = None
+
+
+def embedded(html_text: str) -> dict[str, Any]:
+    """The JSON blob of a report, parsed strictly (NaN/Infinity would be a bug)."""
+    p = _Scripts()
+    p.feed(html_text)
+    blobs = [text for attrs, text in p.scripts if attrs.get("id") == "dw-data"]
+    assert len(blobs) == 1, [a for a, _ in p.scripts]
+    assert len(p.scripts) == 2, "a </script> inside the data would split it into more elements"
+
+    def bad_constant(c: str) -> None:
+        raise AssertionError(f"non-JSON constant {c} in the embedded data")
+
+    return json.loads(blobs[0], parse_constant=bad_constant)
+
+
+def repro_of(data: dict[str, Any], packed: list[Any]) -> str:
+    return data["S"][packed[6]].replace("\u0001", packed[0])
+
+
+@pytest.fixture(scope="module")
+def record() -> dict[str, Any]:
+    # positions 0..5 force one cell of every status; the rest follow the default mix
+    return H.make_record(120, seed=3, force=dict(enumerate(ALL)))
+
+
+@pytest.fixture(scope="module")
+def html_text(record: dict[str, Any]) -> str:
+    return render_html(record)
+
+
+# --------------------------------------------------------------------------- shared vocabulary
+
+
+def test_status_vocabulary_matches_the_record_schema() -> None:
+    assert _common.STATUSES == hr.STATUSES
+    assert _common.GOOD_STATUSES == hr.GOOD_STATUSES
+
+
+def test_reports_import_without_torch() -> None:
+    code = ("import sys, reports, reports.html, reports.junit, reports.markdown, reports.diff, reports.browser;"
+            "assert 'torch' not in sys.modules, 'reports imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+def test_html_header_counts_and_environment(record: dict[str, Any], html_text: str) -> None:
+    counts = _common.counts_of(record)
+    assert all(counts[s] for s in ALL)
+    for s in ALL:
+        label = _common.STATUS_LABELS[s]
+        assert f"{label} <b>{counts[s]:,}</b>" in html_text, s
+    for needle in ("harness.backends.reference", "2.13.0+cpu", "cpu / gloo", "515e9b2",
+                   "dw-harness sweep --preset ci", "2025-06-11T08:00:00Z", "42m 17s", "1, 2, 4"):
+        assert needle in html_text, needle
+    assert 'class="verdict v-FAIL">FAIL<' in html_text
+    assert 'id="incomplete"' not in html_text and "<b>INCOMPLETE</b>" not in html_text
+    assert "<script src" not in html_text and "<link" not in html_text and "@import" not in html_text
+    assert "http://" not in html_text and "https://" not in html_text
+
+
+def test_html_incomplete_is_prominent() -> None:
+    rec = H.make_record(12, seed=4, status="incomplete")
+    text = render_html(rec)
+    assert 'id="incomplete"' in text and "<b>INCOMPLETE</b>" in text
+    assert 'class="verdict v-INCOMPLETE">INCOMPLETE<' in text
+
+
+def test_html_embeds_every_cell_with_status_and_repro(record: dict[str, Any], html_text: str) -> None:
+    data = embedded(html_text)
+    assert [c[0] for c in data["cells"]] == [c["id"] for c in record["cells"]]
+    for packed, cell in zip(data["cells"], record["cells"]):
+        assert data["statuses"][packed[1]] == cell["status"]
+        assert repro_of(data, packed) == cell["repro"]
+    assert data["layout"] == {"rows": ["module", "weight", "hooks", "fused"], "cols": ["dtype", "world_size"]}
+    assert {a for a, _ in data["axes"]} == set(H.AXES)
+
+
+def test_html_escapes_hostile_text(record: dict[str, Any], html_text: str) -> None:
+    assert H.EVIL not in html_text
+    head, _, rest = html_text.partition('<script type="application/json" id="dw-data">')
+    blob, _, tail = rest.partition("</script>")
+    assert "<script>alert" not in head + tail, "server-rendered text must be HTML-escaped"
+    # inside the JSON only "</" and "<!--" matter to the HTML tokenizer; both are escaped
+    assert "</" not in blob and "<!--" not in blob
+    assert "<\\/script>" in blob  # the traceback's </script>
+    assert html_text.count("</script>") == 2
+    data = embedded(html_text)
+    assert any(H.EVIL in s for s in data["S"]), "the text itself must survive, escaped"
+    # failure signatures and near-miss lists are server-rendered: escaped there too
+    assert "&lt;script&gt;alert(&quot;pwned&quot;)" in html_text
+
+
+def test_html_keeps_full_detail_of_bad_cells(record: dict[str, Any], html_text: str) -> None:
+    data = embedded(html_text)
+    for packed, cell in zip(data["cells"], record["cells"]):
+        if cell["status"] not in ("fail", "error", "timeout"):
+            continue
+        ranks = packed[8]
+        assert [g[0] for g in ranks] == [r["rank"] for r in cell["ranks"]]
+        for g, r in zip(ranks, cell["ranks"]):
+            assert len(g[3]) == len(r["comparisons"])
+            if r["error"]:
+                assert data["S"][g[2][2]].startswith(r["error"]["traceback"][:40])
+
+
+def test_html_thins_passing_cells_only_when_over_budget() -> None:
+    rec = H.make_record(60, seed=5, force=dict(enumerate(ALL)))
+    assert all(len(c) < 10 or c[9] is None for c in embedded(render_html(rec))["cells"])
+    small = embedded(render_html(rec, budget=20_000))
+    levels = {c[9] for c in small["cells"] if len(c) > 9}
+    assert levels and levels <= {"fold", "top8", "top3", "none", None}
+    for packed, cell in zip(small["cells"], rec["cells"]):
+        if cell["status"] in ("fail", "error", "timeout", "xfail"):
+            assert len(packed) <= 9 or packed[9] is None, "bad/xfail cells are never thinned"
+
+
+def test_html_survives_nan_and_inf(record: dict[str, Any]) -> None:
+    rec = json.loads(json.dumps(record))
+    rec["cells"][0]["worst_ratio"] = math.nan
+    rec["cells"][1]["worst_ratio"] = math.inf
+    for r in rec["cells"][0]["ranks"]:
+        for c in r["comparisons"]:
+            if c["kind"] == "tensor":
+                c["ratio"], c["max_abs"] = math.nan, math.inf
+    data = embedded(render_html(rec))
+    assert data["cells"][0][3] == "nan" and data["cells"][1][3] == "inf"
+
+
+def test_html_grid_axes_are_validated(record: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="Unknown axis in rows"):
+        render_html(record, rows=("module", "nope"))
+    with pytest.raises(ValueError, match="both in rows"):
+        render_html(record, rows=("dtype",), cols=("dtype",))
+    data = embedded(render_html(record, rows=("consumer",), cols=("microbatches", "bias")))
+    assert data["layout"] == {"rows": ["consumer"], "cols": ["microbatches", "bias"]}
+
+
+def test_html_near_miss_and_signatures(record: dict[str, Any], html_text: str) -> None:
+    assert 'id="near-miss"' in html_text
+    for label in ("&lt; 1e-3", "0.5 – 1", "&gt; 1"):
+        assert label in html_text
+    passing = sorted((c for c in record["cells"] if c["status"] == "pass"),
+                     key=lambda c: c["worst_ratio"], reverse=True)[:20]
+    section = html_text[html_text.index('id="near-miss"'):]
+    positions = [section.index(f'href="#{c["id"]}"') for c in passing]
+    assert positions == sorted(positions), "top list is ordered by ratio, highest first"
+    assert 'id="signatures"' in html_text
+
+
+def test_html_selftest_table(record: dict[str, Any]) -> None:
+    st = {"mutants": [
+        {"name": "hooks-strip-subclass", "description": "decides from the <saved> tensor & co", "killed": True,
+         "killing_cells": [c["id"] for c in record["cells"][:5]], "first_check": "weight0.main_grad"},
+        {"name": "ops-double-add", "description": "adds twice", "killed": False, "killing_cells": [],
+         "first_check": None}], "score": 0.5, "false_alarms": 0}
+    text = render_html(record, selftest=st)
+    assert 'id="selftest"' in text and "hooks-strip-subclass" in text and "SURVIVED" in text
+    assert "decides from the &lt;saved&gt; tensor &amp; co" in text and "50.0%" in text
+    assert 'id="selftest"' not in render_html(record)
+
+
+def test_html_empty_record() -> None:
+    rec = H.make_record(1, seed=0)
+    rec["cells"] = []
+    text = render_html(rec)
+    assert embedded(text)["cells"] == []
+
+
+def test_html_10k_cells_stays_small() -> None:
+    rec = H.make_big_record(10_000, n_ranks=4)
+    t = time.perf_counter()
+    text = render_html(rec)
+    took = time.perf_counter() - t
+    size = len(text.encode())
+    print(f"\n10k cells x 4 ranks: HTML {size / 1e6:.2f} MB, rendered in {took:.1f} s")
+    assert size < 10_000_000
+    data = embedded(text)
+    assert len(data["cells"]) == 10_000
+
+
+# --------------------------------------------------------------------------- JUnit
+
+
+def test_junit_counts_and_cases(record: dict[str, Any]) -> None:
+    root = ET.fromstring(render_junit(record))
+    counts = _common.counts_of(record)
+    suites = root.findall("testsuite")
+    assert root.tag == "testsuites" and len(suites) == 1
+    for el in (root, suites[0]):
+        assert el.get("tests") == str(len(record["cells"]))
+        assert el.get("failures") == str(counts["fail"])
+        assert el.get("errors") == str(counts["error"] + counts["timeout"])
+        assert el.get("skipped") == str(counts["skipped"])
+    cases = suites[0].findall("testcase")
+    assert [c.get("name") for c in cases] == [c["id"] for c in record["cells"]]
+    by_id = {c["id"]: c for c in record["cells"]}
+    for tc in cases:
+        cell = by_id[tc.get("name")]
+        assert tc.get("classname") == f"dw_harness.{cell['axes']['module']}"
+        st = cell["status"]
+        assert (tc.find("failure") is not None) == (st == "fail")
+        assert (tc.find("error") is not None) == (st in ("error", "timeout"))
+        assert (tc.find("skipped") is not None) == (st == "skipped")
+        if st == "fail":
+            f = tc.find("failure")
+            assert f.get("message") == " ".join(cell["first_failure"].split())
+            assert cell["repro"] in f.text
+        if st in ("error", "timeout"):
+            assert cell["repro"] in tc.find("error").text
+        if st == "error":
+            assert H.EVIL in tc.find("error").text, "the traceback travels, escaped by the XML layer"
+        if st == "xfail":
+            assert "expected error met" in tc.find("system-out").text
+
+
+def test_junit_strips_illegal_characters(record: dict[str, Any]) -> None:
+    rec = json.loads(json.dumps(record))
+    bad = next(c for c in rec["cells"] if c["status"] == "fail")
+    bad["first_failure"] = "nul\x00 esc\x1b bell\x07 ok & <tag> \"q\""
+    root = ET.fromstring(render_junit(rec))
+    msg = next(tc for tc in root.iter("testcase") if tc.get("name") == bad["id"]).find("failure").get("message")
+    assert "\x00" not in msg and "\x1b" not in msg and '& <tag> "q"' in msg
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def test_markdown_summary(record: dict[str, Any]) -> None:
+    md = render_markdown(record, html_path="runs/ci/report.html")
+    counts = _common.counts_of(record)
+    bad = [c for c in record["cells"] if c["status"] in ("fail", "error", "timeout")]
+    assert md.startswith("## ❌ dw-harness: FAIL")
+    assert f"{len(bad):,} of {len(record['cells']):,} cells failed" in md
+    assert "| " + " | ".join(f"{counts[s]:,}" for s in ALL) in md
+    assert "`harness.backends.reference`" in md and "`2.13.0+cpu`" in md and "`cpu / gloo`" in md
+    assert "`runs/ci/report.html`" in md
+    for c in bad:
+        assert f"`{c['repro']}`" in md
+    assert "<script>" not in md, "GitHub renders inline HTML; record text must be escaped"
+    assert "... and" not in md
+
+
+def test_markdown_pass_and_incomplete() -> None:
+    rec = H.make_record(10, seed=9, mix={})
+    rec["cells"] = [c for c in rec["cells"] if c["status"] in ("pass", "xfail")]
+    assert render_markdown(rec).startswith("## ✅ dw-harness: PASS — 0 of")
+    rec["status"] = "incomplete"
+    md = render_markdown(rec)
+    assert "INCOMPLETE" in md.splitlines()[0] and "[!WARNING]" in md
+
+
+def test_markdown_code_spans_survive_backticks(record: dict[str, Any]) -> None:
+    rec = json.loads(json.dumps(record))
+    bad = next(c for c in rec["cells"] if c["status"] == "fail")
+    bad["repro"] = "dw-harness repro --cell `x``y`"
+    md = render_markdown(rec)
+    # fence longer than the longest backtick run; padded because the text ends with a backtick
+    assert "``` dw-harness repro --cell `x``y` ```" in md
+
+
+@pytest.mark.parametrize("limit", [1_000_000, 50_000])
+def test_markdown_stays_under_the_cap_with_20k_failures(limit: int) -> None:
+    rng = H.random.Random(0)
+    cells = [H.make_cell(a, "error", rng, n_ranks=1) for a in H.all_axes()[:20_000]]
+    rec = H.RunRecord(status="complete", started="2025-06-11T08:00:00Z", finished=None, duration_s=1.0,
+                      command="dw-harness sweep --preset full", argv=[], backend="reference",
+                      environment={"torch": "2.13"}, selection={}, tolerance={}, world_sizes=[1, 2, 4],
+                      cells=cells).serialize()
+    md = render_markdown(rec, html_path="runs/full/report.html", limit_bytes=limit)
+    assert len(md.encode()) <= limit
+    shown = md.count("\n- **error**")
+    assert 0 < shown < 20_000
+    assert f"... and {20_000 - shown:,} more (see the HTML report: runs/full/report.html)" in md
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def _diff_pair() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    rng = H.random.Random(1)
+    space = H.all_axes()
+    # (base status, new status, base ratio, new ratio)
+    plan = {
+        "newly_failing": ("pass", "fail", 0.2, None),
+        "newly_failing_xfail": ("xfail", "error", None, None),
+        "newly_failing_skip": ("skipped", "timeout", None, None),
+        "newly_passing": ("fail", "pass", None, 0.3),
+        "still_failing": ("error", "fail", None, None),
+        "ratio_grown": ("pass", "pass", 0.05, 0.4),
+        "ratio_grown_small": ("pass", "pass", 0.001, 0.05),  # grew 50x but still negligible
+        "ratio_steady": ("pass", "pass", 0.3, 0.5),  # not > 2x
+        "newly_skipped": ("pass", "skipped", 0.1, None),
+        "only_in_base": ("pass", None, 0.1, None),
+        "only_in_new": (None, "pass", None, 0.1),
+    }
+    base_cells, new_cells, ids = [], [], {}
+    for i, (name, (bs, ns, br, nr)) in enumerate(plan.items()):
+        axes = space[i * 7]
+        for status, ratio, out in ((bs, br, base_cells), (ns, nr, new_cells)):
+            if status is None:
+                continue
+            c = H.make_cell(axes, status, rng, n_ranks=1)
+            if status == "pass":
+                c.worst_ratio = ratio
+            out.append(c.serialize())
+        ids[name] = H.cell_id(axes)
+    base = H.make_record(1, seed=1)
+    new = H.make_record(1, seed=2)
+    base["cells"], new["cells"] = base_cells, new_cells
+    return base, new, ids
+
+
+def test_diff_classifies_every_class() -> None:
+    base, new, ids = _diff_pair()
+    d = diff_records(base, new)
+    got = {k: [c.id for c in getattr(d, k)] for k in d.CLASSES}
+    assert got["newly_failing"] == [ids["newly_failing"], ids["newly_failing_xfail"], ids["newly_failing_skip"]]
+    assert got["newly_passing"] == [ids["newly_passing"]]
+    assert got["still_failing"] == [ids["still_failing"]]
+    assert got["ratio_grown"] == [ids["ratio_grown"]]
+    assert got["newly_skipped"] == [ids["newly_skipped"]]
+    assert got["only_in_base"] == [ids["only_in_base"]]
+    assert got["only_in_new"] == [ids["only_in_new"]]
+    assert d.unchanged == 2  # ratio_grown_small, ratio_steady
+    assert d.exit_code == 1
+    text = render_diff_text(d)
+    assert "REGRESSION" in text and ids["newly_failing"] in text and "repro:" in text
+    page = render_diff_html(d, base, new)
+    assert page.startswith("<!DOCTYPE html>") and ids["ratio_grown"] in page and "REGRESSION" in page
+    assert H.EVIL not in page
+
+
+def test_diff_exit_code() -> None:
+    base, new, ids = _diff_pair()
+    keep = {ids["newly_passing"], ids["ratio_grown"], ids["only_in_base"], ids["only_in_new"]}
+    base["cells"] = [c for c in base["cells"] if c["id"] in keep]
+    new["cells"] = [c for c in new["cells"] if c["id"] in keep]
+    d = diff_records(base, new)
+    assert d.exit_code == 0 and "no new failures" in render_diff_text(d)
+    # a brand-new cell that fails is a new failure
+    new["cells"].append(H.make_cell(H.all_axes()[5], "fail", H.random.Random(0), n_ranks=1).serialize())
+    assert diff_records(base, new).exit_code == 1
+    assert diff_records(new, new).exit_code == 0
+    with pytest.raises(ValueError, match="ratio_growth=0.5"):
+        diff_records(base, new, ratio_growth=0.5)
+
+
+# --------------------------------------------------------------------------- write_all
+
+
+def test_write_all(record: dict[str, Any], tmp_path: Path) -> None:
+    paths = write_all(record, tmp_path)
+    assert set(paths) == {"html", "junit", "markdown"}
+    assert [p.name for p in paths.values()] == ["report.html", "junit.xml", "summary.md"]
+    assert all(p.exists() and p.stat().st_size for p in paths.values())
+    ET.parse(paths["junit"])
+    assert str(paths["html"]) in paths["markdown"].read_text()
+    assert embedded(paths["html"].read_text())["cells"]

@@ -1,0 +1,166 @@
+"""pytest wiring: one test per cell, executed in batches (one launch per world size).
+
+``pytest cases/`` collects a test per matrix cell (id = cell id, so ``-k`` and JUnit
+names match the CLI). The first cell of a world size that a pytest process runs launches
+every collected cell of that world size at once; the rest read their verdicts from that
+launch. Under pytest-xdist the plugin switches ``--dist load`` to ``loadgroup`` and groups
+cells by world size, so each batch lands on one worker and is launched exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import matrix
+
+_BATCHES_KEY = pytest.StashKey["BatchRunner"]()
+
+
+class HarnessSpec:
+    """Hookspecs other plugins can implement."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_harness_make_backend(self, config: pytest.Config) -> str | None:
+        """Return the backend spec (import path, ``module:attr`` or ``.py`` file) to test."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(HarnessSpec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("harness", "dw-harness: distributed-weight autograd matrix")
+    g.addoption("--backend", dest="harness_backend", default=None,
+                help="backend under test (default: harness.reference)")
+    g.addoption("--preset", dest="harness_preset", default="ci", help="cell preset (ci, full, smoke)")
+    for opt, axis in matrix.AXIS_OPTIONS.items():
+        g.addoption(opt, dest=f"harness_axis_{axis}", default=None, metavar="V[,V...]",
+                    help=f"restrict axis {axis}")
+    g.addoption("--cell-filter", dest="harness_filter", default=None,
+                help="boolean expression over axes (as sweep --filter)")
+    g.addoption("--harness-out", dest="harness_out", default=None,
+                help="folder for the launches' run folders (default: pytest's basetemp)")
+    g.addoption("--cell-timeout", dest="harness_cell_timeout", type=float, default=120.0,
+                help="seconds a cell may take before its launch is killed")
+    g.addoption("--harness-device", dest="harness_device", default="auto", choices=("auto", "cpu", "cuda"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_harness_make_backend(config: pytest.Config) -> str:
+    return config.getoption("harness_backend") or "harness.reference"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cell(id): a matrix cell run under torchrun")
+    if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "numprocesses", None):
+        config.option.dist = "loadgroup"
+
+
+def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
+    overrides = {}
+    for axis in matrix.AXIS_NAMES:
+        text = config.getoption(f"harness_axis_{axis}")
+        if text is not None:
+            overrides[axis] = matrix.parse_values(axis, text)
+    try:
+        return matrix.select(config.getoption("harness_preset"), overrides, config.getoption("harness_filter"))
+    except matrix.MatrixError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cell" in metafunc.fixturenames:
+        cells = selected_cells(metafunc.config)
+        metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        cell = _cell_of(item)
+        if cell is not None:
+            item.add_marker(pytest.mark.xdist_group(f"ws{cell.world_size}"))
+
+
+def _cell_of(item: pytest.Item) -> matrix.Cell | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("cell") if callspec else None
+
+
+class BatchRunner:
+    """Runs each world size's collected cells in one launch, on first demand."""
+
+    def __init__(self, config: pytest.Config, root: Path) -> None:
+        from harness.backends import load_backend
+
+        self.config = config
+        self.backend = config.hook.pytest_harness_make_backend(config=config)
+        load_backend(self.backend)
+        self.root = root
+        self.results: dict[str, Any] = {}
+
+    def result(self, cell: matrix.Cell, session: pytest.Session) -> Any:
+        if cell.id not in self.results:
+            batch = []
+            for it in session.items:
+                c = _cell_of(it)
+                if c is not None and c.world_size == cell.world_size and c.id not in self.results:
+                    batch.append(c)
+            self._launch(cell.world_size, list(dict.fromkeys(batch)) or [cell])
+        return self.results[cell.id]
+
+    def _launch(self, world_size: int, cells: list[matrix.Cell]) -> None:
+        from harness.launch import LaunchOptions, launch_cells
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        run_dir = (self.root / f"{worker}-ws{world_size}").resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        opts = LaunchOptions(backend=self.backend, run_dir=run_dir,
+                             cell_timeout=self.config.getoption("harness_cell_timeout"),
+                             device=self.config.getoption("harness_device"))
+        launch_cells(world_size, cells, opts, lambda res: self.results.__setitem__(res.id, res))
+
+
+@pytest.fixture(scope="session")
+def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BatchRunner:
+    config = request.config
+    out = config.getoption("harness_out")
+    root = Path(out) if out else tmp_path_factory.mktemp("harness")
+    return BatchRunner(config, root)
+
+
+@pytest.fixture
+def cell_result(cell: matrix.Cell, harness_batches: BatchRunner, request: pytest.FixtureRequest,
+                record_property: Any) -> Any:
+    """The cell's merged verdict over all ranks, from its world size's batch launch."""
+    res = harness_batches.result(cell, request.session)
+    record_property("status", res.status)
+    record_property("repro", res.repro)
+    return res
+
+
+def assert_cell_ok(res: Any) -> None:
+    """Fail with the first mismatch, every failed check per rank, and the repro command."""
+    __tracebackhide__ = True
+    if res:
+        return
+    lines = [f"{res.id}: {res.status} (expected {res.expect})", f"first failure: {res.first_failure}"]
+    shown: dict[str, int] = {}
+    for r in res.ranks:
+        for c in r.comparisons:
+            if not c.ok and not (r.error and c.kind == "exception"):
+                lines.append(f"[rank {r.rank}] {c.message or c.name}")
+        if r.error:
+            lines.append(f"[rank {r.rank}] {r.error['type']}: {r.error['message']}")
+            tb = r.error.get("traceback", "").rstrip()
+            if tb in shown:
+                lines.append(f"(same traceback as rank {shown[tb]})")
+            elif tb:
+                shown[tb] = r.rank
+                lines.append(tb)
+    lines.append(f"repro: {res.repro}")
+    pytest.fail("\n".join(lines), pytrace=False)
