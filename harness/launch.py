@@ -48,6 +48,7 @@ class LaunchOptions:
     device: str = "auto"
     threads_per_rank: int = 1
     example: dict | None = None
+    examples: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -159,6 +160,7 @@ def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
             "run_dir": str(opts.run_dir), "launch": name,
             "tasks": [{"backend": t.backend, "cell": t.cell.id} for t in remaining], "device": opts.device,
             "threads_per_rank": opts.threads_per_rank, "example": opts.example,
+            "examples": opts.examples,
             "collective_timeout": max(opts.cell_timeout, 10.0),
         }
         plan_path = opts.run_dir / "plans" / f"{name}.json"

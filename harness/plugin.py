@@ -46,6 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="folder for the launches' run folders (default: pytest's basetemp)")
     g.addoption("--cell-timeout", dest="harness_cell_timeout", type=float, default=120.0,
                 help="seconds a cell may take before its launch is killed")
+    g.addoption("--examples", dest="harness_examples", type=int, default=0,
+                help="hypothesis-drawn extra shape/split examples per cell (failures are shrunk)")
     g.addoption("--harness-device", dest="harness_device", default="auto", choices=("auto", "cpu", "cuda"))
 
 
@@ -121,7 +123,8 @@ class BatchRunner:
         run_dir.mkdir(parents=True, exist_ok=True)
         opts = LaunchOptions(backend=self.backend, run_dir=run_dir,
                              cell_timeout=self.config.getoption("harness_cell_timeout"),
-                             device=self.config.getoption("harness_device"))
+                             device=self.config.getoption("harness_device"),
+                             examples=self.config.getoption("harness_examples"))
         launch_cells(world_size, cells, opts, lambda res: self.results.__setitem__(res.id, res))
 
 

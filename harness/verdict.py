@@ -41,7 +41,7 @@ def worst_ratio(ranks: Sequence[RankResult]) -> float | None:
 def repro_command(cell_id: str, backend: str, example: dict[str, Any] | None = None) -> str:
     parts = ["python", "-m", "harness", "repro", cell_id, "--backend", backend]
     if example:
-        parts += ["--example", ",".join(f"{k}={v}" for k, v in sorted(example.items()))]
+        parts += ["--example", ",".join(f"{k}={v}" for k, v in sorted(example.items()) if k != "shrunk")]
     return shlex.join(parts)
 
 

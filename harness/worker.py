@@ -26,7 +26,7 @@ import torch.distributed as dist
 from harness import matrix
 from harness.backends import load_backend
 from harness.inputs import Example
-from harness.record import RankResult
+from harness.record import CellResult, RankResult
 from harness.runner import RankContext, run_cell
 from harness.verdict import merge
 
@@ -59,6 +59,15 @@ def _append_line(path: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Example | None) -> RankResult:
+    try:
+        return run_cell(backend, cell, ctx, example)
+    except Exception as exc:  # a bug in the harness itself, still a recorded result
+        return RankResult(ctx.rank, "error", [], {
+            "type": f"HarnessBug({type(exc).__name__})", "message": str(exc).splitlines()[0] if str(exc) else "",
+            "traceback": traceback.format_exc()})
+
+
 def run(plan: dict[str, Any]) -> int:
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -87,21 +96,28 @@ def run(plan: dict[str, Any]) -> int:
         backend = backends[spec]
         print(f"{tag} {time.time():.3f} start {i + 1}/{len(tasks)} {cell.id} [{spec}]", flush=True)
         t0 = time.perf_counter()
-        try:
-            result = run_cell(backend, cell, ctx, example)
-        except Exception as exc:  # a bug in the harness itself, still a recorded result
-            result = RankResult(rank, "error", [], {
-                "type": f"HarnessBug({type(exc).__name__})", "message": str(exc).splitlines()[0] if str(exc) else "",
-                "traceback": traceback.format_exc()})
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, result.serialize(), group=control)
-        elapsed = time.perf_counter() - t0
-        print(f"{tag} {time.time():.3f} done {cell.id} {result.status} {elapsed:.3f}s", flush=True)
+
+        def run_agreed(ex: Example | None) -> CellResult:
+            """Run on this rank, then fold every rank's result (all ranks get the verdict)."""
+            result = _run_guarded(backend, cell, ctx, ex)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, result.serialize(), group=control)
+            return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
+                         spec, ex.serialize() if ex is not None and plan.get("example") is None
+                         else plan.get("example"))
+
+        merged = run_agreed(example)
+        if merged and int(plan.get("examples", 0)) > 0:
+            from harness.examples import search
+
+            shrunk = search(cell, int(plan["examples"]), run_agreed)
+            if shrunk is not None:
+                merged = shrunk
+        merged.duration_s = round(time.perf_counter() - t0, 4)
+        print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
         if rank == 0:
-            merged = merge(cell, [RankResult.from_dict(g) for g in gathered], elapsed, spec,
-                           plan.get("example"))
             merged_d = merged.serialize()
             merged_d["launch"] = plan["launch"]
             merged_d["backend"] = spec

@@ -22,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _options.add_run(p)
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue an interrupted run: only cells without a result run")
+    p.add_argument("--examples", type=int, default=0, metavar="N",
+                   help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
+                        "shrunk to its smallest example")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress")
     p.set_defaults(func=run)
 
@@ -84,11 +87,14 @@ def run(args: argparse.Namespace) -> int:
         args.out = args.resume
         args.backend = previous.backend
     cells, selection = _options.select(args)
+    if args.examples < 0:
+        raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
+    selection["examples"] = args.examples
     load_backend(args.backend)
     _options.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
-                         device=args.device)
+                         device=args.device, examples=args.examples)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=selection,
                      tolerance=compare.policy(), argv=args.argv, options=opts, resume=bool(args.resume),
                      on_result=Progress(args.quiet))

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from harness.reference import _dw, _modules, ops, prefix
-from harness.reference._core import GemmCall, ReferenceImpl, wgrad_gemm
+from harness.reference._core import GemmCall, ReferenceImpl
 from harness.reference.ops import OpsImpl
 
 __all__ = ["MUTANTS", "Mutant", "evidence_found", "get", "names"]
