@@ -1,0 +1,43 @@
+"""Assert the pre-fix backend fails exactly the cells the regression predicts.
+
+Predicted: distributed-weight ``linear``/``grouped_linear`` cells with a saved-tensor hook
+mode other than ``off`` and delayed wgrad off (delayed + distributed is rejected before the
+hooks matter). Everything else must pass, including the whole ops module.
+"""
+
+import sys
+import xml.etree.ElementTree as ET
+
+from harness.matrix import Cell
+
+
+def predicted(cell: Cell) -> bool:
+    return (cell.weight == "distributed" and cell.module in ("linear", "grouped_linear")
+            and cell.hooks != "off" and not cell.delay_wgrad)
+
+
+def main(path: str) -> int:
+    failed, passed = set(), set()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        cell_id = name[len("test_cell["):-1] if name.startswith("test_cell[") else None
+        if cell_id is None:
+            continue
+        bad = case.find("failure") is not None or case.find("error") is not None
+        (failed if bad else passed).add(cell_id)
+    cells = {i: Cell.from_id(i) for i in failed | passed}
+    want = {i for i, c in cells.items() if predicted(c)}
+    if not cells:
+        print("no cell tests found in", path)
+        return 1
+    unexpected, missing = failed - want, want - failed
+    print(f"pre-fix backend: {len(failed)} failing of {len(cells)} cells; predicted {len(want)}")
+    for i in sorted(unexpected):
+        print("  unexpected failure:", i)
+    for i in sorted(missing):
+        print("  predicted failure that passed:", i)
+    return 1 if unexpected or missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))
