@@ -27,7 +27,10 @@ from fixtures.modules import (KINDS, WgradHookRecorder, attach_main_grad, bias_n
 from fixtures.process_group import in_process_ws1  # noqa: F401  (pytest fixture)
 from fixtures.tensors import (DTYPE_NAMES, DTYPES, assert_within_bound, grouped_case, grouped_linear_f64,
                               pad_rows, seeded, with_start)
+from fixtures.tensors import single_thread  # noqa: F401  (pytest fixture)
 from harness.gtp import GTPWeight, inject_gtp
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -85,7 +85,7 @@ def test_click_mismatch_cell_shows_failed_check(artifacts: Path) -> None:
     seen = open_and_click_failing(page, artifacts / "report-fail-detail.png", statuses=("fail",))
     cell = _cell(rec, seen["cell_id"])
     assert seen["repro_visible"] and seen["repro_text"] == cell["repro"]
-    assert "Failed checks" in seen["detail_text"] and "Gradients are not close!" in seen["detail_text"]
+    assert "FAILED CHECKS" in seen["detail_text"].upper() and "Gradients are not close!" in seen["detail_text"]
     assert cell["first_failure"].splitlines()[0] in seen["detail_text"]
 
 

@@ -1,17 +1,23 @@
 """Launching the worker under torchrun: one launch per world size, never a hang.
 
-Each launch runs in its own process session so that a timeout or an interrupt can kill the
+Each launch runs in its own process session so that a timeout or an interrupt can end the
 whole tree (torchrun and every rank) with one ``killpg``; rendezvous uses ``--standalone``,
 which binds a free port per launch, so parallel launches (pytest-xdist) cannot collide.
-Results are read back from ``cells.jsonl`` as the worker appends them. When a launch dies
-or stops making progress, the cell in flight is recorded (``error`` / ``timeout``, with
-every rank's log tail) and the remaining cells go to a fresh launch.
+
+The launcher watches three things while a launch runs: merged verdicts in ``cells.jsonl``
+(progress), each rank's own reports in ``ranks/`` (a rank that failed while its peers may
+be stuck in a collective), and the process itself (a dead rank ends torchrun). When a
+launch stops making progress - a peer stuck after a failure, a cell past its timeout, a dead
+rank - the launcher ends the tree (SIGTERM first: each rank's faulthandler writes its stacks
+into its log), records the cell in flight with every rank's evidence, and starts a fresh
+launch for the cells left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +28,7 @@ from typing import Callable
 
 from harness.matrix import Cell
 from harness.record import CellResult, LaunchRecord, RankResult
-from harness.verdict import repro_command
+from harness.verdict import cell_status, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
 
@@ -45,6 +51,8 @@ class LaunchOptions:
     run_dir: Path
     cell_timeout: float = 120.0
     startup_timeout: float = 120.0
+    #: how long peers may take to report once one rank has reported an error
+    peer_grace: float = 15.0
     device: str = "auto"
     threads_per_rank: int = 1
     example: dict | None = None
@@ -60,29 +68,28 @@ def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     ]
 
 
-class _ResultTail:
-    """Reads the lines the worker appends to ``cells.jsonl``, from where it left off."""
+class _LineTail:
+    """Reads the JSON lines appended to a file, from where it left off; torn lines wait."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = path.stat().st_size if path.exists() else 0
 
-    def read(self) -> list[tuple[str, CellResult]]:
+    def read(self) -> list[dict]:
         if not self.path.exists():
             return []
-        with open(self.path) as f:
+        with open(self.path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
-        complete, _, _ = chunk.rpartition("\n")
+        complete, _, _ = chunk.rpartition(b"\n")
         if not complete:
             return []
         self.offset += len(complete) + 1
         out = []
-        for line in complete.splitlines():
+        for line in complete.decode(errors="replace").splitlines():
             try:
-                d = json.loads(line)
-                out.append((d.get("backend", ""), CellResult.from_dict(d)))
-            except (json.JSONDecodeError, KeyError):
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
                 continue
         return out
 
@@ -96,44 +103,165 @@ def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
             return
         try:
             proc.wait(timeout=wait)
-            # ranks may outlive torchrun by a moment; make sure the group is empty
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
         except subprocess.TimeoutExpired:
             continue
+    # ranks may outlive torchrun by a moment; make sure the group is empty
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
-def _log_tail(path: Path, lines: int = 30) -> str:
+def _log_tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 
 
-def _lost_cell(task: Task, status: str, why: str, world_size: int, log_dir: Path,
-               duration: float) -> CellResult:
-    """A cell whose launch died or hung: every rank's log tail is the evidence."""
-    cell = task.cell
-    ranks = []
-    for r in range(world_size):
-        tail = _log_tail(log_dir / f"rank{r}.log")
-        ranks.append(RankResult(r, status, [], {"type": "Timeout" if status == "timeout" else "LaunchFailure",
-                                                 "message": why, "traceback": tail}))
-    first = _first_failed_rank(log_dir, world_size)
-    return CellResult(cell.id, cell.serialize(), cell.expect, status, round(duration, 3), None,
-                      f"[rank {first}] {why}" if first is not None else why,
-                      repro_command(cell.id, task.backend), ranks)
+def _log_since(path: Path, marker: str, lines: int = 80) -> str:
+    """The rank's log from the start of the cell in flight: its traceback or stack dump."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    at = text.rfind(marker)
+    part = text[at:] if at >= 0 else text
+    return "\n".join(part.splitlines()[-lines:])
 
 
-def _first_failed_rank(log_dir: Path, world_size: int) -> int | None:
-    """The rank whose log shows a traceback earliest (by file modification order)."""
-    stamped = []
-    for r in range(world_size):
-        p = log_dir / f"rank{r}.log"
-        if p.exists() and ("Traceback" in _log_tail(p, 200) or "Fatal Python error" in _log_tail(p, 200)):
-            stamped.append((p.stat().st_mtime, r))
-    return min(stamped)[1] if stamped else None
+_TORCHRUN_ROOT = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_SIGNAL = re.compile(r"Signal (\d+) \((\w+)\)")
+
+
+def torchrun_failure(log_dir: Path) -> tuple[int | None, str]:
+    """The first failed rank and how it ended, as torchrun's summary reports them."""
+    text = _log_tail(log_dir / "torchrun.log", 200)
+    root = text.split("Root Cause", 1)[1] if "Root Cause" in text else text
+    m = _TORCHRUN_ROOT.search(root)
+    if not m:
+        return None, "torchrun gave no failure summary"
+    rank, code = int(m.group(1)), int(m.group(2))
+    sig = _SIGNAL.search(root)
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+        return rank, f"rank {rank} died: exit code {code} ({name})"
+    if sig:
+        return rank, f"rank {rank} died: {sig.group(2)}"
+    return rank, f"rank {rank} exited with code {code}"
+
+
+class _Launch:
+    """One torchrun launch and what is known about the task in flight."""
+
+    def __init__(self, world_size: int, tasks: list[Task], opts: LaunchOptions, name: str) -> None:
+        self.world_size = world_size
+        self.tasks = tasks
+        self.opts = opts
+        self.name = name
+        self.log_dir = opts.run_dir / "logs" / name
+        self.done = 0                      # tasks with a merged result
+        self.reports: dict[int, dict[int, dict]] = {}   # task index -> rank -> own report
+        self.merged = _LineTail(opts.run_dir / "cells.jsonl")
+        self.rank_tails = [_LineTail(opts.run_dir / "ranks" / f"{name}.rank{r}.jsonl")
+                           for r in range(world_size)]
+
+    def start(self) -> subprocess.Popen:
+        run_dir = self.opts.run_dir
+        for sub in ("plans", "ranks"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        plan = {
+            "run_dir": str(run_dir), "launch": self.name,
+            "tasks": [{"backend": t.backend, "cell": t.cell.id} for t in self.tasks],
+            "device": self.opts.device, "threads_per_rank": self.opts.threads_per_rank,
+            "example": self.opts.example, "examples": self.opts.examples,
+            # shorter than the cell timeout, so a peer of a hung rank reports a
+            # communication error (and is seen as a victim) before the launch is ended
+            "collective_timeout": max(5.0, 0.75 * self.opts.cell_timeout),
+        }
+        plan_path = run_dir / "plans" / f"{self.name}.json"
+        plan_path.write_text(json.dumps(plan, indent=1))
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.opts.threads_per_rank), "PYTHONUNBUFFERED": "1",
+               **self.opts.extra_env}
+        self._log = open(self.log_dir / "torchrun.log", "w")
+        return subprocess.Popen(torchrun_command(self.world_size, plan_path), stdout=self._log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+
+    def poll_results(self) -> list[CellResult]:
+        """New merged verdicts for the tasks in order, and fresh per-rank reports."""
+        for r, tail in enumerate(self.rank_tails):
+            for rep in tail.read():
+                self.reports.setdefault(rep["i"], {})[r] = rep
+        out = []
+        for d in self.merged.read():
+            if self.done < len(self.tasks) and (d.get("backend"), d.get("id")) == self.tasks[self.done].key:
+                out.append(CellResult.from_dict(d))
+                self.done += 1
+        return out
+
+    def first_error_report(self) -> float | None:
+        """When a rank first reported an error for the task in flight (None: none did)."""
+        times = [rep["t"] for rep in self.reports.get(self.done, {}).values()
+                 if rep["result"]["status"] == "error"]
+        return min(times) if times else None
+
+    def lost(self, status: str, why: str, first_rank: int | None, duration: float) -> CellResult:
+        """The in-flight task's result from what each rank reported or left in its log."""
+        task = self.tasks[self.done]
+        cell = task.cell
+        marker = f"start {self.done + 1}/{len(self.tasks)} "
+        reported = self.reports.get(self.done, {})
+        ranks = []
+        for r in range(self.world_size):
+            if r in reported:
+                ranks.append(RankResult.from_dict(reported[r]["result"]))
+                continue
+            evidence = _log_since(self.log_dir / f"rank{r}.log", marker)
+            ranks.append(RankResult(r, status, [], {
+                "type": {"timeout": "Timeout", "error": "NoReport"}[status],
+                "message": f"this rank never reported a result ({why})", "traceback": evidence}))
+        first_rank = _first_to_fail(reported, first_rank, self.world_size)
+        verdict = cell_status(ranks)
+        first = why
+        if first_rank is not None:
+            rr = next(x for x in ranks if x.rank == first_rank)
+            if first_rank in reported and rr.error:
+                first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail; {why})"
+            elif rr.error:
+                first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail)"
+        self.done += 1
+        return CellResult(cell.id, cell.serialize(), cell.expect, verdict, round(duration, 3), None,
+                          first, repro_command(cell.id, task.backend), ranks,
+                          self.opts.example)
+
+    def close(self) -> None:
+        self._log.close()
+
+
+_COMM_ERROR = re.compile(
+    r"Connection (closed|reset) by peer|Timed out waiting|timed out|Read error|Socket Timeout|"
+    r"NCCL (error|communicator)|watchdog|ProcessGroup\w* (is )?abort", re.I)
+
+
+def _first_to_fail(reported: dict[int, dict], dead_rank: int | None, world_size: int) -> int | None:
+    """The rank that failed first, not a peer that then saw "connection closed".
+
+    In order: the earliest rank whose own error is not a communication error; the rank
+    torchrun saw die; a rank that never reported (hung); the earliest communication error.
+    """
+    errors = sorted((rep["t"], r, bool(_COMM_ERROR.search((rep["result"].get("error") or {}).get("message", ""))))
+                    for r, rep in reported.items() if rep["result"]["status"] == "error")
+    own = [r for _, r, victim in errors if not victim]
+    if own:
+        return own[0]
+    if dead_rank is not None:
+        return dead_rank
+    silent = [r for r in range(world_size) if r not in reported]
+    if silent and errors:
+        return silent[0]
+    return errors[0][1] if errors else None
 
 
 def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
@@ -150,79 +278,65 @@ def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
     Several backends can share one launch: the process group does not depend on them.
     """
     remaining = list(tasks)
-    launches: list[LaunchRecord] = []
+    records: list[LaunchRecord] = []
     attempt = 0
-    (opts.run_dir / "plans").mkdir(parents=True, exist_ok=True)
     while remaining:
-        name = f"ws{world_size}-{attempt}"
-        log_dir = opts.run_dir / "logs" / name
-        plan = {
-            "run_dir": str(opts.run_dir), "launch": name,
-            "tasks": [{"backend": t.backend, "cell": t.cell.id} for t in remaining], "device": opts.device,
-            "threads_per_rank": opts.threads_per_rank, "example": opts.example,
-            "examples": opts.examples,
-            "collective_timeout": max(opts.cell_timeout, 10.0),
-        }
-        plan_path = opts.run_dir / "plans" / f"{name}.json"
-        plan_path.write_text(json.dumps(plan, indent=1))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads_per_rank), "PYTHONUNBUFFERED": "1",
-               **opts.extra_env}
-        tail = _ResultTail(opts.run_dir / "cells.jsonl")
+        launch = _Launch(world_size, remaining, opts, f"ws{world_size}-{attempt}")
         t0 = time.monotonic()
-        last = t0
-        launched = list(remaining)
-        with open(log_dir / "torchrun.log", "w") as launcher_log:
-            proc = subprocess.Popen(torchrun_command(world_size, plan_path), stdout=launcher_log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=env)
-            note = None
-            try:
-                while True:
-                    exited = proc.poll() is not None
-                    for backend, res in tail.read():
-                        if remaining and (backend, res.id) == remaining[0].key:
-                            on_result(backend, res)
-                            remaining.pop(0)
-                            last = time.monotonic()
-                    if exited or not remaining:
-                        break
-                    limit = opts.cell_timeout + (opts.startup_timeout if last == t0 else 0.0)
-                    if time.monotonic() - last > limit:
-                        note = f"cell timed out after {opts.cell_timeout:g}s; launch killed"
-                        kill_tree(proc)
-                        lost = remaining.pop(0)
-                        on_result(lost.backend, _lost_cell(
-                            lost, "timeout", f"no result within {opts.cell_timeout:g}s (per-cell timeout); "
-                            "the launch was killed", world_size, log_dir, time.monotonic() - last))
-                        break
-                    time.sleep(0.05)
-                if remaining and proc.poll() is not None and note is None:
-                    code = proc.returncode
-                    note = f"launch exited with code {code} before finishing"
-                    lost = remaining.pop(0)
-                    on_result(lost.backend, _lost_cell(
-                        lost, "error", f"launch exited with code {code} while this cell ran "
-                        f"(see the rank logs; torchrun: {_torchrun_reason(log_dir)})",
-                        world_size, log_dir, time.monotonic() - last))
-                elif not remaining:
-                    # Every result is on disk; give the ranks a moment to tear down cleanly,
-                    # then end the tree rather than wait out torchrun's shutdown.
-                    try:
-                        proc.wait(timeout=2.0)
-                    except subprocess.TimeoutExpired:
-                        pass
-            finally:
-                kill_tree(proc)
-        launches.append(LaunchRecord(world_size, [t.cell.id for t in launched], proc.returncode,
-                                     round(time.monotonic() - t0, 3), str(log_dir.relative_to(opts.run_dir)),
-                                     attempt, note))
+        proc = launch.start()
+        note = None
+        try:
+            note = _watch(launch, proc, opts, on_result)
+        finally:
+            kill_tree(proc)
+            launch.close()
+        records.append(LaunchRecord(world_size, [t.cell.id for t in remaining], proc.returncode,
+                                    round(time.monotonic() - t0, 3),
+                                    str(launch.log_dir.relative_to(opts.run_dir)), attempt, note))
+        remaining = remaining[launch.done:]
         attempt += 1
-    return launches
+    return records
 
 
-def _torchrun_reason(log_dir: Path) -> str:
-    """The failing rank and exit code/signal torchrun reported, if it said."""
-    text = _log_tail(log_dir / "torchrun.log", 60)
-    picks = [ln.strip() for ln in text.splitlines() if "exitcode" in ln or "Signal" in ln or "rank" in ln.lower() and "fail" in ln.lower()]
-    return "; ".join(picks[:3]) or "no reason given"
+def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
+           on_result: ResultCallback) -> str | None:
+    """Follow one launch until its tasks are done or it must be ended; returns a note."""
+    t0 = last = time.monotonic()
+    while launch.done < len(launch.tasks):
+        exited = proc.poll() is not None
+        for res in launch.poll_results():
+            on_result(launch.tasks[launch.done - 1].backend, res)
+            last = time.monotonic()
+        if launch.done >= len(launch.tasks):
+            break
+        if exited:
+            rank, why = torchrun_failure(launch.log_dir)
+            # only a rank killed by a signal is a culprit; exit code 1 is usually a peer
+            # whose collective broke because of someone else
+            culprit = rank if "died" in why else None
+            res = launch.lost("error", f"launch exited with code {proc.returncode}: {why}", culprit,
+                              time.monotonic() - last)
+            on_result(launch.tasks[launch.done - 1].backend, res)
+            return f"launch ended early: {why}"
+        now = time.monotonic()
+        failed_at = launch.first_error_report()
+        if failed_at is not None and time.time() - failed_at > opts.peer_grace:
+            kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
+            res = launch.lost("error", f"peers did not finish within {opts.peer_grace:g}s of a rank's "
+                              "failure (stuck in a collective); launch ended", None, now - last)
+            on_result(launch.tasks[launch.done - 1].backend, res)
+            return "ended after a rank failed and its peers hung"
+        limit = opts.cell_timeout + (opts.startup_timeout if last == t0 else 0.0)
+        if now - last > limit:
+            kill_tree(proc)
+            res = launch.lost("timeout", f"no result within the per-cell timeout of {opts.cell_timeout:g}s; "
+                              "launch ended", None, now - last)
+            on_result(launch.tasks[launch.done - 1].backend, res)
+            return "ended after a cell timed out"
+        time.sleep(0.05)
+    # Every result is on disk: let the ranks tear down briefly, then end the tree.
+    try:
+        proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        return "all cells done; the launch was ended by the harness after 2 s of teardown"
+    return None

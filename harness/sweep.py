@@ -88,10 +88,16 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir / "results.json")
 
+    last_write = [time.monotonic()]
+
     def collect(res: CellResult) -> None:
         results[res.id] = res
         spec.on_result(res, len(results), total)
-        write()
+        # cells.jsonl already holds every result; refresh the record now and then so a
+        # reader sees progress without the sweep rewriting a large record per cell
+        if time.monotonic() - last_write[0] > 5.0:
+            write()
+            last_write[0] = time.monotonic()
 
     write()
     try:

@@ -5,6 +5,11 @@ harness.worker --plan PLAN``). The ranks rebuild the cells from their ids, agree
 digest of the list, then run cell after cell; after each cell they exchange their results
 over a gloo control group and rank 0 appends the merged verdict to ``cells.jsonl`` at once,
 so a crash loses at most the cell in flight.
+
+Each rank also appends its own result to ``ranks/<launch>.rank<N>.jsonl`` *before* the
+exchange: when one rank fails while its peers sit in a collective it will never join, the
+launcher sees that report, asks every rank for a stack dump (SIGUSR1, via faulthandler),
+ends the launch and records the cell with every rank's traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import datetime
 import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -32,7 +38,7 @@ from harness.verdict import merge
 
 
 def _redirect_output(log_path: Path) -> Any:
-    """Send this rank's stdout/stderr (and faulthandler dumps) to its own log file."""
+    """Send this rank's stdout/stderr and faulthandler dumps (crash, SIGUSR1) to its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     f = open(log_path, "a", buffering=1)
     os.dup2(f.fileno(), 1)
@@ -52,11 +58,12 @@ def _device(requested: str, local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def _append_line(path: Path, record: dict[str, Any]) -> None:
+def _append_line(path: Path, record: dict[str, Any], durable: bool = False) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
 
 
 def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Example | None) -> RankResult:
@@ -73,13 +80,20 @@ def run(plan: dict[str, Any]) -> int:
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     run_dir = Path(plan["run_dir"])
-    _redirect_output(run_dir / "logs" / plan["launch"] / f"rank{rank}.log")
+    log = _redirect_output(run_dir / "logs" / plan["launch"] / f"rank{rank}.log")
+    own = run_dir / "ranks" / f"{plan['launch']}.rank{rank}.jsonl"
+    own.parent.mkdir(exist_ok=True)
     tag = f"[rank{rank}]"
     torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
     device, pg_backend = _device(plan.get("device", "auto"), local_rank)
     timeout = datetime.timedelta(seconds=float(plan.get("collective_timeout", 120)))
     dist.init_process_group(pg_backend, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if pg_backend != "gloo" else None
+    # Registered after the process group exists, so nothing installed later replaces it:
+    # SIGTERM (torchrun ending a failed launch, or the launcher ending a hung one) leaves
+    # every thread's stack in this rank's log before the rank dies; SIGUSR1 on demand.
+    faulthandler.register(signal.SIGTERM, file=log, all_threads=True, chain=True)
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     print(f"{tag} up: world={world} device={device} pg={pg_backend}", flush=True)
 
     tasks = [(t["backend"], matrix.Cell.from_id(t["cell"])) for t in plan["tasks"]]
@@ -100,8 +114,10 @@ def run(plan: dict[str, Any]) -> int:
         def run_agreed(ex: Example | None) -> CellResult:
             """Run on this rank, then fold every rank's result (all ranks get the verdict)."""
             result = _run_guarded(backend, cell, ctx, ex)
-            if device.type == "cuda":
+            if device.type == "cuda" and result.status != "error":
                 torch.cuda.synchronize()
+            _append_line(own, {"i": i, "backend": spec, "cell": cell.id, "t": time.time(),
+                               "result": result.serialize()})
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, result.serialize(), group=control)
             return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
@@ -121,7 +137,7 @@ def run(plan: dict[str, Any]) -> int:
             merged_d = merged.serialize()
             merged_d["launch"] = plan["launch"]
             merged_d["backend"] = spec
-            _append_line(out, merged_d)
+            _append_line(out, merged_d, durable=True)
     dist.barrier(group=control)
     dist.destroy_process_group()
     return 0

@@ -67,7 +67,7 @@ table.grid{border-collapse:separate;border-spacing:0;font-size:12px}
 table.grid th{position:sticky;top:0;background:#f6f8fa;z-index:2;font-weight:600;padding:0 8px;border-bottom:1px solid var(--line);border-right:1px solid var(--soft);white-space:nowrap;text-align:center}
 table.grid thead th{height:26px;line-height:25px}
 table.grid th.ax{color:var(--muted);font-weight:500;text-align:right;font-size:11px}
-table.grid th.rh{position:sticky;left:0;z-index:1;background:#fbfcfd;text-align:left;font-weight:500;border-right:1px solid var(--line)}
+table.grid th.rh{position:sticky;z-index:1;background:#fbfcfd;text-align:left;font-weight:500;border-right:1px solid var(--line)}
 table.grid thead th.rh{z-index:3;background:#f6f8fa;color:var(--muted);font-size:11px}
 table.grid td{vertical-align:top;padding:4px 5px;border-bottom:1px solid var(--soft);border-right:1px solid var(--soft)}
 table.grid td.worst-fail{box-shadow:inset 3px 0 0 var(--fail)}table.grid td.worst-error{box-shadow:inset 3px 0 0 var(--error)}
@@ -215,6 +215,20 @@ JS = r"""
     return {list: list, pos: cells.map(function (c) { return map[keyOf[c.i]]; })};
   }
   var spanEls = [], HEAD_ROW = 26;  // px, = table.grid thead th height
+  function pinRowHeaders() {
+    // each row-axis column sticks at its own offset, so they stack instead of overlapping
+    var first = grid.querySelector("tbody tr");
+    if (!first) return;
+    var ths0 = first.querySelectorAll("th.rh");
+    ths0.forEach(function (th) { th.style.left = ""; });  // (no CSS left: natural positions)
+    var x0 = ths0[0].getBoundingClientRect().left;
+    var lefts = Array.prototype.map.call(ths0, function (th) { return th.getBoundingClientRect().left - x0; });
+    grid.querySelectorAll("tr").forEach(function (tr) {
+      var ths = tr.querySelectorAll("th.rh:not(.ax)");
+      if (ths.length === lefts.length) ths.forEach(function (th, j) { th.style.left = lefts[j] + "px"; });
+    });
+    grid.querySelectorAll("th.rh.ax").forEach(function (th) { th.style.left = "0px"; });
+  }
   function build() {
     var ri = layout.rows.map(function (a) { return axPos[a]; });
     var ci = layout.cols.map(function (a) { return axPos[a]; });
@@ -281,6 +295,7 @@ JS = r"""
     });
     slotCells = slotMap;
     applyFilters();
+    requestAnimationFrame(pinRowHeaders);
     if (selected != null && chipEls[selected]) chipEls[selected].classList.add("sel");
   }
 
@@ -398,6 +413,7 @@ JS = r"""
         msg = a[10];
       } else {
         var exp = a[3], act = a.length > 4 ? a[4] : a[3];
+        if (exp == null && act == null) exp = act = "";
         t.push('<td></td><td></td><td></td><td></td><td class="mono">' + esc(show(exp)) + '</td><td class="mono">' + esc(show(act)) + "</td>");
         msg = a[5];
       }
@@ -433,12 +449,12 @@ JS = r"""
       var exLines = Object.keys(c.ex).map(function (k) { return k + ": " + JSON.stringify(c.ex[k]); });
       h.push('<pre class="mono" style="background:var(--soft);padding:8px 10px;border-radius:6px">' + esc(exLines.join("\n")) + "</pre>");
     }
-    h.push("<h3>Ranks</h3>");
     if (c.lvl) {
+      h.push("<h3>Ranks</h3>");
       h.push('<div class="note">This cell met its expectation, so the report keeps ' +
              (c.lvl === "fold" ? "each check once, at the rank where it came closest to its bound" :
-              c.lvl === "none" ? "only the rank statuses" : "only its " + c.lvl.slice(3) + " closest checks (at their worst rank)") +
-             (c.drop ? " (" + c.drop + " check results omitted)" : "") + ", to keep the file small. <code>results.json</code> has every value.</div>");
+              c.lvl === "none" ? "only the rank statuses" : "at most its " + c.lvl.slice(3) + " closest checks, each once at its worst rank") +
+             (c.drop ? " (" + c.drop + " per-rank check results omitted)" : "") + ", to keep the file small. <code>results.json</code> has every value.</div>");
       var flat = [];
       c.ranks.forEach(function (g) { g[3].forEach(function (a) { flat.push({rank: g[0], c: a}); }); });
       c.ranks.forEach(function (g) { if (g[2]) h.push('<div class="rank"><div class="rh2">rank ' + g[0] + '</div><div class="rb">' + excBlock(g[2]) + "</div></div>"); });
@@ -446,7 +462,9 @@ JS = r"""
       h.push('<p class="muted">rank statuses: ' + c.ranks.map(function (g) { return "rank " + g[0] + " " + esc(S[g[1]]); }).join(", ") + "</p>");
     } else {
       var tbs = {}, failed = [];
-      c.ranks.forEach(function (g) { g[3].forEach(function (a) { if (!a[2]) failed.push({rank: g[0], c: a}); }); });
+      c.ranks.forEach(function (g) {  // an "exception" check of a rank that raised restates its error: skip
+        g[3].forEach(function (a) { if (!a[2] && !(g[2] && KINDS[a[1]] === "exception")) failed.push({rank: g[0], c: a}); });
+      });
       var anyProblem = failed.length || c.ranks.some(function (g) { return g[2]; });
       if (failed.length) h.push('<h3>Failed checks (' + failed.length + ')</h3>' + checkRows(failed, true));
       h.push("<h3>Ranks</h3>");

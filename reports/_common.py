@@ -123,11 +123,14 @@ def failing_messages(cell: dict[str, Any], limit: int = 5) -> list[str]:
     for r in cell.get("ranks") or []:
         rank = r.get("rank", "?")
         err = r.get("error")
-        if err:
-            out.append(f"[rank {rank}] {err.get('type', 'Exception')}: {err.get('message', '')}".rstrip())
+        raised = f"{err.get('type', 'Exception')}: {err.get('message', '')}".rstrip() if err else None
+        if raised:
+            out.append(f"[rank {rank}] {raised}")
         for c in r.get("comparisons") or []:
             if not c.get("ok", True):
                 msg = c.get("message") or ""
+                if c.get("kind") == "exception" and msg.strip() == raised:
+                    continue  # the exception check restates the rank's error
                 if not msg and "expected" in c:
                     msg = f"expected {c.get('expected')!r}, got {c.get('actual')!r}"
                 out.append(f"[rank {rank}] {c.get('name', '?')}: {msg}".rstrip())

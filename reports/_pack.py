@@ -12,11 +12,11 @@ The page therefore carries one JSON blob that the browser expands lazily:
   tensor ``[name, 0, ok, ratio, max_abs, max_rel, bound_at_worst, numel, mismatched, index,
   message]``; other kinds ``[name, kind, ok, expected, actual, message]`` where ``actual`` is
   dropped when ok and equal to ``expected``;
-* bad and xfail cells always keep every rank and check. Cells that met their expectation are
-  *thinned* only when the whole blob would exceed ``budget`` bytes, in steps: ``fold`` (each
-  check once, at the rank where it is worst), then ``top`` (the few worst checks, plus how
-  many were dropped). The chosen level is recorded so the page can say so; ``results.json``
-  remains the full truth.
+* fail/error/timeout/xfail cells always keep every rank and check. Passing and skipped cells
+  are *thinned* only when the whole blob would exceed ``budget`` bytes, in steps: ``fold``
+  (each check once, at the rank where it is worst), then ``top8``/``top3`` (the few worst
+  checks, plus how many were dropped), then ``none``. The chosen level is recorded so the
+  page can say so; ``results.json`` remains the full truth.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import math
 from typing import Any, Callable
 
-from ._common import BAD_STATUSES, STATUSES, ratio_key
+from ._common import STATUSES, ratio_key
 
 KINDS: tuple[str, ...] = ("tensor", "count", "flag", "dtype", "exception")
 #: thinning levels for cells that met their expectation, least lossy first.
@@ -95,7 +95,10 @@ def _pack_check(c: dict[str, Any], S: _Strings) -> list[Any]:
     g = c.get
     kind = g("kind", "tensor")
     if kind == "tensor":
-        return _trim([S.add(g("name", "?")), 0, 1 if g("ok") else 0, num(g("ratio")), num(g("max_abs")),
+        ratio = num(g("ratio"))
+        if ratio.__class__ is float and ratio <= 1.0 < g("ratio"):  # never round a failure to 1
+            ratio = g("ratio")
+        return _trim([S.add(g("name", "?")), 0, 1 if g("ok") else 0, ratio, num(g("max_abs")),
                       num(g("max_rel")), num(g("bound_at_worst")), g("numel"), g("mismatched") or None,
                       g("index"), S.add(g("message"))])
     k = KINDS.index(kind) if kind in KINDS else S.add(kind)  # unknown kinds travel as strings
@@ -155,8 +158,7 @@ def _ranks_thinned(cell: dict[str, Any], level: str, S: _Strings) -> tuple[list[
               for rank, cs in sorted(by_rank.items())]
     # ranks that contributed no check still show their status (and any error)
     for rank in sorted(set(status) - set(by_rank)):
-        if errors.get(rank) or level == "none":
-            groups.append([rank, S.add(status[rank]), _pack_error(errors.get(rank), S), []])
+        groups.append([rank, S.add(status[rank]), _pack_error(errors.get(rank), S), []])
     groups.sort(key=lambda g: g[0])
     return groups, total - len(checks)
 

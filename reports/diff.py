@@ -172,8 +172,8 @@ def render_diff_text(diff: RunDiff, *, limit: int = 50) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any]) -> str:
-    """Self-contained HTML page of ``diff`` (static; small enough to need no JavaScript)."""
+def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any], *, limit: int = 2_000) -> str:
+    """Self-contained HTML page of ``diff`` (static, no JavaScript); ``limit`` rows per class."""
     e = lambda s: html.escape("" if s is None else str(s), quote=True)  # noqa: E731
 
     def chip(s: str | None) -> str:
@@ -195,14 +195,17 @@ def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any]) -
         rows = "".join(
             f'<tr><td>{chip(ch.base_status)}</td><td>{chip(ch.new_status)}</td>'
             f'<td class="num">{e(fmt_ratio(ch.base_ratio))}</td><td class="num">{e(fmt_ratio(ch.new_ratio))}</td>'
-            f'<td class="idcell">{e(ch.id)}'
+            f'<td class="idcell" style="padding-left:16px">{e(ch.id)}'
             + (f'<div class="muted mono" style="white-space:pre-wrap">{e(ch.first_failure)}</div>' if ch.first_failure and _bad(ch.new_status) else "")
             + (f'<div class="mono">repro: {e(ch.repro)}</div>' if ch.repro and _bad(ch.new_status) else "")
-            + "</td></tr>" for ch in items)
+            + "</td></tr>" for ch in items[:limit])
+        more = f'<p class="muted">… and {len(items) - limit:,} more (see the text diff).</p>' if len(items) > limit else ""
         sections.append(
-            f'<section class="card" id="{k}"><h2>{_TITLES[k]} ({len(items):,})</h2><table class="plain" style="width:100%">'
-            '<tr><th>base</th><th>new</th><th class="num">base ratio</th><th class="num">new ratio</th><th>cell</th></tr>'
-            f"{rows}</table></section>")
+            f'<section class="card" id="{k}"><h2>{_TITLES[k]} ({len(items):,})</h2>'
+            '<table class="plain" style="width:100%;table-layout:fixed"><tr><th style="width:90px">base</th>'
+            '<th style="width:90px">new</th><th class="num" style="width:90px">base ratio</th>'
+            '<th class="num" style="width:90px">new ratio</th><th style="padding-left:16px">cell</th></tr>'
+            f"{rows}</table>{more}</section>")
     v = "REGRESSION" if diff.exit_code else "NO NEW FAILURES"
     pills = "".join(f'<span class="pill"><b>{len(getattr(diff, k)):,}</b> {_TITLES[k].lower()}</span>'
                     for k in RunDiff.CLASSES) + f'<span class="pill"><b>{diff.unchanged:,}</b> unchanged</span>'

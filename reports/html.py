@@ -44,7 +44,8 @@ def _status_class(s: str) -> str:
     return f"s-{s}" if s in STATUSES else "s-other"
 
 
-def _header(record: dict[str, Any], counts: dict[str, int]) -> str:
+def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
+    """The page header (verdict, INCOMPLETE banner) and the "Run" card (environment, counts)."""
     env = record.get("environment") or {}
     v = verdict(record)
     n = sum(counts.values())
@@ -68,7 +69,11 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> str:
         f'<span class="pill"><i class="dot {_status_class(s)}"></i>{_e(STATUS_LABELS.get(s, s))} <b>{c:,}</b></span>'
         for s, c in counts.items() if c or s in STATUSES[:3])
     launches = record.get("launches") or []
-    bad_launches = [l for l in launches if l.get("exit_code") not in (0, None) or l.get("note")]
+    noted = [l for l in launches if l.get("note")]
+    exits: dict[Any, int] = {}
+    for l in launches:
+        exits[l.get("exit_code")] = exits.get(l.get("exit_code"), 0) + 1
+    exit_txt = ", ".join(f"exit {k}: {n}" for k, n in exits.items())
     launch_rows = "".join(
         f"<tr><td class=num>{_e(l.get('world_size'))}</td><td class=num>{len(l.get('cells') or [])}</td>"
         f"<td class=num>{_e(l.get('exit_code'))}</td><td class=num>{_e(fmt_duration(l.get('duration_s')))}</td>"
@@ -77,8 +82,8 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> str:
     more = []
     if launches:
         more.append(
-            f'<details class="more"{" open" if bad_launches else ""}><summary>{len(launches)} torchrun launches'
-            f'{f", {len(bad_launches)} with a non-zero exit or a note" if bad_launches else ""}</summary>'
+            f'<details class="more"{" open" if noted else ""}><summary>{len(launches)} torchrun launch'
+            f'{"es" if len(launches) != 1 else ""} ({_e(exit_txt)}{f"; {len(noted)} with a note" if noted else ""})</summary>'
             '<table class="plain"><tr><th class=num>ws</th><th class=num>cells</th><th class=num>exit</th>'
             f'<th class=num>duration</th><th class=num>attempt</th><th>note</th><th>log dir</th></tr>{launch_rows}</table></details>')
     for key, title in (("selection", "selection"), ("tolerance", "tolerance policy")):
@@ -89,10 +94,11 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> str:
     if record.get("status") == "incomplete":
         banner = ('<div class="banner" id="incomplete"><b>INCOMPLETE</b> — the sweep did not finish; this report '
                   f'covers the {n:,} cells recorded before it stopped.</div>')
-    return (
-        f'<header class="top"><h1>dw-harness report <span class="verdict v-{v}">{v}</span></h1>'
-        f'<div class="sub">{n:,} cells · backend {_e(record.get("backend"))} · {_e(record.get("started") or "")}</div></header>'
-        f"{banner}<main><section class=\"card\"><h2>Run</h2><dl class=\"meta\">{meta}</dl>"
+    top = (f'<header class="top"><h1>dw-harness report <span class="verdict v-{v}">{v}</span></h1>'
+           f'<div class="sub">{n:,} cells · backend {_e(record.get("backend"))} · '
+           f'{_e(record.get("started") or "")}</div></header>{banner}')
+    return top, (
+        f"<section class=\"card\" id=\"run\"><h2>Run</h2><dl class=\"meta\">{meta}</dl>"
         f'<div class="counts">{pills}</div>'
         f'<div class="cmd"><pre id="run-cmd">{_e(record.get("command") or " ".join(record.get("argv") or []))}</pre>'
         f'<button data-copy="run-cmd">Copy</button></div>{"".join(more)}</section>')
@@ -227,6 +233,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
     if set(rows) & set(cols):
         raise ValueError(f"Cannot have an axis both in rows={tuple(rows)!r} and cols={tuple(cols)!r}")
     counts = counts_of(record)
+    top, run_card = _header(record, counts)
     data, level = pack(record, budget=budget, extra=lambda: {"layout": {"rows": list(rows), "cols": list(cols)}})
     v = verdict(record)
     legend = "".join(f'<span><i class="{_status_class(s)}"></i>{_e(STATUS_LABELS[s])}</span>' for s in STATUSES)
@@ -239,7 +246,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>dw-harness {v} · {sum(counts.values()):,} cells · {_e(record.get('backend'))}</title>"
         f"<style>{CSS}</style></head><body>",
-        _header(record, counts),
+        top, "<main>", run_card,
         '<section class="card" id="matrix"><h2>Matrix</h2><div class="filters" id="filters"></div>'
         f'<div class="legend">{legend}<span>· chip text = worst error/bound ratio · click a chip for details</span></div>'
         f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'

@@ -61,9 +61,9 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     n = sum(counts.values())
     bad = [c for c in record.get("cells") or [] if c.get("status") in BAD_STATUSES
            or c.get("status") not in STATUSES]
-    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells failed\n"]
+    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells failed\n\n"]
     if record.get("status") == "incomplete":
-        head.append("> [!WARNING]\n> **INCOMPLETE**: the sweep did not finish; counts cover the cells recorded so far.\n")
+        head.append("> [!WARNING]\n> **INCOMPLETE**: the sweep did not finish; counts cover the cells recorded so far.\n\n")
     head.append("| " + " | ".join(_md_text(STATUS_LABELS.get(s, s)) for s in counts) + " | total |\n")
     head.append("|" + "---:|" * (len(counts) + 1) + "\n")
     head.append("| " + " | ".join(f"{x:,}" for x in counts.values()) + f" | {n:,} |\n")

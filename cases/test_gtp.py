@@ -1,0 +1,357 @@
+"""The harness's GTP weight (CONTRACTS §3), checked at world size 1 in-process.
+
+The GTP weight is the implementer every backend is judged against, so a bug here would
+produce false verdicts everywhere. Larger worlds are checked arithmetically (the padding
+rule of ``shard_rows`` and which rows each rank keeps, with ``torch.distributed`` faked so
+no collective can run); the collectives themselves are exercised by
+``cases/test_multiprocess.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import harness.reference as reference
+from fixtures.modules import attach_main_grad, build, load_full
+from fixtures.process_group import fake_world, gloo_world_size_1, in_process_ws1  # noqa: F401
+from fixtures.tensors import seeded, single_thread  # noqa: F401
+from harness.gtp import CallLog, GTPWeight, inject_gtp, shard_rows, weight_names
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _grouped(n: int = 3, in_f: int = 4, out_f: int = 5, dtype: torch.dtype = torch.float32):
+    """A reference GroupedLinear loaded with seeded full weights, and those weights."""
+    module = build(reference, "grouped_linear", n, in_f, out_f, bias=False, dtype=dtype, fused=False, delay=False)
+    full = [seeded((out_f, in_f), dtype, 50 + i) for i in range(n)]
+    load_full(module, full, [])
+    return module, full
+
+
+# ---- shard_rows: the padding rule ----------------------------------------------------------
+
+@pytest.mark.parametrize(("rows", "ws", "pad_multiple", "expected"), [
+    (30, 1, 1, (30, 30)),
+    (30, 2, 1, (30, 15)),
+    (30, 4, 1, (32, 8)),
+    (30, 8, 1, (32, 4)),
+    (5, 2, 1, (6, 3)),
+    (30, 1, 4, (32, 32)),
+    (30, 2, 4, (32, 16)),
+    (7, 4, 1, (8, 2)),
+])
+def test_shard_rows_examples(rows, ws, pad_multiple, expected):
+    """Worked examples of the padding rule (CONTRACTS §3: pad to ``N * pad_multiple``).
+
+    Why: the harness's default shape (30 rows) must need tail padding at ws 4 and 8 and
+    none at 1 and 2 (``harness.inputs.Example``); this pins that arithmetic.
+    """
+    assert shard_rows(rows, ws, pad_multiple) == expected
+
+
+@pytest.mark.parametrize(("rows", "ws", "pad_multiple"), [(1, 2, 1), (3, 4, 1), (5, 4, 1), (30, 2, 32), (0, 1, 1)])
+def test_shard_rows_rejects_padding_only_ranks(rows, ws, pad_multiple):
+    """A world in which the last rank would hold nothing but padding is a ValueError.
+
+    Why: such a rank's shard carries no parameters, and the harness cannot judge it.
+    """
+    with pytest.raises(ValueError, match=rf"rank {ws - 1} would hold only padding"):
+        shard_rows(rows, ws, pad_multiple)
+
+
+@pytest.mark.parametrize(("ws", "pad_multiple"), [(0, 1), (2, 0), (-1, 1)])
+def test_shard_rows_rejects_bad_arguments(ws, pad_multiple):
+    """Non-positive world sizes and pad multiples are a ValueError naming both."""
+    with pytest.raises(ValueError, match=rf"world_size={ws} and pad_multiple={pad_multiple} must be >= 1"):
+        shard_rows(10, ws, pad_multiple)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(rows=st.integers(1, 300), ws=st.integers(1, 16), pad_multiple=st.integers(1, 8))
+def test_shard_rows_invariants(rows, ws, pad_multiple):
+    """For any shape: padded is the least multiple of ``ws * pad_multiple`` that holds the
+    rows, every rank gets the same count, and the error fires exactly when the last rank
+    would start at or past the real rows.
+
+    Why: an off-by-one here silently drops or duplicates weight rows at some world size.
+    """
+    unit = ws * pad_multiple
+    expected_padded = -(-rows // unit) * unit
+    per_rank = expected_padded // ws
+    if (ws - 1) * per_rank >= rows:
+        with pytest.raises(ValueError, match="only padding"):
+            shard_rows(rows, ws, pad_multiple)
+        return
+    padded, s = shard_rows(rows, ws, pad_multiple)
+    assert (padded, s) == (expected_padded, per_rank)
+    assert padded % unit == 0 and padded - rows < unit and s * ws == padded
+    assert (ws - 1) * s < rows  # the last rank holds at least one real row
+
+
+@pytest.mark.parametrize(("out_f", "ws"), [(30, 4), (30, 8), (5, 2), (6, 2), (7, 4)])
+def test_inject_shards_rows_per_rank(out_f, ws, monkeypatch):
+    """With a faked world, rank r keeps rows ``[r*s, (r+1)*s)`` of the zero-padded weight;
+    the ranks' shards tile the padded weight exactly.
+
+    Why: the shard layout is what finalize's reduce-scatter and the oracle's ``record_of``
+    assume; checked without a process group (any collective would fail the test).
+    """
+    n, in_f = 2, 3
+    full = [seeded((out_f, in_f), torch.float32, 70 + i) for i in range(n)]
+    padded, s = shard_rows(out_f, ws)
+    shards = {i: [] for i in range(n)}
+    for rank in range(ws):
+        module = build(reference, "grouped_linear", n, in_f, out_f, bias=False, dtype=torch.float32,
+                       fused=False, delay=False)
+        load_full(module, full, [])
+        fake_world(monkeypatch, ws, rank)
+        gtp = inject_gtp(module)
+        monkeypatch.undo()
+        assert (gtp.world_size, gtp.rank, gtp.padded_rows, gtp.rows_per_rank) == (ws, rank, padded, s)
+        for i, name in enumerate(weight_names(module)):
+            w = getattr(module, name)
+            assert isinstance(w, GTPWeight) and w.shape == (s, in_f)
+            assert w.logical_shape == (out_f, in_f) and w.padded_shape == (padded, in_f)
+            shards[i].append(w.detach())
+    for i in range(n):
+        tiled = torch.cat(shards[i])
+        assert torch.equal(tiled[:out_f], full[i])
+        assert not tiled[out_f:].any(), "padding rows must be zero"
+
+
+def test_inject_rejects_padding_only_world(monkeypatch):
+    """``inject_gtp`` refuses a world size that leaves a rank with only padding.
+
+    Why: it must fail at injection (construction time), not mid-step in a collective.
+    """
+    module, _ = _grouped(n=2, out_f=3)
+    fake_world(monkeypatch, 4, 0)
+    with pytest.raises(ValueError, match="rank 3 would hold only padding"):
+        inject_gtp(module)
+    assert not isinstance(module.weight0, GTPWeight), "a failed injection must leave the module alone"
+
+
+def test_inject_rejects_module_without_weights():
+    """A module without ``weight``/``weightN`` parameters is a ValueError."""
+    with pytest.raises(ValueError, match="has no weight parameters to shard"):
+        inject_gtp(torch.nn.ReLU())
+
+
+def test_weight_names_are_numeric_order():
+    """``weight10`` follows ``weight9`` (numeric, not lexicographic, group order).
+
+    Why: the leader is ``weights[0]`` and finalize's list is in group order; a lexicographic
+    sort would pair ``weight10``'s gradient with ``weight2``'s shard.
+    """
+    module = build(reference, "grouped_linear", 12, 2, 2, bias=True, dtype=torch.float32, fused=False, delay=False)
+    assert weight_names(module) == [f"weight{i}" for i in range(12)]
+
+
+# ---- materialize ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pad_multiple", [1, 4])
+def test_materialize_shapes_dtype_requires_grad(dtype, pad_multiple, in_process_ws1):
+    """Both materializes return detached, fresh tensors of the logical shape, the parameter
+    dtype and the parameter's ``requires_grad``, equal to the full weights; a bare tensor
+    for a group of one and a list for N; each call is logged on the leader.
+
+    Why: CONTRACTS §3; returning the shard (or an alias of it) would let a backend save or
+    mutate the parameter through the gathered copy.
+    """
+    module, full = _grouped(n=3, out_f=5, dtype=dtype)
+    module.weight1.requires_grad_(False)
+    gtp = inject_gtp(module, pad_multiple=pad_multiple)
+    members = [getattr(module, n) for n in weight_names(module)]
+    assert [m.requires_grad for m in members] == [True, False, True]
+    assert all(m.dtype == dtype and m.shape == (gtp.padded_rows, 4) for m in members)
+    assert gtp.padded_rows == (5 if pad_multiple == 1 else 8)
+    for kind, fn in (("materialize_forward", members[0].materialize_group_for_forward),
+                     ("materialize_backward", members[0].materialize_group_for_backward)):
+        out = fn()
+        assert isinstance(out, list) and len(out) == 3
+        for m, w, ref in zip(members, out, full):
+            assert w.shape == (5, 4) and w.dtype == dtype
+            assert w.requires_grad is m.requires_grad and w.grad_fn is None and w.is_leaf
+            assert not isinstance(w, GTPWeight)
+            assert torch.equal(w.detach(), ref)
+            assert w.data_ptr() != m.data_ptr()
+        with torch.no_grad():
+            out[0].add_(1.0)
+        assert torch.equal(members[0].detach()[:5], full[0]), "materialized tensor aliases the shard"
+        assert gtp.log.count(kind, 0) == 1 and gtp.log.count(kind) == 1
+
+    single = build(reference, "linear", 1, 4, 5, bias=False, dtype=dtype, fused=False, delay=False)
+    inject_gtp(single, pad_multiple=pad_multiple)
+    one = single.weight.materialize_group_for_forward()
+    assert isinstance(one, torch.Tensor) and one.shape == (5, 4)
+
+
+def test_inject_with_initialized_world_size_1(gloo_world_size_1):
+    """With a real single-rank gloo group, injection uses it and behaves as in-process ws=1.
+
+    Why: the worker initializes a process group even for ws=1 launches.
+    """
+    module, full = _grouped(n=2)
+    gtp = inject_gtp(module)
+    assert (gtp.world_size, gtp.rank, gtp.group) == (1, 0, None)
+    out = module.weight0.materialize_group_for_backward()
+    assert all(torch.equal(a, b) for a, b in zip(out, full))
+
+
+# ---- grad_buffer --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("main_grad_dtype", [torch.float32, None])
+def test_grad_buffer_lazy_dtype_reused_poisoned(main_grad_dtype, in_process_ws1):
+    """``grad_buffer()`` is allocated on first call (not at injection), has the *logical*
+    shape and ``main_grad``'s dtype (the parameter's without one), starts poisoned with
+    finite non-zero values, and the same buffer (with its contents) comes back next time;
+    members have distinct buffers; every call is logged with its dtype.
+
+    Why: reuse with poison is how the harness catches a backend that accumulates into the
+    buffer instead of overwriting it (CONTRACTS §3).
+    """
+    module, _ = _grouped(n=2, out_f=5, dtype=torch.bfloat16)
+    gtp = inject_gtp(module, pad_multiple=4)
+    if main_grad_dtype is not None:
+        attach_main_grad(module, 1)
+    w0, w1 = module.weight0, module.weight1
+    assert w0._grad_buffer is None and w1._grad_buffer is None, "allocated eagerly"
+    want = main_grad_dtype or torch.bfloat16
+    b0 = w0.grad_buffer()
+    assert b0.shape == (5, 4) and b0.dtype == want
+    assert w1._grad_buffer is None, "a member's buffer allocated by another's call"
+    assert torch.isfinite(b0).all() and b0.count_nonzero() > b0.numel() // 2
+    b0.fill_(3.0)
+    again = w0.grad_buffer()
+    assert again is b0 and torch.equal(again, torch.full_like(b0, 3.0))
+    b1 = w1.grad_buffer()
+    assert b1.data_ptr() != b0.data_ptr() and b1.count_nonzero() > 0
+    expected_dtype = str(want).replace("torch.", "")
+    assert [(c["member"], c["dtype"]) for c in gtp.log.calls] == [(0, expected_dtype)] * 2 + [(1, expected_dtype)]
+
+
+def test_grad_buffer_follows_main_grad_dtype_change(in_process_ws1):
+    """If ``main_grad`` appears (or changes dtype) later, the buffer is re-made in its dtype.
+
+    Why: the buffer must always be in ``main_grad``'s dtype, the dtype finalize reduces in.
+    """
+    module, _ = _grouped(n=1, dtype=torch.float16)
+    inject_gtp(module)
+    w = module.weight0
+    assert w.grad_buffer().dtype == torch.float16
+    w.main_grad = torch.zeros(w.shape, dtype=torch.float32)
+    assert w.grad_buffer().dtype == torch.float32
+
+
+# ---- finalize ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pad_multiple", [1, 3])
+def test_finalize_into_main_grad(pad_multiple, in_process_ws1):
+    """With ``main_grad``: each member's shard is *added* to its (non-zero) ``main_grad``,
+    the flag is set, padding rows keep their start, and the returned dummies are zeros of
+    the shard shape and parameter dtype (a list for N, a bare tensor for one).
+
+    Why: CONTRACTS §3; "overwrite instead of add" and a full-shape dummy are classic bugs.
+    """
+    module, _ = _grouped(n=2, out_f=5, dtype=torch.bfloat16)
+    gtp = inject_gtp(module, pad_multiple=pad_multiple)
+    starts = attach_main_grad(module, 2)
+    wgrads = [seeded((5, 4), torch.float32, 90 + i) for i in range(2)]
+    out = module.weight0.finalize_group_grads(wgrads)
+    assert isinstance(out, list) and len(out) == 2
+    for i, name in enumerate(("weight0", "weight1")):
+        p = getattr(module, name)
+        expected = starts[name].clone()
+        expected[:5] += wgrads[i]  # ws=1: the 1/N pre-scale is exact
+        assert torch.equal(p.main_grad, expected)
+        assert p.grad_added_to_main_grad is True
+        assert out[i].shape == p.shape and out[i].dtype == torch.bfloat16 and not out[i].any()
+    assert gtp.log.calls[-1] == {"kind": "finalize", "member": 0, "dtypes": ["float32", "float32"],
+                                 "shapes": [[5, 4], [5, 4]]}
+    assert gtp.log.finalize_dtypes() == ["float32", "float32"]
+
+    single = build(reference, "linear", 1, 4, 5, bias=False, dtype=torch.float32, fused=False, delay=False)
+    inject_gtp(single, pad_multiple=pad_multiple)
+    attach_main_grad(single, 3)
+    dummy = single.weight.finalize_group_grads(torch.ones(5, 4))
+    assert isinstance(dummy, torch.Tensor) and dummy.shape == single.weight.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_finalize_without_main_grad_returns_shard(dtype, in_process_ws1):
+    """Without ``main_grad``: finalize returns the reduced shard (padded rows zero) in the
+    dtype it was given and sets no flag.
+
+    Why: unfused without main_grad, finalize's return value *is* the gradient autograd
+    receives (CONTRACTS §2), so its shape must be the parameter's and its dtype unchanged.
+    """
+    module, _ = _grouped(n=2, out_f=5, dtype=dtype)
+    gtp = inject_gtp(module, pad_multiple=2)
+    wgrads = [seeded((5, 4), dtype, 95 + i) for i in range(2)]
+    out = module.weight0.finalize_group_grads(wgrads)
+    for i, name in enumerate(("weight0", "weight1")):
+        p = getattr(module, name)
+        assert out[i].shape == p.shape == (6, 4) and out[i].dtype == dtype
+        assert torch.equal(out[i][:5], wgrads[i]) and not out[i][5:].any()
+        assert not hasattr(p, "main_grad") and not getattr(p, "grad_added_to_main_grad", False)
+    assert gtp.log.finalize_dtypes() == [str(dtype).replace("torch.", "")] * 2
+
+
+def test_finalize_rejects_bad_wgrads(in_process_ws1):
+    """Wrong count, wrong shape (e.g. the shard's) or a wrong-shaped ``main_grad`` raise
+    ValueError with the expected shapes, before anything is written.
+
+    Why: these are backend bugs the harness must name, not crash on obscurely.
+    """
+    module, _ = _grouped(n=2, out_f=5)
+    inject_gtp(module, pad_multiple=2)
+    w0 = module.weight0
+    with pytest.raises(ValueError, match="got 1 wgrads for a group of 2"):
+        w0.finalize_group_grads([torch.zeros(5, 4)])
+    with pytest.raises(ValueError, match=r"wgrad 1 has shape \(6, 4\), expected the logical shape \(5, 4\)"):
+        w0.finalize_group_grads([torch.zeros(5, 4), torch.zeros(6, 4)])
+    for name in ("weight0", "weight1"):
+        getattr(module, name).main_grad = torch.zeros(5, 4)  # logical, not shard, shape
+    with pytest.raises(ValueError, match=r"weight0\.main_grad has shape \(5, 4\), expected the shard shape \(6, 4\)"):
+        w0.finalize_group_grads([torch.ones(5, 4), torch.ones(5, 4)])
+
+
+def test_call_log_counts_and_order():
+    """``CallLog`` counts by kind and member, keeps order, and flattens finalize dtypes.
+
+    Why: every protocol check of the harness (§2 call counts, finalize dtypes) reads it.
+    """
+    log = CallLog()
+    log.add("materialize_forward", 0)
+    log.add("grad_buffer", 1, dtype="float32")
+    log.add("finalize", 0, dtypes=["float32", "bfloat16"], shapes=[[2, 2], [2, 2]])
+    log.add("finalize", 1, dtypes=["float16"], shapes=[[2, 2]])
+    assert log.count("finalize") == 2 and log.count("finalize", 0) == 1 and log.count("finalize", 2) == 0
+    assert log.count("grad_buffer", 1) == 1 and log.count("materialize_backward") == 0
+    assert log.finalize_dtypes() == ["float32", "bfloat16", "float16"]
+    assert [c["kind"] for c in log.calls] == ["materialize_forward", "grad_buffer", "finalize", "finalize"]
+
+
+def test_module_step_logs_protocol_on_leader(in_process_ws1):
+    """A fused GroupedLinear step through the reference logs exactly: forward-materialize,
+    backward-materialize, one grad_buffer per member, one finalize - all group calls on
+    the leader - in that order.
+
+    Why: the log must reflect what the backend did, call by call, for §2's checks to hold.
+    """
+    module, _ = _grouped(n=3, out_f=5)
+    module.fuse_wgrad_accumulation = True
+    gtp = inject_gtp(module)
+    attach_main_grad(module, 4)
+    module(torch.randn(4, 4), [1, 0, 3]).sum().backward()
+    assert [(c["kind"], c["member"]) for c in gtp.log.calls] == [
+        ("materialize_forward", 0), ("materialize_backward", 0),
+        ("grad_buffer", 0), ("grad_buffer", 1), ("grad_buffer", 2), ("finalize", 0),
+    ]
+    assert math.prod(gtp.logical_shape) == 20
