@@ -22,11 +22,10 @@ import torch
 
 import harness.reference as reference
 import harness.reference.prefix as prefix
-from fixtures.hook_modes import HOOK_MODES, forward_executions, forward_under, hook_mode  # noqa: F401
+from fixtures.hook_modes import forward_executions, forward_under, hook_mode  # noqa: F401  (pytest fixture)
 from fixtures.modules import KINDS, attach_main_grad, bias_names, build, caller, load_full, weight_names
-from fixtures.process_group import in_process_ws1  # noqa: F401
-from fixtures.tensors import (DTYPES, assert_within_bound, grouped_linear_f64, seeded,  # noqa: F401
-                              single_thread, with_start)
+from fixtures.process_group import in_process_ws1, single_thread  # noqa: F401  (pytest fixtures)
+from fixtures.tensors import DTYPES, assert_within_bound, grouped_linear_f64, seeded, with_start
 from harness.gtp import GTPWeight, inject_gtp
 
 pytestmark = pytest.mark.usefixtures("single_thread", "in_process_ws1")

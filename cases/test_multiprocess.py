@@ -2,19 +2,20 @@
 
 The in-process tests run the GTP weight at world size 1, where its collectives are
 copies. This launches ``python -m torch.distributed.run --standalone --nproc-per-node 2``
-on a script written to ``tmp_path``; each rank builds the reference ``GroupedLinear`` (and
-one ``Linear`` and one ``ops.GroupedLinear``), injects GTP weights over the gloo world, gives them DDP-style ``main_grad``
-shards, runs forward/backward on its own inputs and checks against a float64 computation
-without any sharding (mean over ranks of the per-rank weight gradients, cut to the rank's
-shard; padding rows keep their start). Each rank writes its results as JSON to a file in
-the test's temporary directory (two ranks' stdout lines can interleave) and the script
-exits non-zero on any mismatch.
+on a script written to ``tmp_path``; each rank builds the reference ``GroupedLinear``
+(and one ``Linear`` and one ``ops.GroupedLinear``), injects GTP weights over the gloo
+world, gives them DDP-style ``main_grad`` shards, runs forward/backward on its own inputs
+and checks against a float64 computation without any sharding (mean over ranks of the
+per-rank weight gradients, cut to the rank's shard; padding rows keep their start). Each
+rank writes its results as JSON to a file in the test's temporary directory (two ranks'
+stdout lines can interleave) and the script exits non-zero on any mismatch.
 
-Covered at ws=2: divisible rows (6) and tail padding (5 rows: rank 1 holds 2 real rows and
-1 padding row); fused, unfused with ``main_grad`` and unfused without; fp32 and bf16; no
-hooks, identity hooks, ``save_on_cpu`` and checkpoint; the padding-only world (1 row over 2 ranks) that
-``inject_gtp`` must refuse; and, as a negative control, the pre-fix ``Linear`` under
-``save_on_cpu``, whose plain backward branch multiplies by the shard and fails.
+Covered at ws=2: divisible rows (6) and tail padding (5 rows: rank 1 holds 2 real rows
+and 1 padding row); fused, unfused with ``main_grad`` and unfused without; fp32 and bf16;
+no hooks, identity hooks, ``save_on_cpu`` and checkpoint; the padding-only world (1 row
+over 2 ranks) that ``inject_gtp`` must refuse; and, as a negative control, the pre-fix
+``Linear`` under ``save_on_cpu``, whose plain backward branch multiplies by the shard and
+fails.
 """
 
 from __future__ import annotations

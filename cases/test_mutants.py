@@ -12,7 +12,8 @@ delayed-wgrad cells with a plain weight at the largest world size only (plus one
 ws=2 cell), so ``dw-fused-hook-skipped`` has no killing cell among the ws=1 cells of ``ci``.
 
 ``full-shape-dummy`` and ``unfused-finalize-dropped`` change nothing at ws=1 (a shard is the
-whole weight); they are skipped here with a note and checked by a multi-rank run.
+whole weight): a test below proves they survive here, and ``test_selftest_multirank``
+proves they die at world size 2 under torchrun.
 """
 
 from __future__ import annotations
@@ -50,12 +51,9 @@ def test_reference_passes_every_in_process_cell():
     assert not bad, f"the clean reference fails {len(bad)} cells: {bad}"
 
 
-@pytest.mark.parametrize("name", list(mutants.MUTANTS))
+@pytest.mark.parametrize("name", [n for n, m in mutants.MUTANTS.items() if m.min_world_size == 1])
 def test_mutant_killed_about_its_fault(name):
     m = mutants.MUTANTS[name]
-    if m.min_world_size > 1:
-        pytest.skip(f"{name} needs world size >= {m.min_world_size} (at ws=1 a shard is the "
-                    "whole weight); it is killed by the ci cells at ws>=2 in a multi-rank run")
     # Cells of modules the mutant leaves alone run the reference's own classes (checked
     # below), so only the others can die; the first kill with evidence settles it.
     killed = []

@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 import harness.reference as reference
 from fixtures.modules import (KINDS, WgradHookRecorder, attach_main_grad, bias_names, build, caller,
                               load_full, param_state, weight_names)
-from fixtures.process_group import in_process_ws1  # noqa: F401  (pytest fixture)
-from fixtures.tensors import (DTYPE_NAMES, DTYPES, assert_within_bound, grouped_case, grouped_linear_f64,
-                              pad_rows, seeded, with_start)
-from fixtures.tensors import single_thread  # noqa: F401  (pytest fixture)
+from fixtures.process_group import in_process_ws1, single_thread  # noqa: F401  (pytest fixtures)
+from fixtures.strategies import grouped_case
+from fixtures.tensors import DTYPE_NAMES, DTYPES, assert_within_bound, grouped_linear_f64, pad_rows, seeded, with_start
 from harness.gtp import GTPWeight, inject_gtp
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -186,6 +185,32 @@ def test_float64_math_is_not_vacuous():
     bad[0, 0] += 8 * 2.0**-8 * (math.y.magnitude[0, 0] + 1)
     with pytest.raises(AssertionError, match="Mismatched elements: 1 /"):
         assert_within_bound("output", bad, math.y, "bf16")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_frozen_distributed_weights_are_not_finalized(kind, fused, in_process_ws1):
+    """Frozen GTP weights (``requires_grad=False``): backward still materializes once for
+    the input gradient but never calls ``grad_buffer`` or finalize, and no weight gradient
+    or ``main_grad`` changes.
+
+    Why: CONTRACTS §2 - finalize runs exactly once *when the weight requires a gradient*;
+    a reduce-scatter for a frozen weight is a wasted (and on some ranks unmatched) collective.
+    """
+    n = 1 if kind == "linear" else 2
+    module = build(reference, kind, n, 3, 4, bias=True, dtype=torch.float32, fused=fused, delay=False)
+    for name in weight_names(module):
+        getattr(module, name).requires_grad_(False)
+    gtp = inject_gtp(module)
+    starts = attach_main_grad(module, 8)
+    x = torch.randn(3, 3, requires_grad=True)
+    caller(module, kind, [3] if n == 1 else [1, 2])(x).sum().backward()
+    assert x.grad is not None
+    assert [(c["kind"], c["member"]) for c in gtp.log.calls] == [("materialize_forward", 0),
+                                                                 ("materialize_backward", 0)]
+    for name in weight_names(module):
+        p = getattr(module, name)
+        assert p.grad is None and torch.equal(p.main_grad, starts[name]) and p.grad_added_to_main_grad is False
 
 
 # ---- delayed wgrad across microbatches ---------------------------------------------------

@@ -62,6 +62,17 @@ def shard_rows(rows: int, world_size: int, pad_multiple: int = 1) -> tuple[int, 
     return padded, per_rank
 
 
+# torch >= 2.13 renames the tensor collectives (the old names warn); use whichever exists
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _unsupported(exc: BaseException) -> bool:
+    """A collective the backend does not implement (vs. a real communication failure)."""
+    text = str(exc).lower()
+    return isinstance(exc, NotImplementedError) or "not supported" in text or "unsupported" in text
+
+
 class GTPWeight(torch.nn.Parameter):
     """A parameter holding one rank's shard; ``.shape`` is the (padded) shard shape."""
 
@@ -127,7 +138,7 @@ class GTPGroup:
         if self.world_size == 1:
             return flat.clone().unsqueeze(0)
         out = torch.empty(self.world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
-        dist.all_gather_into_tensor(out, flat.contiguous(), group=self.group)
+        _ALL_GATHER(out, flat.contiguous(), group=self.group)
         return out.view(self.world_size, -1)
 
     def _reduce_scatter(self, chunks: torch.Tensor) -> torch.Tensor:
@@ -136,8 +147,10 @@ class GTPGroup:
             return chunks[0].clone()
         out = torch.empty(chunks.shape[1], dtype=chunks.dtype, device=chunks.device)
         try:
-            dist.reduce_scatter_tensor(out, chunks.contiguous().view(-1), group=self.group)
-        except (RuntimeError, NotImplementedError):
+            _REDUCE_SCATTER(out, chunks.contiguous().view(-1), group=self.group)
+        except (RuntimeError, NotImplementedError) as exc:
+            if not _unsupported(exc):
+                raise
             # Exact equivalent where a backend lacks reduce-scatter: gather, sum in rank order.
             everyone = self._all_gather(chunks.contiguous().view(-1)).view(self.world_size, self.world_size, -1)
             out = everyone[:, self.rank].sum(0, dtype=chunks.dtype)

@@ -28,7 +28,7 @@ def check_distributed_group(weights: Sequence[Any]) -> bool:
     for i, (w, f) in enumerate(zip(weights, flags)):
         if f and not isinstance(w, torch.Tensor):
             raise TypeError(
-                f"weight{i} has is_distributed_weight=True but is a {type(w).__name__}, "
+                f"weight {i} of the group has is_distributed_weight=True but is a {type(w).__name__}, "
                 "not a torch.Tensor subclass"
             )
     if any(flags) and not all(flags):

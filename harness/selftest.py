@@ -1,0 +1,142 @@
+"""Self-validation: the clean reference and every planted mutant over one selection.
+
+A harness earns trust by going red on every known fault class and never on correct code.
+All backends share one launch per world size (the process group does not depend on the
+backend). A mutant only runs the cells of the modules it changes: for the other modules its
+classes *are* the reference's, so their verdicts are the clean run's by construction.
+
+A mutant counts as killed only when a failing check is evidence of its own fault (its
+``evidence`` patterns: a check name or the text of the expected exception); a kill by an
+unrelated crash is reported as ``unrelated`` and fails the self-test like a survivor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness import matrix
+from harness.launch import LaunchOptions, Task, launch_tasks
+from harness.record import CellResult
+
+CLEAN = "harness.reference"
+MUTANT_PREFIX = "harness.reference.mutants:"
+
+
+@dataclass
+class MutantVerdict:
+    name: str
+    description: str
+    verdict: str                          # killed | unrelated | survived
+    killing_cells: list[str] = field(default_factory=list)
+    first_check: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    cells_run: int = 0
+
+    @property
+    def killed(self) -> bool:
+        return self.verdict == "killed"
+
+
+@dataclass
+class SelftestResult:
+    mutants: list[MutantVerdict]
+    clean: list[CellResult]
+    duration_s: float
+    max_ratio_per_dtype: dict[str, float]
+
+    @property
+    def false_alarms(self) -> int:
+        return sum(1 for c in self.clean if not c)
+
+    @property
+    def score(self) -> float:
+        return sum(m.killed for m in self.mutants) / len(self.mutants) if self.mutants else 1.0
+
+    @property
+    def ok(self) -> bool:
+        return self.false_alarms == 0 and all(m.killed for m in self.mutants)
+
+    def serialize(self) -> dict[str, Any]:
+        return {
+            "score": self.score, "false_alarms": self.false_alarms, "ok": self.ok,
+            "duration_s": self.duration_s, "clean_cells": len(self.clean),
+            "max_ratio_per_dtype": self.max_ratio_per_dtype,
+            "mutants": [{**asdict(m), "killed": m.killed} for m in self.mutants],
+        }
+
+
+def _judge(mutant: Any, results: list[CellResult]) -> MutantVerdict:
+    from harness.reference.mutants import evidence_found
+
+    v = MutantVerdict(mutant.name, mutant.description, "survived", cells_run=len(results))
+    for res in results:
+        if res:
+            continue
+        v.killing_cells.append(res.id)
+        found = evidence_found(mutant, [c for r in res.ranks for c in r.comparisons])
+        if found and not v.evidence:
+            v.evidence = found[:3]
+            name, _, message = found[0].partition(": ")
+            first = message if message.startswith(name) else found[0]
+            v.first_check = first.splitlines()[0][:300]
+    if v.killing_cells:
+        v.verdict = "killed" if v.evidence else "unrelated"
+        if not v.evidence:
+            v.first_check = next(r.first_failure for r in results if not r)
+    return v
+
+
+def max_ratios(results: list[CellResult]) -> dict[str, float]:
+    """The largest error/bound ratio of any tensor check, per cell dtype (the margin)."""
+    out: dict[str, float] = {}
+    for res in results:
+        if res.worst_ratio is not None:
+            d = res.axes["dtype"]
+            out[d] = max(out.get(d, 0.0), res.worst_ratio)
+    return out
+
+
+def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
+                 progress: Callable[[str, CellResult], None] = lambda b, r: None) -> SelftestResult:
+    """Run the clean reference and every mutant over ``cells``; judge each mutant."""
+    from harness.reference.mutants import MUTANTS
+
+    t0 = time.monotonic()
+    results: dict[str, list[CellResult]] = {CLEAN: []}
+    for name in MUTANTS:
+        results[MUTANT_PREFIX + name] = []
+
+    def collect(backend: str, res: CellResult) -> None:
+        results[backend].append(res)
+        progress(backend, res)
+
+    for ws, ws_cells in matrix.plan(cells).items():
+        tasks = [Task(CLEAN, c) for c in ws_cells]
+        for name, m in MUTANTS.items():
+            tasks += [Task(MUTANT_PREFIX + name, c) for c in ws_cells if c.module in m.modules]
+        launch_tasks(ws, tasks, opts, collect)
+    verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in MUTANTS.items()]
+    return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),
+                          max_ratios(results[CLEAN]))
+
+
+def table(result: SelftestResult) -> str:
+    lines = [f"{'mutant':28} {'verdict':9} {'killing cells':>13}  first failing check (evidence)"]
+    for m in result.mutants:
+        lines.append(f"{m.name:28} {m.verdict:9} {len(m.killing_cells):>6}/{m.cells_run:<6}  "
+                     f"{(m.first_check or '-').splitlines()[0][:110]}")
+    lines.append("")
+    lines.append(f"mutation score {result.score:.0%} ({sum(m.killed for m in result.mutants)}/"
+                 f"{len(result.mutants)} killed by evidence of their fault); clean reference: "
+                 f"{len(result.clean)} cells, {result.false_alarms} false alarm(s)")
+    ratios = ", ".join(f"{d} {r:.3g}" for d, r in sorted(result.max_ratio_per_dtype.items()))
+    lines.append(f"largest error/bound ratio on the clean reference per dtype: {ratios or '-'}")
+    return "\n".join(lines)
+
+
+def write(result: SelftestResult, path: Path) -> None:
+    path.write_text(json.dumps(result.serialize(), indent=1))
