@@ -34,6 +34,13 @@ class Consumer:
         self.params: dict[str, torch.nn.Parameter] = dict(module.named_parameters(recurse=False))
         self.start: dict[str, torch.Tensor] = {}
         self.wgrad_hook_calls = 0
+        #: per wgrad-hook call: was some delayed weight's gradient in place when it fired?
+        self.hook_saw_gradients: list[bool] = []
+        #: parameters whose gradient reached autograd during the main backward (any microbatch)
+        self.delivered_in_main_backward: set[str] = set()
+        self.phase = "forward"
+        self._snapshot: dict[str, tuple[Any, Any]] = {}
+        self._grads_before: dict[str, Any] = {}
         self._handles: list[Any] = []
         if mode == "ddp":
             for name, p in self.params.items():
@@ -42,6 +49,7 @@ class Consumer:
                 p.main_grad = start.to(p.device)
                 p.grad_added_to_main_grad = False
         for name, p in self.params.items():
+            self._handles.append(p.register_post_accumulate_grad_hook(self._observer(name)))
             if mode == "ddp" and not getattr(p, "skip_backward_post_hook", False):
                 self._handles.append(p.register_post_accumulate_grad_hook(self._reduce))
         module.register_wgrad_accumulation_and_reduce_hooks(self._wgrad_hook)
@@ -53,8 +61,43 @@ class Consumer:
                 p.main_grad.add_(p.grad)
             p.grad = None
 
+    def _observer(self, name: str):
+        # Autograd runs post-accumulate hooks even when a backward returned None for the
+        # parameter, so "delivered" means .grad actually changed during the main backward.
+        def observe(p: torch.Tensor) -> None:
+            if self.phase == "backward" and p.grad is not None:
+                before = self._grads_before.get(name)
+                if before is None or not torch.equal(p.grad, before):
+                    self.delivered_in_main_backward.add(name)
+        return observe
+
+    def before_backward(self) -> None:
+        self.phase = "backward"
+        self._grads_before = {n: None if p.grad is None else p.grad.detach().clone()
+                              for n, p in self.params.items()}
+
+    def _state(self, p: torch.Tensor) -> tuple[Any, Any]:
+        grad = None if p.grad is None else p.grad.detach().clone()
+        main = getattr(p, "main_grad", None)
+        return grad, None if main is None else main.detach().clone()
+
+    def before_backward_dw(self) -> None:
+        """Snapshot the delayed parameters, so the hook can tell their gradients arrived."""
+        self.phase = "dw"
+        self._snapshot = {n: self._state(p) for n, p in self.params.items()
+                          if getattr(p, "skip_backward_post_hook", False)}
+
+    def _gradients_in_place(self) -> bool:
+        for name, (grad, main) in self._snapshot.items():
+            now_grad, now_main = self._state(self.params[name])
+            if (now_grad is not None and (grad is None or not torch.equal(now_grad, grad))) or (
+                    now_main is not None and main is not None and not torch.equal(now_main, main)):
+                return True
+        return False
+
     def _wgrad_hook(self) -> None:
         self.wgrad_hook_calls += 1
+        self.hook_saw_gradients.append(self._gradients_in_place())
         if self.mode == "ddp":
             for p in self.params.values():
                 if getattr(p, "skip_backward_post_hook", False):

@@ -98,7 +98,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
     step = _Step()
     try:
-        _run_step(module, cell, inputs, ctx, step)
+        _run_step(module, cell, inputs, ctx, step, consumer)
         consumer.finish_step()
     except Exception as exc:  # the backend's failure is a result, not a harness crash
         if cell.expect == "error":
@@ -116,15 +116,19 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
 
 
-def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext, step: _Step) -> None:
+def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext,
+              step: _Step, consumer: Consumer) -> None:
     dev = ctx.device
     for mb in range(cell.microbatches):
         x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
         dy = inputs.dy[ctx.rank][mb].to(dev)
+        consumer.phase = "forward"
         out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb]), x)
+        consumer.before_backward()
         out.backward(dy)
         if cell.delay_wgrad:
             # Megatron calls backward_dw() after each microbatch's backward (§4).
+            consumer.before_backward_dw()
             module.backward_dw()
         step.outputs.append(out.detach())
         step.dgrads.append(x.grad if cell.input_grad else None)
@@ -181,11 +185,31 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
             expected = is_weight and (cell.fused or gtp is not None)
             checks.append(compare.compare_value(f"{name}.grad_added_to_main_grad", "flag",
                                                 bool(getattr(p, "grad_added_to_main_grad", False)), expected))
-    # Each registered hook runs exactly once per backward_dw() that computed something (§4).
+    # Each registered hook runs exactly once per backward_dw() that computed something,
+    # after the gradients are in place (§4).
     checks.append(compare.compare_value("wgrad_hook_calls", "count", consumer.wgrad_hook_calls,
                                         cell.microbatches if cell.delay_wgrad else 0))
+    if cell.delay_wgrad:
+        checks.extend(_delay_checks(module, consumer))
     if gtp is not None:
         checks.extend(_protocol_checks(cell, gtp))
+    return checks
+
+
+def _delay_checks(module: torch.nn.Module, consumer: Consumer) -> list[Check]:
+    """§4: while wgrad is delayed the main backward delivers no weight gradient and weights
+    are marked ``skip_backward_post_hook``; a bias is marked exactly when its gradient is
+    delayed; hooks fire once the gradients are in place."""
+    checks = [compare.compare_value("wgrad_hooks_after_gradients", "flag",
+                                    all(consumer.hook_saw_gradients), True)]
+    for name, p in consumer.params.items():
+        marked = bool(getattr(p, "skip_backward_post_hook", False))
+        early = name in consumer.delivered_in_main_backward
+        if name.startswith("weight"):
+            checks.append(compare.compare_value(f"{name}.skip_backward_post_hook", "flag", marked, True))
+            checks.append(compare.compare_value(f"{name}.grad_from_main_backward", "flag", early, False))
+        else:
+            checks.append(compare.compare_value(f"{name}.marked_iff_delayed", "flag", marked, not early))
     return checks
 
 

@@ -88,7 +88,10 @@ def run(plan: dict[str, Any]) -> int:
     device, pg_backend = _device(plan.get("device", "auto"), local_rank)
     timeout = datetime.timedelta(seconds=float(plan.get("collective_timeout", 120)))
     dist.init_process_group(pg_backend, timeout=timeout)
-    control = dist.new_group(backend="gloo", timeout=timeout) if pg_backend != "gloo" else None
+    # Always a group of its own, also under gloo: a rank that failed mid-cell exchanges its
+    # result here while its peers still sit in the cell's collectives on the world group;
+    # sharing one group would pair those mismatched collectives (garbage data or an abort).
+    control = dist.new_group(backend="gloo", timeout=timeout)
     # Registered after the process group exists, so nothing installed later replaces it:
     # SIGTERM (torchrun ending a failed launch, or the launcher ending a hung one) leaves
     # every thread's stack in this rank's log before the rank dies; SIGUSR1 on demand.

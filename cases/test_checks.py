@@ -1,0 +1,162 @@
+"""The checks themselves: tolerance messages, and planted faults each new check must catch.
+
+Every check in ``harness.runner`` exists to catch something; these tests plant the
+something (in-process, world size 1) and assert the named check fails - so a check that
+silently stopped checking would turn this file red.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import harness.reference as reference
+from harness import compare, matrix
+from harness.oracle import Reference
+from harness.reference import _modules
+from harness.reference._core import ReferenceImpl
+from harness.runner import RankContext, run_cell
+
+
+def _failed(backend, cell: matrix.Cell) -> set[str]:
+    res = run_cell(backend, cell, RankContext())
+    return {c.name for c in res.comparisons if not c.ok}
+
+
+def _cell(**kw) -> matrix.Cell:
+    base = dict(module="grouped_linear", weight="plain", hooks="off", fused=True, dtype="fp32",
+                world_size=1, consumer="ddp", microbatches=2, num_gemms=4, bias=True,
+                input_grad=True, delay_wgrad=True)
+    base.update(kw)
+    return matrix.Cell(**base)
+
+
+class _Backend:
+    """A module-like namespace around replacement classes (the reference for the rest)."""
+
+    def __init__(self, **classes) -> None:
+        self.Linear = classes.get("Linear", reference.Linear)
+        self.GroupedLinear = classes.get("GroupedLinear", reference.GroupedLinear)
+        self.ops = reference.ops
+
+
+def test_reference_passes_the_cells_used_below():
+    for fused in (True, False):
+        assert not _failed(reference, _cell(fused=fused))
+
+
+def test_hook_before_gradients_is_caught():
+    class EarlyHook(ReferenceImpl):
+        def weight_grads(self, call, *args):
+            if call.delay:
+                call.module._fire_wgrad_hooks()
+            return super().weight_grads(call, *args)
+
+        def fire_wgrad_hooks(self, module, call):
+            pass
+
+    class Grouped(_modules.GroupedLinear):
+        _impl = EarlyHook()
+
+    assert "wgrad_hooks_after_gradients" in _failed(_Backend(GroupedLinear=Grouped), _cell())
+
+
+def test_bias_marked_but_not_delayed_is_caught():
+    class Grouped(_modules.GroupedLinear):
+        _delay_bias = False
+
+        def _delayed_param_names(self):
+            return self._weight_names + self._bias_names   # marks biases it does not delay
+
+    assert "bias0.marked_iff_delayed" in _failed(_Backend(GroupedLinear=Grouped), _cell())
+
+
+def test_unmarked_delayed_weight_is_caught():
+    class Grouped(_modules.GroupedLinear):
+        def _delayed_param_names(self):
+            return self._bias_names
+
+    failed = _failed(_Backend(GroupedLinear=Grouped), _cell())
+    assert "weight0.skip_backward_post_hook" in failed
+
+
+def test_weight_grad_in_main_backward_is_caught():
+    """A backend that ignores delay for the weight gradient delivers it too early."""
+    class Eager(ReferenceImpl):
+        def fire_wgrad_hooks(self, module, call):
+            module._fire_wgrad_hooks()
+
+    class Grouped(_modules.GroupedLinear):
+        _impl = Eager()
+
+        def _run(self, inp, m_splits):
+            self.delay_wgrad_compute, was = False, self.delay_wgrad_compute
+            try:
+                return super()._run(inp, m_splits)
+            finally:
+                self.delay_wgrad_compute = was
+
+    failed = _failed(_Backend(GroupedLinear=Grouped), _cell(fused=False))
+    assert "weight0.grad_from_main_backward" in failed
+    assert "wgrad_hook_calls" in failed
+
+
+def test_accumulating_into_grad_buffer_is_caught():
+    """grad_buffer() is poisoned and reused: a backend that adds instead of overwriting fails."""
+    class Accumulate(ReferenceImpl):
+        def write_buffer(self, buf, wgrad, index):
+            buf.add_(wgrad)
+
+    class Grouped(_modules.GroupedLinear):
+        _impl = Accumulate()
+
+    cell = _cell(weight="distributed", delay_wgrad=False, microbatches=1)
+    assert any(n.endswith("main_grad") for n in _failed(_Backend(GroupedLinear=Grouped), cell))
+
+
+# ---- the tolerance policy -------------------------------------------------------------
+
+def _ref(values: torch.Tensor, magnitude: float = 1.0, reduction: int = 16, roundings: int = 1) -> Reference:
+    v = values.to(torch.float64)
+    return Reference(v, torch.full_like(v, magnitude), reduction, roundings)
+
+
+def test_bound_is_derived_from_unit_roundoff():
+    ref = _ref(torch.zeros(4), magnitude=2.0, reduction=16, roundings=1)
+    bound = compare.MARGIN * compare.UNIT_ROUNDOFF["bf16"] * (1 + math.sqrt(16)) * 2.0
+    inside = compare.compare_tensor("t", torch.full((4,), bound * 0.99, dtype=torch.float64), ref, "bf16")
+    outside = compare.compare_tensor("t", torch.full((4,), bound * 1.01, dtype=torch.float64), ref, "bf16")
+    assert inside.ok and inside.ratio == pytest.approx(0.99)
+    assert not outside.ok and outside.mismatched == 4 and outside.ratio == pytest.approx(1.01)
+
+
+def test_message_has_assert_close_shape_and_oracle_view():
+    ref = _ref(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    actual = torch.tensor([[1.0, 2.0], [3.0, 4.5]])
+    check = compare.compare_tensor("[rank 0]['weight1'].main_grad", actual, ref, "fp32")
+    assert not check.ok
+    assert check.message.startswith("Tensors are not close! Mismatched elements: 1 / 4 (25.0%)")
+    assert "greatest abs diff 0.5 at (1, 1)" in check.message
+    assert "fp64 oracle at (1, 1): expected 4, got 4.5" in check.message
+    assert check.message.endswith("The failure occurred for item [rank 0]['weight1'].main_grad")
+    assert check.index == [1, 1] and check.max_abs == pytest.approx(0.5)
+
+
+def test_zero_magnitude_demands_exact_values():
+    ref = _ref(torch.zeros(3), magnitude=0.0)
+    assert compare.compare_tensor("t", torch.zeros(3), ref, "fp32").ok
+    assert not compare.compare_tensor("t", torch.tensor([0.0, 1e-30, 0.0]), ref, "fp32").ok
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_values_never_pass(bad):
+    ref = _ref(torch.ones(3), magnitude=1e9)
+    assert not compare.compare_tensor("t", torch.tensor([1.0, bad, 1.0]), ref, "fp32").ok
+
+
+def test_shape_and_missing_tensors_fail_with_a_reason():
+    ref = _ref(torch.ones(2, 3))
+    assert "shape (3, 2)" in compare.compare_tensor("t", torch.ones(3, 2), ref, "fp32").message
+    assert "is None" in compare.compare_tensor("t", None, ref, "fp32").message
