@@ -88,6 +88,13 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir / "results.json")
 
+    def write_with_unrun() -> None:
+        write()
+        if record.status == "incomplete":
+            record.cells += [_unrun(c, "not run: the sweep was interrupted (sweep --resume runs it)")
+                             for c in spec.cells if c.id not in results]
+            record.write(run_dir / "results.json")
+
     last_write = [time.monotonic()]
 
     def collect(res: CellResult) -> None:
@@ -109,5 +116,10 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         record.status = "complete" if all(c.id in results for c in spec.cells) else "incomplete"
     finally:
         record.finished = _now()
-        write()
+        write_with_unrun()
     return record
+
+
+def _unrun(cell: matrix.Cell, why: str) -> CellResult:
+    """A cell the sweep never reached (interrupted): shown as skipped, rerun by --resume."""
+    return CellResult(cell.id, cell.serialize(), cell.expect, "skipped", first_failure=why)

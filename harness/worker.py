@@ -97,9 +97,11 @@ def run(plan: dict[str, Any]) -> int:
     # every thread's stack in this rank's log before the rank dies; SIGUSR1 on demand.
     faulthandler.register(signal.SIGTERM, file=log, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
-    print(f"{tag} up: world={world} device={device} pg={pg_backend}", flush=True)
+    store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    print(f"{tag} up: world={world} device={device} pg={pg_backend} store={store}", flush=True)
 
     tasks = [(t["backend"], matrix.Cell.from_id(t["cell"])) for t in plan["tasks"]]
+    examples = [int(t.get("examples", plan.get("examples", 0))) for t in plan["tasks"]]
     digests: list[Any] = [None] * world
     dist.all_gather_object(digests, matrix.ids_digest([c for _, c in tasks]), group=control)
     if len(set(digests)) != 1:
@@ -128,12 +130,22 @@ def run(plan: dict[str, Any]) -> int:
                          else plan.get("example"))
 
         merged = run_agreed(example)
-        if merged and int(plan.get("examples", 0)) > 0:
+        if merged and examples[i] > 0:
             from harness.examples import search
 
-            shrunk = search(cell, int(plan["examples"]), run_agreed)
+            ratios = [merged.worst_ratio]
+
+            def run_example(ex: Example) -> CellResult:
+                res = run_agreed(ex)
+                ratios.append(res.worst_ratio)
+                return res
+
+            shrunk = search(cell, examples[i], run_example)
             if shrunk is not None:
                 merged = shrunk
+            else:
+                # the margin that matters is the worst over every example that ran
+                merged.worst_ratio = max((r for r in ratios if r is not None), default=None)
         merged.duration_s = round(time.perf_counter() - t0, 4)
         print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
         if rank == 0:
@@ -146,11 +158,75 @@ def run(plan: dict[str, Any]) -> int:
     return 0
 
 
+def external_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
+    """A plan built on every rank from a selection, for users who run torchrun themselves.
+
+    Every rank derives the same cells (those of the selection at this world size) and the
+    ranks compare a digest of the ids before running anything.
+    """
+    overrides = {axis: matrix.parse_values(axis, text) for axis in matrix.AXIS_NAMES
+                 if (text := getattr(args, f"axis_{axis}", None)) is not None}
+    cells = [c for c in matrix.select(args.preset, overrides, args.filter_expr) if c.world_size == world_size]
+    if not cells:
+        raise matrix.MatrixError(f"the selection has no cell at world size {world_size}")
+    run_dir = Path(args.out).resolve()
+    return {"run_dir": str(run_dir), "launch": f"external-ws{world_size}",
+            "tasks": [{"backend": args.backend, "cell": c.id} for c in cells],
+            "device": args.device, "examples": args.examples, "collective_timeout": args.collective_timeout}
+
+
+def finish_external(plan: dict[str, Any], argv: list[str]) -> None:
+    """Rank 0 of an external launch folds ``cells.jsonl`` into a run record and reports."""
+    from harness import compare
+    from harness.record import RunRecord, read_cell_lines
+    from harness.sweep import _now, environment
+
+    run_dir = Path(plan["run_dir"])
+    cells = read_cell_lines(run_dir / "cells.jsonl")
+    record = RunRecord(status="complete" if len(cells) == len(plan["tasks"]) else "incomplete",
+                       started=plan.get("started", _now()), finished=_now(), duration_s=0.0,
+                       command="python -m torch.distributed.run ... -m harness.worker " + " ".join(argv),
+                       argv=argv, backend=plan["tasks"][0]["backend"], environment=environment(plan["device"]),
+                       selection={"external": True}, tolerance=compare.policy(),
+                       world_sizes=[int(os.environ.get("WORLD_SIZE", 1))], cells=cells)
+    record.write(run_dir / "results.json")
+    try:
+        from reports import write_all
+
+        write_all(record.serialize(), run_dir)
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="harness.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", required=True, help="launch plan JSON written by the launcher")
+    parser.add_argument("--plan", help="launch plan JSON written by the launcher; without it the "
+                        "worker builds its plan from the selection options (external torchrun)")
+    parser.add_argument("--preset", default="ci")
+    for opt, axis in matrix.AXIS_OPTIONS.items():
+        parser.add_argument(opt, dest=f"axis_{axis}")
+    parser.add_argument("--filter", dest="filter_expr")
+    parser.add_argument("--backend", default="harness.reference")
+    parser.add_argument("--out", default="runs/external")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--examples", type=int, default=0)
+    parser.add_argument("--collective-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
-    return run(json.loads(Path(args.plan).read_text()))
+    if args.plan:
+        return run(json.loads(Path(args.plan).read_text()))
+    try:
+        plan = external_plan(args, int(os.environ.get("WORLD_SIZE", 1)))
+        load_backend(args.backend)
+    except ValueError as exc:
+        print(f"harness.worker: error: {exc}", file=sys.stderr)
+        return 2
+    plan["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    Path(plan["run_dir"]).mkdir(parents=True, exist_ok=True)
+    code = run(plan)
+    if code == 0 and int(os.environ.get("RANK", 0)) == 0:
+        finish_external(plan, argv)
+    return code
 
 
 if __name__ == "__main__":

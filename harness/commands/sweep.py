@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness import compare, exitcodes
+from harness import compare, exitcodes, matrix
 from harness.backends import load_backend
 from harness.commands import _options
 from harness.inputs import Example
@@ -83,10 +83,21 @@ def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
 
 def run(args: argparse.Namespace) -> int:
     if args.resume:
-        previous = load(args.resume)
+        try:
+            previous = load(args.resume)
+        except (OSError, ValueError) as exc:
+            raise exitcodes.UsageError(f"cannot resume {str(args.resume)!r}: no readable run record ({exc})") from exc
         args.out = args.resume
         args.backend = previous.backend
-    cells, selection = _options.select(args)
+        # the resumed run is the recorded selection, not whatever the defaults are now
+        sel = previous.selection
+        args.examples = int(sel.get("examples", 0))
+        cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
+                              sel.get("filter"))
+        selection = {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
+                     "filter": sel.get("filter")}
+    else:
+        cells, selection = _options.select(args)
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     selection["examples"] = args.examples
