@@ -74,6 +74,11 @@ def test_selftest_multirank(tmp_path):
     assert verdicts["full-shape-dummy"] == "killed", proc.stdout[-2000:]
     assert verdicts["unfused-finalize-dropped"] == "killed", proc.stdout[-2000:]
     assert report["false_alarms"] == 0
+    # every selected cell has exactly one clean verdict (results are attributed per backend
+    # even when several arrive in one read of cells.jsonl)
+    selected = matrix.select("ci", {"world_size": (2,), "module": ("linear",), "hooks": ("off",),
+                                    "dtype": ("bf16",)})
+    assert report["clean_cells"] == len(selected)
     # grouped-only mutants have no cell in a linear-only selection: they must survive,
     # and the self-test must then fail (exit 1), not pass vacuously
     assert verdicts["shared-grad-buffer"] == "survived"

@@ -41,6 +41,7 @@ class Consumer:
         self.phase = "forward"
         self._snapshot: dict[str, tuple[Any, Any]] = {}
         self._grads_before: dict[str, Any] = {}
+        self._observable = True
         self._handles: list[Any] = []
         if mode == "ddp":
             for name, p in self.params.items():
@@ -81,9 +82,14 @@ class Consumer:
         main = getattr(p, "main_grad", None)
         return grad, None if main is None else main.detach().clone()
 
-    def before_backward_dw(self) -> None:
-        """Snapshot the delayed parameters, so the hook can tell their gradients arrived."""
+    def before_backward_dw(self, observable: bool = True) -> None:
+        """Snapshot the delayed parameters, so the hook can tell their gradients arrived.
+
+        ``observable`` is False when the arriving gradients are zero by construction (this
+        rank's microbatch has no rows): then nothing can show they arrived.
+        """
         self.phase = "dw"
+        self._observable = observable
         self._snapshot = {n: self._state(p) for n, p in self.params.items()
                           if getattr(p, "skip_backward_post_hook", False)}
 
@@ -97,7 +103,7 @@ class Consumer:
 
     def _wgrad_hook(self) -> None:
         self.wgrad_hook_calls += 1
-        self.hook_saw_gradients.append(self._gradients_in_place())
+        self.hook_saw_gradients.append(self._gradients_in_place() or not self._observable)
         if self.mode == "ddp":
             for p in self.params.values():
                 if getattr(p, "skip_backward_post_hook", False):

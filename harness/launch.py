@@ -39,6 +39,8 @@ class Task:
 
     backend: str
     cell: Cell
+    #: hypothesis-drawn extra examples for this task (None: the launch's default)
+    examples: int | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -173,7 +175,9 @@ class _Launch:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         plan = {
             "run_dir": str(run_dir), "launch": self.name,
-            "tasks": [{"backend": t.backend, "cell": t.cell.id} for t in self.tasks],
+            "tasks": [{"backend": t.backend, "cell": t.cell.id,
+                       "examples": self.opts.examples if t.examples is None else t.examples}
+                      for t in self.tasks],
             "device": self.opts.device, "threads_per_rank": self.opts.threads_per_rank,
             "example": self.opts.example, "examples": self.opts.examples,
             # shorter than the cell timeout, so a peer of a hung rank reports a
@@ -189,15 +193,15 @@ class _Launch:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)
 
-    def poll_results(self) -> list[CellResult]:
-        """New merged verdicts for the tasks in order, and fresh per-rank reports."""
+    def poll_results(self) -> list[tuple[str, CellResult]]:
+        """New merged verdicts (with their backend) in task order; fresh per-rank reports."""
         for r, tail in enumerate(self.rank_tails):
             for rep in tail.read():
                 self.reports.setdefault(rep["i"], {})[r] = rep
         out = []
         for d in self.merged.read():
             if self.done < len(self.tasks) and (d.get("backend"), d.get("id")) == self.tasks[self.done].key:
-                out.append(CellResult.from_dict(d))
+                out.append((d["backend"], CellResult.from_dict(d)))
                 self.done += 1
         return out
 
@@ -271,6 +275,15 @@ def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
                         lambda backend, res: on_result(res))
 
 
+def _free_launch_name(run_dir: Path, world_size: int) -> str:
+    """``ws<N>-<k>`` with the first k whose logs do not exist yet: a resumed sweep (or a second
+    batch in the same folder) must not overwrite the logs and plans of an earlier launch."""
+    k = 0
+    while (run_dir / "logs" / f"ws{world_size}-{k}").exists():
+        k += 1
+    return f"ws{world_size}-{k}"
+
+
 def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
                  on_result: ResultCallback) -> list[LaunchRecord]:
     """Run ``tasks`` (all of one world size) until each has a result; relaunch as needed.
@@ -281,7 +294,7 @@ def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
     records: list[LaunchRecord] = []
     attempt = 0
     while remaining:
-        launch = _Launch(world_size, remaining, opts, f"ws{world_size}-{attempt}")
+        launch = _Launch(world_size, remaining, opts, _free_launch_name(opts.run_dir, world_size))
         t0 = time.monotonic()
         proc = launch.start()
         note = None
@@ -304,8 +317,8 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
     t0 = last = time.monotonic()
     while launch.done < len(launch.tasks):
         exited = proc.poll() is not None
-        for res in launch.poll_results():
-            on_result(launch.tasks[launch.done - 1].backend, res)
+        for backend, res in launch.poll_results():
+            on_result(backend, res)
             last = time.monotonic()
         if launch.done >= len(launch.tasks):
             break

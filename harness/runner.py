@@ -128,7 +128,7 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
         out.backward(dy)
         if cell.delay_wgrad:
             # Megatron calls backward_dw() after each microbatch's backward (§4).
-            consumer.before_backward_dw()
+            consumer.before_backward_dw(observable=x.shape[0] > 0)
             module.backward_dw()
         step.outputs.append(out.detach())
         step.dgrads.append(x.grad if cell.input_grad else None)

@@ -101,8 +101,13 @@ def max_ratios(results: list[CellResult]) -> dict[str, float]:
 
 
 def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
-                 progress: Callable[[str, CellResult], None] = lambda b, r: None) -> SelftestResult:
-    """Run the clean reference and every mutant over ``cells``; judge each mutant."""
+                 progress: Callable[[str, CellResult], None] = lambda b, r: None,
+                 clean_examples: int = 0) -> SelftestResult:
+    """Run the clean reference and every mutant over ``cells``; judge each mutant.
+
+    ``clean_examples`` hypothesis-drawn shapes per cell hunt for false alarms on the clean
+    reference (mutants need no extra examples: one kill is enough).
+    """
     from harness.reference.mutants import MUTANTS
 
     t0 = time.monotonic()
@@ -115,9 +120,9 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
         progress(backend, res)
 
     for ws, ws_cells in matrix.plan(cells).items():
-        tasks = [Task(CLEAN, c) for c in ws_cells]
+        tasks = [Task(CLEAN, c, clean_examples) for c in ws_cells]
         for name, m in MUTANTS.items():
-            tasks += [Task(MUTANT_PREFIX + name, c) for c in ws_cells if c.module in m.modules]
+            tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in ws_cells if c.module in m.modules]
         launch_tasks(ws, tasks, opts, collect)
     verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in MUTANTS.items()]
     return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),

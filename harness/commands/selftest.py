@@ -21,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="run folder (default: runs/selftest-<timestamp>)")
     p.add_argument("--cell-timeout", type=float, default=120.0, help="seconds a cell may take (default 120)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--examples", type=int, default=0, metavar="N",
+                   help="hunt for false alarms: N hypothesis-drawn shapes per cell on the clean reference")
     p.set_defaults(func=run)
 
 
@@ -41,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
     started = _now()
     print(f"dw-harness selftest: {len(cells)} cells x (clean + mutants), run folder {run_dir}", flush=True)
-    result = run_selftest(cells, opts, progress)
+    if args.examples < 0:
+        raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
+    selection["clean_examples"] = args.examples
+    result = run_selftest(cells, opts, progress, clean_examples=args.examples)
     write(result, run_dir / "selftest.json")
     record = RunRecord(status="complete", started=started, finished=_now(), duration_s=result.duration_s,
                        command="python -m harness " + " ".join(args.argv), argv=args.argv, backend=CLEAN,
