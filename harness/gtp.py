@@ -12,8 +12,10 @@ concatenated), because gloo has no coalescing manager.
 
 from __future__ import annotations
 
+import gc
 import math
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -97,7 +99,7 @@ class GTPWeight(torch.nn.Parameter):
     # ---- the DistributedWeight protocol -------------------------------------------------
     def materialize_group_for_forward(self) -> Any:
         self.gtp_group.log.add("materialize_forward", self.gtp_index)
-        return self.gtp_group.gather()
+        return self.gtp_group.gather(track=True)
 
     def materialize_group_for_backward(self) -> Any:
         self.gtp_group.log.add("materialize_backward", self.gtp_index)
@@ -132,6 +134,7 @@ class GTPGroup:
         self.world_size = world_size
         self.rank = rank
         self.log = CallLog()
+        self._forward_gathers: list[weakref.ref] = []
 
     # ---- collectives (one per call for the whole group) ----------------------------------
     def _all_gather(self, flat: torch.Tensor) -> torch.Tensor:
@@ -156,8 +159,12 @@ class GTPGroup:
             out = everyone[:, self.rank].sum(0, dtype=chunks.dtype)
         return out
 
-    def gather(self) -> list[torch.Tensor] | torch.Tensor:
-        """All-gather every member, strip the padding, return detached logical tensors."""
+    def gather(self, track: bool = False) -> list[torch.Tensor] | torch.Tensor:
+        """All-gather every member, strip the padding, return detached logical tensors.
+
+        ``track`` keeps weak references, so the harness can tell whether a backend held
+        on to a forward's gathered weights (they are transient, CONTRACTS §2).
+        """
         cols = self.logical_shape[1:]
         flat = torch.cat([m.detach().reshape(-1) for m in self.members])
         per_rank = self._all_gather(flat)
@@ -167,7 +174,17 @@ class GTPGroup:
             seg = per_rank[:, i * shard_numel:(i + 1) * shard_numel]
             full = seg.reshape(self.padded_rows, *cols)[: self.logical_shape[0]].clone()
             out.append(full.requires_grad_(m.requires_grad))
+        if track:
+            self._forward_gathers.extend(weakref.ref(t) for t in out)
         return out[0] if len(out) == 1 else out
+
+    def live_forward_gathers(self) -> int:
+        """How many tensors handed out by forward-materialize are still alive."""
+        alive = sum(r() is not None for r in self._forward_gathers)
+        if alive:
+            gc.collect()  # only reference cycles could keep a released tensor; rule them out
+            alive = sum(r() is not None for r in self._forward_gathers)
+        return alive
 
     def finalize(self, caller: int, wgrads: Any) -> Any:
         """Pre-scale by 1/N, pad, reduce-scatter, then deliver into ``main_grad`` or return.

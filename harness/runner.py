@@ -74,6 +74,8 @@ def _error(exc: BaseException) -> dict[str, str]:
 class _Step:
     outputs: list[torch.Tensor] = field(default_factory=list)
     dgrads: list[torch.Tensor | None] = field(default_factory=list)
+    #: most forward-gathered weights alive between a forward and its backward
+    live_gathers: int = 0
 
 
 def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
@@ -98,7 +100,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
     step = _Step()
     try:
-        _run_step(module, cell, inputs, ctx, step, consumer)
+        _run_step(module, cell, inputs, ctx, step, consumer, gtp)
         consumer.finish_step()
     except Exception as exc:  # the backend's failure is a result, not a harness crash
         if cell.expect == "error":
@@ -117,13 +119,15 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
 
 
 def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext,
-              step: _Step, consumer: Consumer) -> None:
+              step: _Step, consumer: Consumer, gtp: GTPGroup | None = None) -> None:
     dev = ctx.device
     for mb in range(cell.microbatches):
         x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
         dy = inputs.dy[ctx.rank][mb].to(dev)
         consumer.phase = "forward"
         out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb]), x)
+        if gtp is not None:
+            step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers())
         consumer.before_backward()
         out.backward(dy)
         if cell.delay_wgrad:
@@ -193,6 +197,9 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
         checks.extend(_delay_checks(module, consumer))
     if gtp is not None:
         checks.extend(_protocol_checks(cell, gtp))
+        # §2: gathered weights are transient; none may outlive the forward that made them
+        checks.append(compare.compare_value("forward_gathers_alive_at_backward", "count",
+                                            step.live_gathers, 0))
     return checks
 
 

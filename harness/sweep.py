@@ -7,6 +7,7 @@ record marked ``incomplete``; ``resume`` reruns only the cells without a result.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -91,8 +92,9 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     def write_with_unrun() -> None:
         write()
         if record.status == "incomplete":
-            record.cells += [_unrun(c, "not run: the sweep was interrupted (sweep --resume runs it)")
-                             for c in spec.cells if c.id not in results]
+            unrun = [_unrun(c, "not run: the sweep was interrupted (sweep --resume runs it)")
+                     for c in spec.cells if c.id not in results]
+            record.cells = sorted(record.cells + unrun, key=lambda r: order.get(r.id, len(order)))
             record.write(run_dir / "results.json")
 
     last_write = [time.monotonic()]
@@ -106,6 +108,8 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
             write()
             last_write[0] = time.monotonic()
 
+    lines = run_dir / "cells.jsonl"
+    lines_at_start = lines.stat().st_size if lines.exists() else 0
     write()
     try:
         for ws, cells in matrix.plan(spec.cells).items():
@@ -115,9 +119,31 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
                 write()
         record.status = "complete" if all(c.id in results for c in spec.cells) else "incomplete"
     finally:
+        # a verdict the ranks wrote that the launcher had not picked up yet (an interrupt
+        # between two polls) is a result all the same: cells.jsonl is the truth
+        for res in _lines_since(lines, lines_at_start):
+            if res.id in order:
+                results.setdefault(res.id, res)
         record.finished = _now()
         write_with_unrun()
     return record
+
+
+def _lines_since(path: Path, offset: int) -> list[CellResult]:
+    """The complete result lines appended to ``cells.jsonl`` after ``offset``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return []
+    out = []
+    for line in chunk.decode(errors="replace").splitlines(keepends=True):
+        try:
+            out.append(CellResult.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, KeyError):
+            continue  # a torn last line: the cell reruns on --resume
+    return out
 
 
 def _unrun(cell: matrix.Cell, why: str) -> CellResult:

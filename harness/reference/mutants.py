@@ -255,7 +255,8 @@ def _build() -> dict[str, Mutant]:
         _fault("dgrad-forward-copy",
                "backward reuses the forward's gathered weights (kept on ctx) and never calls "
                "materialize_group_for_backward",
-               _DgradForwardCopy, evidence=("check:leader.materialize_backward_calls",)),
+               _DgradForwardCopy, evidence=("check:leader.materialize_backward_calls",
+                                            "check:forward_gathers_alive_at_backward")),
         _fault("per-member-materialize",
                "materialize_group_for_forward/backward is called on every member instead of "
                "once through the leader",
