@@ -243,3 +243,90 @@ def make_big_record(n_cells: int = 10_000, *, seed: int = 1, n_ranks: int = 4, t
         counts[c["status"]] += 1
     return {**base, "cells": cells, "counts": counts,
             "world_sizes": sorted({c["axes"]["world_size"] for c in cells}), "launches": []}
+
+
+REALISTIC_MIX = {"pass": 0.97, "xfail": 0.02, "fail": 0.005, "error": 0.005}
+
+
+def make_realistic_record(n_cells: int = 21_600, *, seed: int = 5, n_ranks: int = 4,
+                          mix: dict[str, float] | None = None, templates: int = 24) -> dict[str, Any]:
+    """A ``full``-sized, mostly passing record: the whole matrix in matrix order (21,600 cells),
+    statuses drawn from ``mix`` (default 97% pass, 2% xfail, 0.5% fail, 0.5% error), ``n_ranks``
+    ranks of ~30 checks each (rich templates: ddp, 2 microbatches, bias, input grads, a
+    distributed weight). As ``make_big_record``, template rank data is shared between cells.
+    """
+    rng = random.Random(seed)
+    mix = mix or REALISTIC_MIX
+    space = all_axes()
+    rich = [a for a in space if a["consumer"] == "ddp" and a["microbatches"] == 2 and a["bias"]
+            and a["input_grad"] and a["weight"] == "distributed" and not a["delay_wgrad"]
+            and a["num_gemms"] == 4]
+    by_status: dict[str, list[dict[str, Any]]] = {}
+    for s in mix:
+        for k in range(templates):
+            axes = rich[(k * 7919 + hash(s) % 97) % len(rich)]
+            by_status.setdefault(s, []).append(make_cell(axes, s, rng, n_ranks).serialize())
+    statuses, weights = list(mix), list(mix.values())
+    cells = []
+    for i in range(n_cells):
+        axes = space[i % len(space)]
+        status = rng.choices(statuses, weights)[0]
+        t = rng.choice(by_status[status])
+        cid = cell_id(axes)
+        ratio = t["worst_ratio"]
+        if ratio is not None:
+            ratio = ratio * rng.uniform(0.3, 1.0) if status == "pass" else ratio * rng.uniform(1.0, 2.0)
+        cells.append({**t, "id": cid, "axes": dict(axes), "repro": repro_for(cid), "worst_ratio": ratio,
+                      "duration_s": round(rng.uniform(0.05, 4.0), 3),
+                      "expect": "error" if status == "xfail" else "pass"})
+    base = make_record(6, seed=seed)
+    counts = {s: 0 for s in ("pass", "xfail", "fail", "error", "timeout", "skipped")}
+    for c in cells:
+        counts[c["status"]] += 1
+    return {**base, "cells": cells, "counts": counts, "selection": {"preset": "full", "filter": None},
+            "world_sizes": sorted({c["axes"]["world_size"] for c in cells}), "launches": []}
+
+
+NO_BROWSER_HINT = (
+    "Chromium and chromedriver are required for the report's browser tests "
+    "(apt-get install chromium chromium-driver; or point DW_CHROMIUM and DW_CHROMEDRIVER at them; "
+    "pip install selenium). Set DW_ALLOW_NO_BROWSER=1 to skip these tests instead.")
+
+
+def require_browser() -> None:
+    """Fail - not skip - when Chromium, chromedriver or selenium is missing, so CI cannot pass
+    without having run the browser checks; ``DW_ALLOW_NO_BROWSER=1`` turns that into a skip."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    from reports.browser import find_chromium
+
+    missing = []
+    if find_chromium() is None:
+        missing.append("chromium/chromedriver not found")
+    if importlib.util.find_spec("selenium") is None:
+        missing.append("selenium not installed")
+    if not missing:
+        return
+    msg = f"{'; '.join(missing)}. {NO_BROWSER_HINT}"
+    if os.environ.get("DW_ALLOW_NO_BROWSER") == "1":
+        pytest.skip(msg)
+    pytest.fail(msg, pytrace=False)
+
+
+if __name__ == "__main__":
+    # python cases/conftest_reports_helpers.py OUT.html [realistic|10k-failing]
+    # writes a synthetic report to measure, e.g. with: python -m reports.browser measure OUT.html
+    import time
+
+    from reports import render_html
+
+    out = Path(sys.argv[1])
+    kind = sys.argv[2] if len(sys.argv) > 2 else "realistic"
+    rec = make_realistic_record() if kind == "realistic" else make_big_record(10_000, n_ranks=4)
+    t = time.perf_counter()
+    out.write_text(render_html(rec))
+    print(f"{out}: {len(rec['cells']):,} cells, {out.stat().st_size / 1e6:.2f} MB, rendered in "
+          f"{time.perf_counter() - t:.1f} s")

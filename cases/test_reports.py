@@ -39,6 +39,7 @@ import harness.record as hr  # noqa: E402
 from reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402
                      render_markdown, write_all)
 from reports import _common  # noqa: E402
+from reports._pack import unpack  # noqa: E402
 
 ALL = ("pass", "xfail", "fail", "error", "timeout", "skipped")
 
@@ -65,22 +66,24 @@ class _Scripts(HTMLParser):
             self._cur = None
 
 
-def embedded(html_text: str) -> dict[str, Any]:
-    """The JSON blob of a report, parsed strictly (NaN/Infinity would be a bug)."""
+def blobs(html_text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The report's two JSON blobs (summary, detail), parsed strictly (NaN/Infinity would be a bug)."""
     p = _Scripts()
     p.feed(html_text)
-    blobs = [text for attrs, text in p.scripts if attrs.get("id") == "dw-data"]
-    assert len(blobs) == 1, [a for a, _ in p.scripts]
-    assert len(p.scripts) == 2, "a </script> inside the data would split it into more elements"
+    found = {attrs.get("id"): text for attrs, text in p.scripts if attrs.get("type") == "application/json"}
+    assert set(found) == {"dw-data", "dw-detail"}, [a for a, _ in p.scripts]
+    assert len(p.scripts) == 3, "a </script> inside the data would split it into more elements"
 
     def bad_constant(c: str) -> None:
         raise AssertionError(f"non-JSON constant {c} in the embedded data")
 
-    return json.loads(blobs[0], parse_constant=bad_constant)
+    return (json.loads(found["dw-data"], parse_constant=bad_constant),
+            json.loads(found["dw-detail"], parse_constant=bad_constant))
 
 
-def repro_of(data: dict[str, Any], packed: list[Any]) -> str:
-    return data["S"][packed[6]].replace("\u0001", packed[0])
+def embedded(html_text: str) -> list[dict[str, Any]]:
+    """Every cell as the page sees it, decoded with the reference decoder (``_pack.unpack``)."""
+    return unpack(*blobs(html_text))
 
 
 @pytest.fixture(scope="module")
@@ -134,52 +137,100 @@ def test_html_incomplete_is_prominent() -> None:
 
 
 def test_html_embeds_every_cell_with_status_and_repro(record: dict[str, Any], html_text: str) -> None:
-    data = embedded(html_text)
-    assert [c[0] for c in data["cells"]] == [c["id"] for c in record["cells"]]
-    for packed, cell in zip(data["cells"], record["cells"]):
-        assert data["statuses"][packed[1]] == cell["status"]
-        assert repro_of(data, packed) == cell["repro"]
-    assert data["layout"] == {"rows": ["module", "weight", "hooks", "fused"], "cols": ["dtype", "world_size"]}
-    assert {a for a, _ in data["axes"]} == set(H.AXES)
+    cells = embedded(html_text)
+    assert [c["id"] for c in cells] == [c["id"] for c in record["cells"]]
+    for got, cell in zip(cells, record["cells"]):
+        assert got["status"] == cell["status"]
+        assert got["repro"] == cell["repro"]
+        assert got["axes"] == cell["axes"]
+        assert got["first_failure"] == cell["first_failure"]
+        assert got["expects_error"] == (cell["expect"] == "error")
+    summary, _ = blobs(html_text)
+    assert summary["layout"] == {"rows": ["module", "weight", "hooks", "fused"], "cols": ["dtype", "world_size"]}
+    assert {a for a, _ in summary["axes"]} == set(H.AXES)
+
+
+def test_html_summary_blob_is_compact(record: dict[str, Any], html_text: str) -> None:
+    """The blob the grid needs at once: ids as token codes, one character per status."""
+    summary, detail = blobs(html_text)
+    n = len(record["cells"])
+    assert summary["n"] == n and len(summary["st"]) == n and len(summary["ax"]) == n * len(summary["axes"]) * summary["aw"]
+    assert sum(map(len, summary["id"])) < sum(len(c["id"]) for c in record["cells"]) / 4
+    assert not any("Traceback" in s for s in summary["S"]), "tracebacks belong to the lazily parsed detail"
+    assert any("Traceback" in s for s in detail["S"])
 
 
 def test_html_escapes_hostile_text(record: dict[str, Any], html_text: str) -> None:
     assert H.EVIL not in html_text
     head, _, rest = html_text.partition('<script type="application/json" id="dw-data">')
-    blob, _, tail = rest.partition("</script>")
+    data_blob, _, rest = rest.partition("</script>")
+    _, _, rest = rest.partition('<script type="application/json" id="dw-detail">')
+    detail_blob, _, tail = rest.partition("</script>")
     assert "<script>alert" not in head + tail, "server-rendered text must be HTML-escaped"
     # inside the JSON only "</" and "<!--" matter to the HTML tokenizer; both are escaped
-    assert "</" not in blob and "<!--" not in blob
-    assert "<\\/script>" in blob  # the traceback's </script>
-    assert html_text.count("</script>") == 2
-    data = embedded(html_text)
-    assert any(H.EVIL in s for s in data["S"]), "the text itself must survive, escaped"
+    for blob in (data_blob, detail_blob):
+        assert "</" not in blob and "<!--" not in blob
+    assert "<\\/script>" in detail_blob  # the traceback's </script>
+    assert "<\\/script>" in data_blob  # the first failure's
+    assert html_text.count("</script>") == 3
+    summary, detail = blobs(html_text)
+    assert any(H.EVIL in s for s in detail["S"]), "the text itself must survive, escaped"
+    assert any(H.EVIL in s for s in summary["S"])
     # failure signatures and near-miss lists are server-rendered: escaped there too
     assert "&lt;script&gt;alert(&quot;pwned&quot;)" in html_text
 
 
 def test_html_keeps_full_detail_of_bad_cells(record: dict[str, Any], html_text: str) -> None:
-    data = embedded(html_text)
-    for packed, cell in zip(data["cells"], record["cells"]):
+    for got, cell in zip(embedded(html_text), record["cells"]):
         if cell["status"] not in ("fail", "error", "timeout"):
             continue
-        ranks = packed[8]
-        assert [g[0] for g in ranks] == [r["rank"] for r in cell["ranks"]]
-        for g, r in zip(ranks, cell["ranks"]):
-            assert len(g[3]) == len(r["comparisons"])
+        assert got["level"] is None
+        assert [g["rank"] for g in got["ranks"]] == [r["rank"] for r in cell["ranks"]]
+        for g, r in zip(got["ranks"], cell["ranks"]):
+            assert g["status"] == r["status"]
+            assert [c["name"] for c in g["checks"]] == [c["name"] for c in r["comparisons"]]
+            assert [c["ok"] for c in g["checks"]] == [c["ok"] for c in r["comparisons"]]
+            assert [c["message"] for c in g["checks"]] == [c.get("message") for c in r["comparisons"]]
             if r["error"]:
-                assert data["S"][g[2][2]].startswith(r["error"]["traceback"][:40])
+                assert g["error"] == r["error"]
+
+
+def test_html_round_trips_every_check_when_it_fits(record: dict[str, Any], html_text: str) -> None:
+    """Below the budget nothing is thinned: every check's numbers survive (to 4 digits)."""
+    def close(a: Any, b: Any) -> bool:
+        if isinstance(b, float) and isinstance(a, (int, float)):
+            return math.isclose(a, b, rel_tol=1e-3)
+        return a == b
+
+    for got, cell in zip(embedded(html_text), record["cells"]):
+        assert got["level"] is None and got["dropped"] == 0
+        assert got["duration_s"] == pytest.approx(cell["duration_s"], rel=1e-3)
+        assert got["example"] == cell["example"]
+        for g, r in zip(got["ranks"], cell["ranks"]):
+            for a, b in zip(g["checks"], r["comparisons"]):
+                for k, v in b.items():
+                    if k != "actual" and k != "mismatched":
+                        assert close(a[k], v), (cell["id"], b["name"], k, a[k], v)
 
 
 def test_html_thins_passing_cells_only_when_over_budget() -> None:
     rec = H.make_record(60, seed=5, force=dict(enumerate(ALL)))
-    assert all(len(c) < 10 or c[9] is None for c in embedded(render_html(rec))["cells"])
+    assert all(c["level"] is None for c in embedded(render_html(rec)))
     small = embedded(render_html(rec, budget=20_000))
-    levels = {c[9] for c in small["cells"] if len(c) > 9}
-    assert levels and levels <= {"fold", "top8", "top3", "none", None}
-    for packed, cell in zip(small["cells"], rec["cells"]):
+    levels = {c["level"] for c in small}
+    assert levels - {None} and levels <= {"fold", "top8", "top3", "none", None}
+    for got, cell in zip(small, rec["cells"]):
         if cell["status"] in ("fail", "error", "timeout", "xfail"):
-            assert len(packed) <= 9 or packed[9] is None, "bad/xfail cells are never thinned"
+            assert got["level"] is None, "bad/xfail cells are never thinned"
+        elif got["level"] in ("top8", "top3"):
+            kept = [c for g in got["ranks"] for c in g["checks"]]
+            n = sum(len(r["comparisons"]) for r in cell["ranks"])
+            assert len(kept) <= int(got["level"][3:]) and got["dropped"] == n - len(kept)
+            worst = max((c for r in cell["ranks"] for c in r["comparisons"] if c.get("ratio") is not None),
+                        key=lambda c: c["ratio"], default=None)
+            if worst is not None:
+                assert worst["name"] in {c["name"] for c in kept}, "the worst check is always kept"
+        assert [g["rank"] for g in got["ranks"]] == [r["rank"] for r in cell["ranks"]]
 
 
 def test_html_survives_nan_and_inf(record: dict[str, Any]) -> None:
@@ -190,8 +241,14 @@ def test_html_survives_nan_and_inf(record: dict[str, Any]) -> None:
         for c in r["comparisons"]:
             if c["kind"] == "tensor":
                 c["ratio"], c["max_abs"] = math.nan, math.inf
-    data = embedded(render_html(rec))
-    assert data["cells"][0][3] == "nan" and data["cells"][1][3] == "inf"
+    cells = embedded(render_html(rec))
+    assert cells[0]["worst_ratio"] == "nan" and cells[1]["worst_ratio"] == "inf"
+
+
+def test_html_never_rounds_a_failure_to_the_bound() -> None:
+    rec = H.make_record(6, seed=2, force={0: "fail"})
+    rec["cells"][0]["worst_ratio"] = 1.00001
+    assert embedded(render_html(rec))[0]["worst_ratio"] > 1
 
 
 def test_html_grid_axes_are_validated(record: dict[str, Any]) -> None:
@@ -199,8 +256,8 @@ def test_html_grid_axes_are_validated(record: dict[str, Any]) -> None:
         render_html(record, rows=("module", "nope"))
     with pytest.raises(ValueError, match="both in rows"):
         render_html(record, rows=("dtype",), cols=("dtype",))
-    data = embedded(render_html(record, rows=("consumer",), cols=("microbatches", "bias")))
-    assert data["layout"] == {"rows": ["consumer"], "cols": ["microbatches", "bias"]}
+    summary, _ = blobs(render_html(record, rows=("consumer",), cols=("microbatches", "bias")))
+    assert summary["layout"] == {"rows": ["consumer"], "cols": ["microbatches", "bias"]}
 
 
 def test_html_near_miss_and_signatures(record: dict[str, Any], html_text: str) -> None:
@@ -231,7 +288,7 @@ def test_html_empty_record() -> None:
     rec = H.make_record(1, seed=0)
     rec["cells"] = []
     text = render_html(rec)
-    assert embedded(text)["cells"] == []
+    assert embedded(text) == []
 
 
 def test_html_10k_cells_stays_small() -> None:
@@ -242,8 +299,8 @@ def test_html_10k_cells_stays_small() -> None:
     size = len(text.encode())
     print(f"\n10k cells x 4 ranks: HTML {size / 1e6:.2f} MB, rendered in {took:.1f} s")
     assert size < 10_000_000
-    data = embedded(text)
-    assert len(data["cells"]) == 10_000
+    summary, _ = blobs(text)
+    assert summary["n"] == 10_000 and len(summary["id"]) == 10_000
 
 
 # --------------------------------------------------------------------------- JUnit
@@ -423,4 +480,16 @@ def test_write_all(record: dict[str, Any], tmp_path: Path) -> None:
     assert all(p.exists() and p.stat().st_size for p in paths.values())
     ET.parse(paths["junit"])
     assert str(paths["html"]) in paths["markdown"].read_text()
-    assert embedded(paths["html"].read_text())["cells"]
+    assert embedded(paths["html"].read_text())
+
+
+def test_readme_screenshot_is_a_small_png() -> None:
+    """The README shows ``reports/screenshot.png`` (regenerate: see reports/browser.py's ``screenshot``)."""
+    import struct
+
+    png = Path(__file__).resolve().parents[1] / "reports" / "screenshot.png"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1400, 900)
+    assert len(data) < 300_000

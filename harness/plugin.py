@@ -10,6 +10,7 @@ cells by world size, so each batch lands on one worker and is launched exactly o
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a matrix cell run under torchrun")
     if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "numprocesses", None):
         config.option.dist = "loadgroup"
+    # xdist workers never see the controller's switch; it arrives through workerinput and
+    # must be set before collection, which is when a worker tags node ids with their group
+    if getattr(config, "workerinput", {}).get("dw_loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: tell each worker that scheduling is by group."""
+    node.workerinput["dw_loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
@@ -77,15 +88,11 @@ def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" in metafunc.fixturenames:
+        # The group mark is set here, at parametrization: xdist's worker reads it before
+        # any pytest_collection_modifyitems of a conftest plugin could add it.
         cells = selected_cells(metafunc.config)
-        metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        cell = _cell_of(item)
-        if cell is not None:
-            item.add_marker(pytest.mark.xdist_group(f"ws{cell.world_size}"))
+        metafunc.parametrize("cell", [
+            pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(f"ws{c.world_size}")) for c in cells])
 
 
 def _cell_of(item: pytest.Item) -> matrix.Cell | None:
@@ -94,7 +101,15 @@ def _cell_of(item: pytest.Item) -> matrix.Cell | None:
 
 
 class BatchRunner:
-    """Runs each world size's collected cells in one launch, on first demand."""
+    """Runs each world size's collected cells in one launch, once per pytest run.
+
+    xdist workers share the batches through a folder and a lock per world size: the first
+    worker that needs a world size launches all of its cells; a worker that finds that
+    batch busy launches another pending world size meanwhile instead of waiting idle, then
+    reads the verdicts it needs from the finished batch's ``cells.jsonl``. (xdist's
+    ``loadgroup`` does not reliably keep a group on one worker, so scheduling is not
+    trusted to prevent duplicate launches.)
+    """
 
     def __init__(self, config: pytest.Config, root: Path) -> None:
         from harness.backends import load_backend
@@ -103,36 +118,77 @@ class BatchRunner:
         self.backend = config.hook.pytest_harness_make_backend(config=config)
         load_backend(self.backend)
         self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
         self.results: dict[str, Any] = {}
 
+    def _batch_dir(self, world_size: int) -> Path:
+        return (self.root / f"ws{world_size}").resolve()
+
+    def _load(self, world_size: int) -> bool:
+        """Read a finished batch's verdicts; False while it has not finished."""
+        from harness.record import read_cell_lines
+
+        d = self._batch_dir(world_size)
+        if not (d / "done").exists():
+            return False
+        for res in read_cell_lines(d / "cells.jsonl"):
+            self.results[res.id] = res
+        return True
+
+    def _try_run(self, world_size: int, cells: list[matrix.Cell]) -> bool:
+        """Launch the batch if no one else holds it; True when it has finished (by anyone)."""
+        import fcntl
+
+        with open(self.root / f"ws{world_size}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            if not self._load(world_size):
+                self._launch(world_size, cells)
+                (self._batch_dir(world_size) / "done").write_text("done")
+                self._load(world_size)
+            return True
+
     def result(self, cell: matrix.Cell, session: pytest.Session) -> Any:
-        if cell.id not in self.results:
-            batch = []
-            for it in session.items:
-                c = _cell_of(it)
-                if c is not None and c.world_size == cell.world_size and c.id not in self.results:
-                    batch.append(c)
-            self._launch(cell.world_size, list(dict.fromkeys(batch)) or [cell])
+        if cell.id in self.results or self._load(cell.world_size) and cell.id in self.results:
+            return self.results[cell.id]
+        batches: dict[int, list[matrix.Cell]] = {}
+        for it in session.items:
+            c = _cell_of(it)
+            if c is not None:
+                batches.setdefault(c.world_size, []).append(c)
+        while not self._try_run(cell.world_size, batches.get(cell.world_size, [cell])):
+            # someone else runs this batch: do another pending one meanwhile, or wait
+            other = next((ws for ws in batches if ws != cell.world_size and not self._load(ws)
+                          and self._try_run(ws, batches[ws])), None)
+            if other is None:
+                time.sleep(0.2)
         return self.results[cell.id]
 
     def _launch(self, world_size: int, cells: list[matrix.Cell]) -> None:
         from harness.launch import LaunchOptions, launch_cells
 
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        run_dir = (self.root / f"{worker}-ws{world_size}").resolve()
+        run_dir = self._batch_dir(world_size)
         run_dir.mkdir(parents=True, exist_ok=True)
         opts = LaunchOptions(backend=self.backend, run_dir=run_dir,
                              cell_timeout=self.config.getoption("harness_cell_timeout"),
                              device=self.config.getoption("harness_device"),
                              examples=self.config.getoption("harness_examples"))
-        launch_cells(world_size, cells, opts, lambda res: self.results.__setitem__(res.id, res))
+        launch_cells(world_size, list(dict.fromkeys(cells)), opts, lambda res: None)
 
 
 @pytest.fixture(scope="session")
 def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BatchRunner:
     config = request.config
     out = config.getoption("harness_out")
-    root = Path(out) if out else tmp_path_factory.mktemp("harness")
+    # one folder per pytest run, shared by its xdist workers (never reused across runs)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or time.strftime("%Y%m%d-%H%M%S")
+    if out:
+        root = Path(out) / f"pytest-{run_id}"
+    else:
+        base = tmp_path_factory.getbasetemp()
+        root = base.parent / f"harness-{run_id}" if "PYTEST_XDIST_TESTRUNUID" in os.environ else base / "harness"
     return BatchRunner(config, root)
 
 

@@ -69,17 +69,17 @@ table.grid thead th{height:26px;line-height:25px}
 table.grid th.ax{color:var(--muted);font-weight:500;text-align:right;font-size:11px}
 table.grid th.rh{position:sticky;z-index:1;background:#fbfcfd;text-align:left;font-weight:500;border-right:1px solid var(--line)}
 table.grid thead th.rh{z-index:3;background:#f6f8fa;color:var(--muted);font-size:11px}
-table.grid td{vertical-align:top;padding:4px 5px;border-bottom:1px solid var(--soft);border-right:1px solid var(--soft)}
+table.grid td{vertical-align:top;padding:1px 2px;border-bottom:1px solid var(--soft);border-right:1px solid var(--soft)}
 table.grid td.worst-fail{box-shadow:inset 3px 0 0 var(--fail)}table.grid td.worst-error{box-shadow:inset 3px 0 0 var(--error)}
 table.grid td.worst-timeout{box-shadow:inset 3px 0 0 var(--timeout)}
 table.grid tr:hover th.rh{background:#eef4ff}
 table.grid th.rh.rep{color:#afb8c1}
 .colsum{font-weight:600;color:var(--fail);font-size:11px}
-.chips{display:flex;flex-wrap:wrap;gap:2px;width:164px;content-visibility:auto;contain-intrinsic-size:auto 164px auto 40px}
+.chips{display:flex;flex-wrap:wrap;align-content:flex-start;gap:2px;width:172px;padding:3px;content-visibility:auto;contain-intrinsic-size:auto 172px auto 46px}
 .chip{display:inline-block;min-width:30px;height:18px;line-height:18px;padding:0 3px;border-radius:3px;color:#fff;font:600 10px/18px var(--mono);text-align:center;cursor:pointer;user-select:none}
 .chip:hover{outline:2px solid #24292f;outline-offset:0}
 .chip.near{box-shadow:inset 0 0 0 2px #f0b72f}
-.chip.sel{outline:2px solid var(--accent);outline-offset:1px}
+.chip.sel{outline:2px solid var(--accent);outline-offset:1px;position:relative;z-index:1}
 .chip.h,tr.h,th.h,td.h{display:none}
 .legend{display:flex;flex-wrap:wrap;gap:10px;font-size:12px;color:var(--muted);margin:8px 0 0}
 .legend span{display:inline-flex;align-items:center;gap:4px}
@@ -97,7 +97,7 @@ table.grid th.rh.rep{color:#afb8c1}
 .idcell{font-family:var(--mono);font-size:11px;overflow-wrap:anywhere}
 .muted{color:var(--muted)}
 /* detail drawer */
-#detail{position:fixed;top:0;right:0;bottom:0;width:min(980px,62vw);background:#fff;border-left:1px solid var(--line);box-shadow:-8px 0 24px rgba(31,35,40,.15);overflow:auto;z-index:20;padding:0 0 40px}
+#detail{position:fixed;top:0;right:0;bottom:0;width:min(940px,58vw);background:#fff;border-left:1px solid var(--line);box-shadow:-8px 0 24px rgba(31,35,40,.15);overflow:auto;z-index:20;padding:0 0 40px}
 #detail[hidden]{display:none}
 #detail .dh{position:sticky;top:0;background:#fff;border-bottom:1px solid var(--line);padding:12px 18px 10px;z-index:1}
 #detail .dh .id{font-family:var(--mono);font-size:13px;font-weight:600;overflow-wrap:anywhere;margin-right:40px}
@@ -115,13 +115,14 @@ table.grid th.rh.rep{color:#afb8c1}
 .rank>summary.rh2::-webkit-details-marker{display:none}
 .rank>summary.rh2::before{content:"\25B8";color:var(--muted);font-size:11px}
 .rank[open]>summary.rh2::before{content:"\25BE"}
-.rank>.rb{padding:6px 10px}
+.rank>.rb{padding:6px 10px;overflow-x:auto}
 .exc{margin:6px 0}.exc .et{font-family:var(--mono);font-size:12px;font-weight:600;color:var(--fail);white-space:pre-wrap;overflow-wrap:anywhere}
 pre.traceback{background:#1f2328;color:#e6edf3;border-radius:6px;padding:10px 12px;margin-top:6px;max-height:420px;overflow:auto;font-size:11.5px}
 table.checks{border-collapse:collapse;width:100%;font-size:12px}
 table.checks th{text-align:left;color:var(--muted);font-weight:600;border-bottom:1px solid var(--line);padding:3px 6px;white-space:nowrap}
 table.checks td{border-bottom:1px solid var(--soft);padding:3px 6px;vertical-align:top}
-table.checks td.nm2{font-family:var(--mono);overflow-wrap:anywhere}
+table.checks td.num{white-space:nowrap}
+table.checks td.nm2{font-family:var(--mono);white-space:nowrap}
 table.checks tr.bad td{background:#fff5f5}
 table.checks tr.msg td{background:#fff5f5;border-bottom:1px solid var(--line)}
 table.checks tr.msg pre{color:#82071e;font-size:11.5px}
@@ -130,6 +131,8 @@ table.checks tr.msg pre{color:#82071e;font-size:11.5px}
 .repro pre{flex:1;min-width:0;font-size:12px}
 .repro button{background:#30363d;color:#e6edf3;border-color:#484f58}
 .foot{color:var(--muted);font-size:11px;text-align:center;margin-top:24px}
+.dsub{margin-top:6px;display:flex;gap:10px;align-items:center;flex-wrap:wrap}
+pre.example{background:var(--soft);padding:8px 10px;border-radius:6px}
 """
 
 JS = r"""
@@ -138,22 +141,74 @@ JS = r"""
   var t0 = performance.now(), T = window.__timings = {script_start_ms: t0};
   var D = JSON.parse(document.getElementById("dw-data").textContent);
   T.parse_ms = performance.now() - t0;
-  var S = D.S, ST = D.statuses, AX = D.axes, KINDS = D.kinds;
+  var S = D.S, ST = D.statuses, AX = D.axes, KINDS = D.kinds, LEVELS = D.levels, N = D.n;
   var SEV = ["fail", "error", "timeout", "skipped", "xfail", "pass"];
   var LABEL = {pass: "pass", xfail: "expected error met", fail: "fail", error: "error", timeout: "timeout", skipped: "skipped"};
   var GLYPH = {pass: "ok", xfail: "xf", fail: "\u2717", error: "err", timeout: "t/o", skipped: "skip"};
   var ABBR = {world_size: "ws", microbatches: "mb", num_gemms: "g"};
-  var MARK = "\u0001";
+  var BAD = {fail: 1, error: 1, timeout: 1};
+  var MARK = "\u0001", A62 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", DEC = {};
+  for (var q = 0; q < A62.length; q++) DEC[A62.charAt(q)] = q;
+  function dec(s, pos, w) { var v = 0; for (var k = 0; k < w; k++) v = v * 62 + DEC[s.charAt(pos + k)]; return v; }
   var axPos = {};
   AX.forEach(function (a, i) { axPos[a[0]] = i; });
 
-  var cells = D.cells.map(function (a, i) {
-    return {i: i, id: a[0], st: ST[a[1]], ax: a[2], r: a[3] === undefined ? null : a[3],
-            dur: a[4], ff: a[5] == null ? null : S[a[5]], rp: a[6], xp: a[7],
-            ranks: a[8] || [], lvl: a[9] || null, drop: a[10] || 0, ex: a[11] || null};
-  });
-  var byId = {};
-  cells.forEach(function (c) { byId[c.id] = c.i; });
+  // ---------------------------------------------------------------- cells (the summary blob)
+  // ids are decoded on first use (search, hash links, details): the grid needs none of them
+  var cells = new Array(N), byId = null, CODE = new Int16Array(128);
+  for (var q2 = 0; q2 < A62.length; q2++) CODE[A62.charCodeAt(q2)] = q2;
+  (function () {
+    var nAx = AX.length, AW = D.aw, AXS = D.ax, STS = D.st, FF = D.ff, RR = D.r, pos = 0;
+    for (var i = 0; i < N; i++) {
+      var ax = new Array(nAx);
+      for (var p = 0; p < nAx; p++, pos += AW) {
+        var ch = AXS.charCodeAt(pos);
+        ax[p] = ch === 45 ? -1 : AW === 1 ? CODE[ch] : dec(AXS, pos, AW);  // 45: "-", absent
+      }
+      var ff = FF[i];
+      cells[i] = {i: i, _id: null, st: ST[CODE[STS.charCodeAt(i)]], ax: ax, r: RR[i], ff: ff === undefined ? null : S[ff]};
+    }
+  })();
+  function idOf(i) {
+    var c = cells[i];
+    if (c._id === null) {
+      var e = D.id[i], W = D.w, TOK = D.T, s = "";
+      for (var k = 0; k < e.length; k += W) s += (k ? D.sep : "") + TOK[W === 1 ? CODE[e.charCodeAt(k)] : dec(e, k, W)];
+      c._id = s;
+    }
+    return c._id;
+  }
+  function indexOfId(id) {
+    if (!byId) { byId = {}; for (var i = 0; i < N; i++) byId[idOf(i)] = i; }
+    return byId.hasOwnProperty(id) ? byId[id] : -1;
+  }
+  function reproOf(c) {
+    var t = D.rpx[c.i];
+    if (t === undefined) t = D.rp;
+    return t == null ? "" : String(S[t]).split(MARK).join(idOf(c.i));
+  }
+
+  // ---------------------------------------------------------------- details (the detail blob, parsed lazily)
+  var DD = null;
+  function detailData() {
+    if (!DD) {
+      var t = performance.now(), el = document.getElementById("dw-detail");
+      DD = el ? JSON.parse(el.textContent) : {S: [], c: []};
+      T.detail_parse_ms = performance.now() - t;
+    }
+    return DD;
+  }
+  function whenParsed(fn) {  // the detail blob follows this script: wait for the parser to pass it
+    if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fn); else fn();
+  }
+  function detailOf(c) {
+    var a = detailData().c[c.i] || [], raw = a[3] || [], ranks = [], byRank = {};
+    if (typeof raw === "number") { for (var r = 0; r < raw; r++) ranks.push({rank: r, st: c.st, err: 0, checks: []}); }
+    else raw.forEach(function (g) { ranks.push({rank: g[0], st: DD.S[g[1]], err: g[2], checks: g[3].slice()}); });
+    ranks.forEach(function (g) { byRank[g.rank] = g; });
+    (a[6] || []).forEach(function (x) { if (byRank[x[0]]) byRank[x[0]].checks.push(x.slice(1)); });
+    return {dur: a[0] || 0, xp: !!a[1], ex: a[2] || null, ranks: ranks, lvl: a[4] ? LEVELS[a[4]] : null, drop: a[5] || 0};
+  }
 
   function esc(s) {
     return String(s == null ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;")
@@ -175,7 +230,9 @@ JS = r"""
     if (r === 0) return "0";
     if (r < 0.01) return r.toExponential(0);
     if (r < 1) return String(+r.toPrecision(2));
-    return String(+r.toPrecision(3));
+    if (r < 100) return String(+r.toPrecision(3));
+    if (r < 1e4) return String(Math.round(r));
+    return r.toExponential(1).replace("e+", "e");
   }
   function axisLabel(name, v) {
     if (typeof v === "boolean") return v ? name : "no " + name;
@@ -186,161 +243,207 @@ JS = r"""
     if (typeof v === "boolean") return v ? "\u2713" : "\u2013";
     return String(v);
   }
-  function worst(sts) {
-    var best = null;
-    for (var k in sts) { var p = SEV.indexOf(k); if (p < 0) p = 1; if (best === null || p < best[0]) best = [p, k]; }
-    return best ? best[1] : null;
-  }
+  function sevOf(st) { var p = SEV.indexOf(st); return p < 0 ? 1 : p; }
   function ratioNum(r) { r = rnum(r); return r == null ? -1 : (r !== r ? Infinity : r); }
-
-  // ---------------------------------------------------------------- layout + grid
-  var layout = {rows: D.layout.rows.filter(function (a) { return a in axPos; }),
-                cols: D.layout.cols.filter(function (a) { return a in axPos; })};
-  var grid = document.getElementById("grid");
-  var chipEls = [], slotOf = [], slotCells = [], rowEls = [], nCols = 0, colEls = [], selected = null;
-
-  function groups(cols) {
-    // distinct value tuples over `cols` (axis positions), sorted by each axis's value order
-    var map = {}, list = [], keyOf = new Array(cells.length);
-    cells.forEach(function (c) {
-      var v = cols.map(function (p) { return c.ax[p]; }), k = v.join(",");
-      keyOf[c.i] = k;
-      if (!(k in map)) { map[k] = 0; list.push({k: k, v: v}); }
-    });
-    list.sort(function (a, b) {
-      for (var j = 0; j < a.v.length; j++) if (a.v[j] !== b.v[j]) return a.v[j] - b.v[j];
-      return 0;
-    });
-    list.forEach(function (g, n) { map[g.k] = n; });
-    return {list: list, pos: cells.map(function (c) { return map[keyOf[c.i]]; })};
-  }
-  var spanEls = [], HEAD_ROW = 26;  // px, = table.grid thead th height
-  function pinRowHeaders() {
-    // each row-axis column sticks at its own offset, so they stack instead of overlapping
-    var first = grid.querySelector("tbody tr");
-    if (!first) return;
-    var ths0 = first.querySelectorAll("th.rh");
-    ths0.forEach(function (th) { th.style.left = ""; });  // (no CSS left: natural positions)
-    var x0 = ths0[0].getBoundingClientRect().left;
-    var lefts = Array.prototype.map.call(ths0, function (th) { return th.getBoundingClientRect().left - x0; });
-    grid.querySelectorAll("tr").forEach(function (tr) {
-      var ths = tr.querySelectorAll("th.rh:not(.ax)");
-      if (ths.length === lefts.length) ths.forEach(function (th, j) { th.style.left = lefts[j] + "px"; });
-    });
-    grid.querySelectorAll("th.rh.ax").forEach(function (th) { th.style.left = "0px"; });
-  }
-  function build() {
-    var ri = layout.rows.map(function (a) { return axPos[a]; });
-    var ci = layout.cols.map(function (a) { return axPos[a]; });
-    var R = groups(ri), C = groups(ci), rowList = R.list, colList = C.list;
-    slotOf = new Array(cells.length);
-    var slotMap = {};
-    cells.forEach(function (c) {
-      var key = R.pos[c.i] * 100000 + C.pos[c.i];
-      (slotMap[key] = slotMap[key] || []).push(c.i);
-      slotOf[c.i] = key;
-    });
-    nCols = colList.length;
-    var h = ["<thead>"], lead = Math.max(1, ri.length);
-    ci.forEach(function (p, j) {
-      h.push('<tr><th class="rh ax" colspan="' + lead + '">' + esc(AX[p][0]) + " \u2192</th>");
-      // merge neighbouring columns that agree on this and every earlier column axis
-      for (var k = 0; k < nCols; ) {
-        var e = k + 1;
-        while (e < nCols && colList[e].v.slice(0, j + 1).join() === colList[k].v.slice(0, j + 1).join()) e++;
-        h.push('<th data-span="' + k + "," + (e - 1) + '" colspan="' + (e - k) + '">' +
-               esc(axisLabel(AX[p][0], AX[p][1][colList[k].v[j]])) + "</th>");
-        k = e;
-      }
-      h.push("</tr>");
-    });
-    h.push("<tr>");
-    ri.forEach(function (p) { h.push('<th class="rh">' + esc(AX[p][0]) + "</th>"); });
-    if (!ri.length) h.push('<th class="rh"></th>');
-    colList.forEach(function (g, k) { h.push('<th data-c="' + k + '" class="colsum" id="cs' + k + '"></th>'); });
-    h.push("</tr></thead><tbody>");
-    rowList.forEach(function (g, r) {
-      h.push('<tr data-r="' + r + '">');
-      var prev = r ? rowList[r - 1].v : null, same = !!prev;
-      ri.forEach(function (p, j) {
-        same = same && prev[j] === g.v[j];
-        h.push('<th class="rh' + (same ? " rep" : "") + '">' + esc(axisValueShort(AX[p][1][g.v[j]])) + "</th>");
-      });
-      if (!ri.length) h.push('<th class="rh">all cells</th>');
-      for (var k = 0; k < nCols; k++) {
-        var list = slotMap[r * 100000 + k];
-        h.push('<td data-c="' + k + '" id="sl' + (r * 100000 + k) + '"><div class="chips">');
-        if (list) list.forEach(function (i) {
-          var c = cells[i], t = c.r != null ? fmtRatio(c.r) : (GLYPH[c.st] || c.st);
-          var near = c.st === "pass" && ratioNum(c.r) >= 0.5 ? " near" : "";
-          h.push('<span class="chip ' + sclass(c.st) + near + '" data-i="' + i + '" data-status="' + esc(c.st) + '">' + esc(t) + "</span>");
-        });
-        h.push("</div></td>");
-      }
-      h.push("</tr>");
-    });
-    h.push("</tbody>");
-    grid.innerHTML = h.join("");
-    chipEls = new Array(cells.length);
-    var nodes = grid.querySelectorAll(".chip");
-    for (var n = 0; n < nodes.length; n++) chipEls[+nodes[n].getAttribute("data-i")] = nodes[n];
-    rowEls = Array.prototype.slice.call(grid.querySelectorAll("tbody tr"));
-    colEls = [];
-    grid.querySelectorAll("[data-c]").forEach(function (el) {
-      var k = +el.getAttribute("data-c"); (colEls[k] = colEls[k] || []).push(el);
-    });
-    spanEls = Array.prototype.slice.call(grid.querySelectorAll("th[data-span]"));
-    grid.querySelectorAll("thead tr").forEach(function (tr, j) {  // stack the sticky header rows
-      tr.querySelectorAll("th").forEach(function (th) { th.style.top = (j * HEAD_ROW) + "px"; });
-    });
-    slotCells = slotMap;
-    applyFilters();
-    requestAnimationFrame(pinRowHeaders);
-    if (selected != null && chipEls[selected]) chipEls[selected].classList.add("sel");
+  function chipText(c) {  // the ratio when it says something (passing, or over the bound), else a glyph
+    if (c.r != null && (c.st === "pass" || ratioNum(c.r) > 1)) return fmtRatio(c.r);
+    return GLYPH[c.st] || c.st;
   }
 
-  // ---------------------------------------------------------------- filters
+  // ---------------------------------------------------------------- filters state
   var stOn = {}, axOn = AX.map(function (a) { return a[1].map(function () { return true; }); });
   ST.forEach(function (s) { stOn[s] = true; });
   var query = "";
   function visible(c) {
     if (!stOn[c.st]) return false;
     for (var p = 0; p < c.ax.length; p++) if (c.ax[p] >= 0 && !axOn[p][c.ax[p]]) return false;
-    if (query && c.id.toLowerCase().indexOf(query) < 0) return false;
+    if (query && idOf(c.i).toLowerCase().indexOf(query) < 0) return false;
     return true;
   }
-  function applyFilters() {
-    var vis = 0, rowVis = {}, colVis = {}, colBad = {}, slotSt = {};
-    cells.forEach(function (c) {
-      var v = visible(c), el = chipEls[c.i];
-      if (el) el.classList.toggle("h", !v);
-      if (!v) return;
-      vis++;
-      var key = slotOf[c.i], r = Math.floor(key / 100000), k = key % 100000;
-      rowVis[r] = 1; colVis[k] = 1;
-      if (c.st === "fail" || c.st === "error" || c.st === "timeout") colBad[k] = (colBad[k] || 0) + 1;
-      (slotSt[key] = slotSt[key] || {})[c.st] = 1;
+
+  // ---------------------------------------------------------------- layout + grid
+  // The grid is one table built from HTML strings: the head and the first rows (about a
+  // screenful) at once, the rest in chunks after the first paint, one chunk per frame.
+  var FIRST_CHIPS = 1200, CHUNK_CHIPS = 3000, HEAD_ROW = 26;  // px, = table.grid thead th height
+  var layout = {rows: D.layout.rows.filter(function (a) { return a in axPos; }),
+                cols: D.layout.cols.filter(function (a) { return a in axPos; })};
+  var grid = document.getElementById("grid");
+  var G = null, buildToken = 0, selected = null, pendingScroll = null;
+  var vis = new Uint8Array(N), rowVis, colVis, colBad, slotWorst, nVis = 0;
+  var colStyle = document.createElement("style"), pinStyle = document.createElement("style");
+  document.head.appendChild(colStyle);
+  document.head.appendChild(pinStyle);
+
+  function groups(cols) {
+    // distinct value tuples over `cols` (axis positions), sorted by each axis's value order
+    var map = {}, list = [], keyOf = new Array(N), i, j;
+    for (i = 0; i < N; i++) {
+      var v = new Array(cols.length);
+      for (j = 0; j < cols.length; j++) v[j] = cells[i].ax[cols[j]];
+      var k = v.join(",");
+      keyOf[i] = k;
+      if (!(k in map)) { map[k] = 0; list.push({k: k, v: v}); }
+    }
+    list.sort(function (a, b) {
+      for (var j = 0; j < a.v.length; j++) if (a.v[j] !== b.v[j]) return a.v[j] - b.v[j];
+      return 0;
     });
-    rowEls.forEach(function (tr, r) { tr.classList.toggle("h", !rowVis[r]); });
-    colEls.forEach(function (els, k) { els.forEach(function (el) { el.classList.toggle("h", !colVis[k]); }); });
-    spanEls.forEach(function (th) {
+    list.forEach(function (g, n) { map[g.k] = n; });
+    var pos = new Array(N);
+    for (i = 0; i < N; i++) pos[i] = map[keyOf[i]];
+    return {list: list, pos: pos};
+  }
+  function computeVis() {
+    var nR = G.rowList.length, nC = G.colList.length, slotSev = {};
+    rowVis = new Uint8Array(nR); colVis = new Uint8Array(nC); colBad = new Int32Array(nC); slotWorst = {}; nVis = 0;
+    for (var i = 0; i < N; i++) {
+      var c = cells[i], v = visible(c);
+      vis[i] = v ? 1 : 0;
+      if (!v) continue;
+      nVis++;
+      var key = G.slotOf[i], k = key % 100000, s = sevOf(c.st);
+      rowVis[(key - k) / 100000] = 1; colVis[k] = 1;
+      if (BAD[c.st]) colBad[k]++;
+      if (!(key in slotSev) || s < slotSev[key]) slotSev[key] = s;
+    }
+    for (var key2 in slotSev) if (BAD[SEV[slotSev[key2]]]) slotWorst[key2] = " worst-" + SEV[slotSev[key2]];
+  }
+  function paintHead() {
+    // column visibility is one style rule, so rows rendered later follow it too
+    var hidden = [];
+    for (var k = 0; k < G.colList.length; k++) if (!colVis[k]) hidden.push('#grid [data-c="' + k + '"]');
+    colStyle.textContent = hidden.length ? hidden.join(",") + "{display:none}" : "";
+    grid.querySelectorAll("th[data-span]").forEach(function (th) {
       var ab = th.getAttribute("data-span").split(","), n = 0;
       for (var k = +ab[0]; k <= +ab[1]; k++) if (colVis[k]) n++;
       th.classList.toggle("h", !n);
       if (n) th.colSpan = n;
     });
-    for (var key in slotCells) {
-      var td = document.getElementById("sl" + key);
-      if (!td) continue;
-      td.className = "";
-      var w = slotSt[key] ? worst(slotSt[key]) : null;
-      if (w === "fail" || w === "error" || w === "timeout") td.className = "worst-" + w;
+    for (var k2 = 0; k2 < G.colList.length; k2++) {
+      var cs = document.getElementById("cs" + k2);
+      if (cs) cs.textContent = colBad[k2] ? colBad[k2] + " bad" : "";
     }
-    for (var k = 0; k < nCols; k++) {
-      var cs = document.getElementById("cs" + k);
-      if (cs) cs.textContent = colBad[k] ? colBad[k] + " bad" : "";
+    document.getElementById("shown").textContent = "showing " + nVis.toLocaleString() + " of " + N.toLocaleString() + " cells";
+  }
+  function rowHtml(r) {
+    var g = G.rowList[r], ri = G.ri, h = ['<tr data-r="' + r + '"' + (rowVis[r] ? "" : ' class="h"') + ">"];
+    var prev = r ? G.rowList[r - 1].v : null, same = !!prev;
+    for (var j = 0; j < ri.length; j++) {
+      same = same && prev[j] === g.v[j];
+      h.push('<th class="rh' + (same ? " rep" : "") + '">' + esc(axisValueShort(AX[ri[j]][1][g.v[j]])) + "</th>");
     }
-    document.getElementById("shown").textContent = "showing " + vis.toLocaleString() + " of " + cells.length.toLocaleString() + " cells";
+    if (!ri.length) h.push('<th class="rh">all cells</th>');
+    for (var k = 0; k < G.colList.length; k++) {
+      var key = r * 100000 + k, list = G.slotMap[key];
+      h.push('<td data-c="' + k + '" id="sl' + key + '"' + (slotWorst[key] ? ' class="' + slotWorst[key].slice(1) + '"' : "") +
+             '><div class="chips"' + (list && list.length > 40 ? ' style="contain-intrinsic-size:auto 172px auto ' + (6 + Math.ceil(list.length / 5) * 20) + 'px"' : "") + ">");
+      if (list) for (var n = 0; n < list.length; n++) {
+        var i = list[n], c = cells[i];
+        h.push('<span class="chip ' + sclass(c.st) + (c.st === "pass" && ratioNum(c.r) >= 0.5 ? " near" : "") +
+               (vis[i] ? "" : " h") + (i === selected ? " sel" : "") + '" data-i="' + i + '">' + esc(chipText(c)) + "</span>");
+      }
+      h.push("</div></td>");
+    }
+    h.push("</tr>");
+    return h.join("");
+  }
+  function renderRows(maxChips) {
+    var h = [], n = 0;
+    while (G.done < G.rowList.length && (!h.length || n < maxChips)) { h.push(rowHtml(G.done)); n += G.rowCount[G.done]; G.done++; }
+    if (h.length) G.tbody.insertAdjacentHTML("beforeend", h.join(""));
+    if (pendingScroll != null) {  // a cell opened from the URL: keep it in view while rows arrive
+      var el = chipEl(pendingScroll);
+      if (el) el.scrollIntoView({block: "center"});
+    }
+  }
+  function pinRowHeaders() {
+    // each row-axis column sticks at its own offset, so they stack instead of overlapping
+    var first = G.tbody.rows[0];
+    if (!first) return;
+    var ths = first.querySelectorAll("th.rh"), x0 = ths[0].getBoundingClientRect().left, css = [];
+    for (var j = 0; j < ths.length; j++)
+      css.push("#grid tr>th.rh:nth-child(" + (j + 1) + "){left:" + (ths[j].getBoundingClientRect().left - x0) + "px}");
+    pinStyle.textContent = css.join("");
+  }
+  function build() {
+    var token = ++buildToken, ri = layout.rows.map(function (a) { return axPos[a]; }),
+        ci = layout.cols.map(function (a) { return axPos[a]; });
+    var R = groups(ri), C = groups(ci), rowList = R.list, colList = C.list, nCols = colList.length;
+    G = {ri: ri, ci: ci, rowList: rowList, colList: colList, slotOf: new Array(N), slotMap: {},
+         rowCount: new Int32Array(rowList.length), done: 0, tbody: null};
+    for (var i = 0; i < N; i++) {
+      var key = R.pos[i] * 100000 + C.pos[i];
+      (G.slotMap[key] = G.slotMap[key] || []).push(i);
+      G.slotOf[i] = key;
+      G.rowCount[R.pos[i]]++;
+    }
+    computeVis();
+    var h = ["<thead>"], lead = Math.max(1, ri.length);
+    ci.forEach(function (p, j) {
+      h.push('<tr><th class="rh ax" colspan="' + lead + '" style="top:' + (j * HEAD_ROW) + 'px">' + esc(AX[p][0]) + " \u2192</th>");
+      // merge neighbouring columns that agree on this and every earlier column axis
+      for (var k = 0; k < nCols; ) {
+        var e = k + 1;
+        while (e < nCols && colList[e].v.slice(0, j + 1).join() === colList[k].v.slice(0, j + 1).join()) e++;
+        h.push('<th data-span="' + k + "," + (e - 1) + '" colspan="' + (e - k) + '" style="top:' + (j * HEAD_ROW) + 'px">' +
+               esc(axisLabel(AX[p][0], AX[p][1][colList[k].v[j]])) + "</th>");
+        k = e;
+      }
+      h.push("</tr>");
+    });
+    var top = ' style="top:' + (ci.length * HEAD_ROW) + 'px"';
+    h.push("<tr>");
+    ri.forEach(function (p) { h.push('<th class="rh"' + top + ">" + esc(AX[p][0]) + "</th>"); });
+    if (!ri.length) h.push('<th class="rh"' + top + "></th>");
+    colList.forEach(function (g, k) { h.push('<th data-c="' + k + '" class="colsum" id="cs' + k + '"' + top + "></th>"); });
+    h.push("</tr></thead><tbody></tbody>");
+    grid.innerHTML = h.join("");
+    G.tbody = grid.tBodies[0];
+    paintHead();
+    renderRows(FIRST_CHIPS);
+    var step = function () {
+      if (token !== buildToken) return;  // regrouped meanwhile: that build carries on
+      pinRowHeaders();
+      if (G.done < G.rowList.length) {
+        renderRows(CHUNK_CHIPS);
+        requestAnimationFrame(function () { setTimeout(step, 0); });
+      } else {
+        if (pendingScroll != null) {  // sizes settle once every row is laid out: one last scroll
+          var target = pendingScroll;
+          pendingScroll = null;
+          requestAnimationFrame(function () { var el = chipEl(target); if (el) el.scrollIntoView({block: "center"}); });
+        }
+        grid.setAttribute("data-complete", "1");
+        if (window.__gridCompleteAt === undefined) {
+          window.__gridCompleteAt = performance.now();
+          (window.requestIdleCallback || function (f) { setTimeout(f, 50); })(function () { whenParsed(detailData); });
+        }
+      }
+    };
+    grid.removeAttribute("data-complete");
+    requestAnimationFrame(function () {
+      setTimeout(function () {  // runs once the frame with the first rows is out
+        if (window.__renderedAt === undefined) window.__renderedAt = performance.now();
+        step();
+      }, 0);
+    });
+  }
+  function applyFilters() {
+    computeVis();
+    // static lists: a live collection re-walks the DOM on every access after a class changes
+    var chips = G.tbody.querySelectorAll(".chip"), rows = Array.prototype.slice.call(G.tbody.rows);
+    for (var n = 0; n < chips.length; n++) {
+      var el = chips[n], hide = !vis[+el.getAttribute("data-i")];
+      if (hide !== el.classList.contains("h")) el.classList.toggle("h", hide);
+    }
+    for (var r = 0; r < rows.length; r++) {
+      rows[r].classList.toggle("h", !rowVis[r]);
+      for (var k = 0; k < G.colList.length; k++) {
+        var key = r * 100000 + k, td = document.getElementById("sl" + key);
+        if (td) td.className = slotWorst[key] ? slotWorst[key].slice(1) : "";
+      }
+    }
+    paintHead();
   }
   function buildFilters() {
     var box = document.getElementById("filters"), h = [], nSt = {};
@@ -348,7 +451,7 @@ JS = r"""
     h.push('<div class="frow all"><label class="k">status</label>');
     ST.forEach(function (s) {
       if (!nSt[s]) return;
-      h.push('<span class="tog" data-st="' + esc(s) + '"><i class="sw ' + sclass(s) + '"></i>' + esc(LABEL[s] || s) + '<span class="n">' + nSt[s] + "</span></span>");
+      h.push('<span class="tog" data-st="' + esc(s) + '"><i class="sw ' + sclass(s) + '"></i>' + esc(LABEL[s] || s) + '<span class="n">' + nSt[s].toLocaleString() + "</span></span>");
     });
     h.push('<input class="search" id="q" placeholder="filter by cell id substring\u2026" type="search"><span class="shown" id="shown"></span></div>');
     AX.forEach(function (a, p) {
@@ -361,7 +464,7 @@ JS = r"""
                return '<option value="' + o + '"' + (o === role ? " selected" : "") + ">" + (o ? "grid " + o : "in slot") + "</option>";
              }).join("") + "</select>");
       a[1].forEach(function (v, j) {
-        h.push('<span class="tog" data-ax="' + p + '" data-v="' + j + '">' + esc(axisLabel(a[0], v)) + '<span class="n">' + n[j] + "</span></span>");
+        h.push('<span class="tog" data-ax="' + p + '" data-v="' + j + '">' + esc(axisLabel(a[0], v)) + '<span class="n">' + n[j].toLocaleString() + "</span></span>");
       });
       h.push("</div>");
     });
@@ -394,14 +497,15 @@ JS = r"""
   var detail = document.getElementById("detail");
   function show(v) { return typeof v === "string" ? v : JSON.stringify(v); }
   function checkRows(checks, rankCol) {
-    var h = ['<table class="checks"><thead><tr>' + (rankCol ? "<th>rank</th>" : "") +
-             '<th>check</th><th>kind</th><th>ok</th><th class="num">max_abs</th><th class="num">max_rel</th>' +
-             '<th class="num">bound_at_worst</th><th class="num">ratio</th><th>expected</th><th>actual</th></tr></thead><tbody>'];
+    var DS = DD.S, h = ['<table class="checks"><thead><tr>' + (rankCol ? "<th>rank</th>" : "") +
+             '<th>check</th><th>kind</th><th>ok</th><th class="num">max abs</th><th class="num">max rel</th>' +
+             '<th class="num" title="tolerance bound at the worst element">bound</th><th class="num" title="worst error / bound">ratio</th>' +
+             '<th>expected</th><th>actual</th></tr></thead><tbody>'];
     var ncol = rankCol ? 10 : 9;
     checks.forEach(function (x) {
-      var a = x.c, kind = typeof a[1] === "number" ? KINDS[a[1]] : S[a[1]], ok = !!a[2], msg = null, t = [];
+      var a = x.c, kind = typeof a[1] === "number" ? KINDS[a[1]] : DS[a[1]], ok = !!a[2], msg = null, t = [];
       t.push(rankCol ? "<td>" + x.rank + "</td>" : "");
-      t.push('<td class="nm2">' + esc(S[a[0]]) + "</td><td>" + esc(kind) + '</td><td class="ok' + (ok ? 1 : 0) + '">' + (ok ? "\u2713" : "\u2717") + "</td>");
+      t.push('<td class="nm2">' + esc(DS[a[0]]) + "</td><td>" + esc(kind) + '</td><td class="ok' + (ok ? 1 : 0) + '">' + (ok ? "\u2713" : "\u2717") + "</td>");
       if (kind === "tensor") {
         t.push('<td class="num">' + fmtNum(a[4]) + '</td><td class="num">' + fmtNum(a[5]) + '</td><td class="num">' + fmtNum(a[6]) +
                '</td><td class="num">' + fmtNum(a[3]) + "</td>");
@@ -418,109 +522,121 @@ JS = r"""
         msg = a[5];
       }
       h.push('<tr class="' + (ok ? "" : "bad") + '">' + t.join("") + "</tr>");
-      if (msg != null) h.push('<tr class="msg"><td colspan="' + ncol + '"><pre>' + esc(S[msg]) + "</pre></td></tr>");
+      if (msg != null) h.push('<tr class="msg"><td colspan="' + ncol + '"><pre>' + esc(DS[msg]) + "</pre></td></tr>");
     });
     h.push("</tbody></table>");
     return h.join("");
   }
   function excBlock(e, sameAs) {
     if (!e) return "";
-    var h = '<div class="exc"><div class="et">' + esc(S[e[0]]) + ": " + esc(S[e[1]]) + "</div>";
+    var DS = DD.S, h = '<div class="exc"><div class="et">' + esc(DS[e[0]]) + ": " + esc(DS[e[1]]) + "</div>";
     if (e[2] != null) h += sameAs != null ? '<div class="muted">traceback identical to rank ' + sameAs + "</div>"
-                                          : '<pre class="traceback">' + esc(S[e[2]]) + "</pre>";
+                                          : '<pre class="traceback">' + esc(DS[e[2]]) + "</pre>";
     return h + "</div>";
   }
-  function renderDetail(c) {
-    var h = [];
-    h.push('<div class="dh"><div class="id">' + esc(c.id) + '</div><button class="close" title="close (Esc)" id="dclose">\u00d7</button>');
-    h.push('<div style="margin-top:6px;display:flex;gap:10px;align-items:center;flex-wrap:wrap"><span class="badge ' + sclass(c.st) + '">' + esc(LABEL[c.st] || c.st) + "</span>");
-    h.push('<span class="muted">expects ' + (c.xp ? "the clear error" : "pass") + " \u00b7 " + fmtNum(c.dur) + " s" +
+  function renderDetail(c, d) {
+    var h = [], DS = DD.S;
+    h.push('<div class="dh"><div class="id">' + esc(idOf(c.i)) + '</div><button class="close" title="close (Esc)" id="dclose">\u00d7</button>');
+    h.push('<div class="dsub"><span class="badge ' + sclass(c.st) + '">' + esc(LABEL[c.st] || c.st) + "</span>");
+    h.push('<span class="muted">expects ' + (d.xp ? "the clear error" : "pass") + " \u00b7 " + fmtNum(d.dur) + " s" +
            (c.r != null ? " \u00b7 worst ratio <b>" + esc(fmtRatio(c.r)) + "</b>" : "") + "</span></div></div>");
     h.push('<div class="db">');
     if (c.ff) h.push('<div class="ff">' + esc(c.ff) + "</div>");
-    var cmd = String(c.rp == null ? "" : S[c.rp]).split(MARK).join(c.id);
     h.push("<h3>Reproduce</h3>");
-    h.push('<div class="repro"><pre class="repro-cmd" id="repro-cmd">' + esc(cmd) + '</pre><button data-copy="repro-cmd">Copy</button></div>');
+    h.push('<div class="repro"><pre class="repro-cmd" id="repro-cmd">' + esc(reproOf(c)) + '</pre><button data-copy="repro-cmd">Copy</button></div>');
     h.push('<h3>Axes</h3><div class="kv">');
     AX.forEach(function (a, p) { if (c.ax[p] >= 0) h.push("<span><em>" + esc(a[0]) + "=</em>" + esc(JSON.stringify(a[1][c.ax[p]])) + "</span>"); });
     h.push("</div>");
-    if (c.ex) {
-      h.push("<h3>Example" + (c.ex.shrunk ? ' <span class="badge s-fail">shrunk by hypothesis</span>' : "") + "</h3>");
-      var exLines = Object.keys(c.ex).map(function (k) { return k + ": " + JSON.stringify(c.ex[k]); });
-      h.push('<pre class="mono" style="background:var(--soft);padding:8px 10px;border-radius:6px">' + esc(exLines.join("\n")) + "</pre>");
+    if (d.ex) {
+      h.push("<h3>Example" + (d.ex.shrunk ? ' <span class="badge s-fail">shrunk by hypothesis</span>' : "") + "</h3>");
+      var exLines = Object.keys(d.ex).map(function (k) { return k + ": " + JSON.stringify(d.ex[k]); });
+      h.push('<pre class="mono example">' + esc(exLines.join("\n")) + "</pre>");
     }
-    if (c.lvl) {
+    if (d.lvl) {
       h.push("<h3>Ranks</h3>");
       h.push('<div class="note">This cell met its expectation, so the report keeps ' +
-             (c.lvl === "fold" ? "each check once, at the rank where it came closest to its bound" :
-              c.lvl === "none" ? "only the rank statuses" : "at most its " + c.lvl.slice(3) + " closest checks, each once at its worst rank") +
-             (c.drop ? " (" + c.drop + " per-rank check results omitted)" : "") + ", to keep the file small. <code>results.json</code> has every value.</div>");
+             (d.lvl === "fold" ? "each check once, at the rank where it came closest to its bound" :
+              d.lvl === "none" ? "only the rank statuses" : "at most its " + d.lvl.slice(3) + " closest checks, each once at its worst rank") +
+             (d.drop ? " (" + d.drop + " per-rank check results omitted)" : "") + ", to keep the file small. <code>results.json</code> has every value.</div>");
       var flat = [];
-      c.ranks.forEach(function (g) { g[3].forEach(function (a) { flat.push({rank: g[0], c: a}); }); });
-      c.ranks.forEach(function (g) { if (g[2]) h.push('<div class="rank"><div class="rh2">rank ' + g[0] + '</div><div class="rb">' + excBlock(g[2]) + "</div></div>"); });
+      d.ranks.forEach(function (g) { g.checks.forEach(function (a) { flat.push({rank: g.rank, c: a}); }); });
+      d.ranks.forEach(function (g) { if (g.err) h.push('<div class="rank"><div class="rh2">rank ' + g.rank + '</div><div class="rb">' + excBlock(g.err) + "</div></div>"); });
       if (flat.length) h.push(checkRows(flat, true));
-      h.push('<p class="muted">rank statuses: ' + c.ranks.map(function (g) { return "rank " + g[0] + " " + esc(S[g[1]]); }).join(", ") + "</p>");
+      h.push('<p class="muted">rank statuses: ' + d.ranks.map(function (g) { return "rank " + g.rank + " " + esc(g.st); }).join(", ") + "</p>");
     } else {
       var tbs = {}, failed = [];
-      c.ranks.forEach(function (g) {  // an "exception" check of a rank that raised restates its error: skip
-        g[3].forEach(function (a) { if (!a[2] && !(g[2] && KINDS[a[1]] === "exception")) failed.push({rank: g[0], c: a}); });
+      d.ranks.forEach(function (g) {  // an "exception" check of a rank that raised restates its error: skip
+        g.checks.forEach(function (a) { if (!a[2] && !(g.err && KINDS[a[1]] === "exception")) failed.push({rank: g.rank, c: a}); });
       });
-      var anyProblem = failed.length || c.ranks.some(function (g) { return g[2]; });
+      var anyProblem = failed.length || d.ranks.some(function (g) { return g.err; });
       if (failed.length) h.push('<h3>Failed checks (' + failed.length + ')</h3>' + checkRows(failed, true));
       h.push("<h3>Ranks</h3>");
-      if (!c.ranks.length) h.push('<p class="muted">no per-rank results were recorded for this cell.</p>');
-      c.ranks.forEach(function (g) {
-        var rs = S[g[1]], nBad = g[3].filter(function (a) { return !a[2]; }).length;
-        var opened = !anyProblem || nBad || g[2];
-        h.push('<details class="rank"' + (opened ? " open" : "") + '><summary class="rh2">rank ' + g[0] +
-               ' <span class="badge ' + sclass(rs) + '">' + esc(rs) + "</span>" +
-               '<span class="muted" style="font-weight:400">' + g[3].length + " checks" + (nBad ? ", " + nBad + " failed" : "") +
-               (g[2] ? ", raised " + esc(S[g[2][0]]) : "") + '</span></summary><div class="rb">');
+      if (!d.ranks.length) h.push('<p class="muted">no per-rank results were recorded for this cell.</p>');
+      d.ranks.forEach(function (g) {
+        var nBad = g.checks.filter(function (a) { return !a[2]; }).length;
+        var opened = !anyProblem || nBad || g.err;
+        h.push('<details class="rank"' + (opened ? " open" : "") + '><summary class="rh2">rank ' + g.rank +
+               ' <span class="badge ' + sclass(g.st) + '">' + esc(g.st) + "</span>" +
+               '<span class="muted" style="font-weight:400">' + g.checks.length + " checks" + (nBad ? ", " + nBad + " failed" : "") +
+               (g.err ? ", raised " + esc(DS[g.err[0]]) : "") + '</span></summary><div class="rb">');
         var same = null;
-        if (g[2] && g[2][2] != null) { if (tbs[g[2][2]] !== undefined) same = tbs[g[2][2]]; else tbs[g[2][2]] = g[0]; }
-        h.push(excBlock(g[2], same));
-        if (g[3].length) h.push(checkRows(g[3].map(function (a) { return {rank: g[0], c: a}; }), false));
+        if (g.err && g.err[2] != null) { if (tbs[g.err[2]] !== undefined) same = tbs[g.err[2]]; else tbs[g.err[2]] = g.rank; }
+        h.push(excBlock(g.err, same));
+        if (g.checks.length) h.push(checkRows(g.checks.map(function (a) { return {rank: g.rank, c: a}; }), false));
         h.push("</div></details>");
       });
     }
     h.push("</div>");
     return h.join("");
   }
+  function chipEl(i) { return grid.querySelector('.chip[data-i="' + i + '"]'); }
+  function select(i, scroll) {
+    var old = selected != null ? chipEl(selected) : null;
+    if (old) old.classList.remove("sel");
+    selected = i;
+    pendingScroll = null;
+    if (i == null) return;
+    var el = chipEl(i);
+    if (el) { el.classList.add("sel"); if (scroll) el.scrollIntoView({block: "center"}); }
+    if (scroll && grid.getAttribute("data-complete") !== "1") pendingScroll = i;  // rows still arriving
+  }
   function open(i, scroll) {
     var c = cells[i];
     if (!c) return;
-    detail.innerHTML = renderDetail(c);
-    detail.hidden = false;
-    detail.scrollTop = 0;
-    if (selected != null && chipEls[selected]) chipEls[selected].classList.remove("sel");
-    selected = i;
-    if (chipEls[i]) { chipEls[i].classList.add("sel"); if (scroll) chipEls[i].scrollIntoView({block: "nearest"}); }
+    whenParsed(function () {
+      var t = performance.now();
+      detail.innerHTML = renderDetail(c, detailOf(c));
+      detail.hidden = false;
+      detail.scrollTop = 0;
+      select(i, scroll);
+      T.last_open_ms = performance.now() - t;
+    });
   }
   function close() {
     detail.hidden = true;
-    if (selected != null && chipEls[selected]) chipEls[selected].classList.remove("sel");
-    selected = null;
+    select(null, false);
     if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   }
   function fromHash() {
     var raw = location.hash.slice(1), h = raw;
     if (!raw) return;
     try { h = decodeURIComponent(raw); } catch (e) {}
-    if (byId.hasOwnProperty(h)) open(byId[h], true);
-    else if (byId.hasOwnProperty(raw)) open(byId[raw], true);
+    var i = indexOfId(h);
+    if (i < 0) i = indexOfId(raw);
+    if (i >= 0) open(i, true);
   }
   grid.addEventListener("click", function (e) {
     var t = e.target.closest(".chip");
     if (!t) return;
     var i = +t.getAttribute("data-i");
     open(i, false);
-    history.replaceState(null, "", "#" + encodeURIComponent(cells[i].id).replace(/%3D/g, "=").replace(/%2C/g, ","));
+    history.replaceState(null, "", "#" + encodeURIComponent(idOf(i)).replace(/%3D/g, "=").replace(/%2C/g, ","));
   });
   grid.addEventListener("mouseover", function (e) {
     var t = e.target.closest(".chip");
     if (!t || t.title) return;
     var c = cells[+t.getAttribute("data-i")];
-    t.title = c.id + "\n" + (LABEL[c.st] || c.st) + (c.r != null ? " \u00b7 worst ratio " + fmtRatio(c.r) : "") + (c.ff ? "\n" + c.ff : "");
+    t.title = idOf(c.i) + "\n" + (LABEL[c.st] || c.st) + (c.r != null ? " \u00b7 worst ratio " + fmtRatio(c.r) : "") + (c.ff ? "\n" + c.ff : "");
   });
   window.addEventListener("hashchange", fromHash);
   document.addEventListener("keydown", function (e) { if (e.key === "Escape" && !detail.hidden) close(); });
@@ -547,6 +663,5 @@ JS = r"""
   fromHash();
   window.__gridBuiltAt = performance.now();
   window.__buildMs = window.__gridBuiltAt - t0;
-  requestAnimationFrame(function () { setTimeout(function () { window.__renderedAt = performance.now(); }, 0); });
 })();
 """

@@ -70,9 +70,13 @@ def fmt_ratio(r: Any) -> str:
     if r < 0.01:
         m, e = f"{r:.0e}".split("e")
         return f"{m}e{int(e)}"
-    if r < 10:
-        return f"{r:.2g}" if r < 1 else f"{r:.3g}"
-    return f"{r:.3g}"
+    if r < 1:
+        return f"{r:.2g}"
+    if r < 100:
+        return f"{r:.3g}"
+    if r < 1e4:
+        return str(round(r))
+    return f"{r:.1e}".replace("e+0", "e").replace("e+", "e")
 
 
 def fmt_duration(s: Any) -> str:

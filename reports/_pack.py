@@ -1,37 +1,67 @@
-"""Pack a run record into the compact JSON the HTML report embeds.
+"""Pack a run record into the two compact JSON blobs the HTML report embeds.
 
-Why a packed form: the ``full`` preset has 10k+ cells x 4 ranks x ~20 checks; the record as
-written is tens of MB, and a report that big is slow to open and awkward to attach to CI.
-The page therefore carries one JSON blob that the browser expands lazily:
+Why a packed form: the ``full`` preset has 21,600 cells x up to 4 ranks x ~30 checks; the
+record as written is tens of MB, and a report that big is slow to open and awkward to attach
+to CI. Time to first render is what the reader feels, so the page carries two blobs:
 
-* every repeated string (check names, messages, tracebacks, repro templates) lives once in a
-  string table ``S`` and is referenced by index;
-* axis values are indices into per-axis value lists;
-* numbers keep 4 significant digits (NaN/inf become the strings ``"nan"``/``"inf"``);
-* checks are arrays with a per-kind layout and trailing empties dropped:
-  tensor ``[name, 0, ok, ratio, max_abs, max_rel, bound_at_worst, numel, mismatched, index,
-  message]``; other kinds ``[name, kind, ok, expected, actual, message]`` where ``actual`` is
-  dropped when ok and equal to ``expected``;
-* fail/error/timeout/xfail cells always keep every rank and check. Passing and skipped cells
-  are *thinned* only when the whole blob would exceed ``budget`` bytes, in steps: ``fold``
-  (each check once, at the rank where it is worst), then ``top8``/``top3`` (the few worst
-  checks, plus how many were dropped), then ``none``. The chosen level is recorded so the
-  page can say so; ``results.json`` remains the full truth.
+``summary`` (``<script id="dw-data">``, parsed at once; everything the grid and the filters
+need, ~40 bytes a cell), columnar:
+
+* ``id``: each cell id split on ``-`` into tokens; the tokens live once in ``T`` and an id is
+  the concatenation of its tokens' codes (``w`` base-62 characters each), e.g. 12 characters
+  instead of 85;
+* ``st``: one base-62 character per cell, an index into ``statuses``;
+* ``ax``: ``aw`` characters per axis per cell, an index into that axis' values in ``axes``
+  (``-`` when the cell lacks the axis);
+* ``r``: the worst error/bound ratio per cell (4 significant digits; ``null`` when none;
+  NaN/inf as the strings ``"nan"``/``"inf"``; a failing ratio is never rounded down to 1);
+* ``ff``: ``{cell index: S index}`` of the first-failure lines (sparse);
+* ``rp`` / ``rpx``: the repro template most cells share and ``{cell index: S index}`` for
+  the others; a template holds ``\\u0001`` where the cell id goes.
+
+``detail`` (``<script id="dw-detail">``, parsed only when a cell is first opened, or when the
+page is idle): its own string table ``S`` (check names, messages, tracebacks, error types,
+rank statuses) and, per cell, ``[duration_s, expects_error, example, ranks, level, dropped,
+checks]`` with trailing empties dropped:
+
+* ``ranks`` is a list of ``[rank, status, error, checks]`` (``error`` is ``0`` or
+  ``[type, message, traceback]``, all S indices), or, for a thinned cell whose ranks all
+  share the cell's status and raised nothing, just the number of ranks;
+* a check is ``[name, 0, ok, ratio, max_abs, max_rel, bound_at_worst, numel, mismatched,
+  index, message]`` for tensors and ``[name, kind, ok, expected, actual, message]`` for the
+  other kinds (``actual`` dropped when ok and equal to ``expected``); numbers keep 4
+  significant digits;
+* fail/error/timeout/xfail cells always keep every rank and check (``level`` absent). Passing
+  and skipped cells are *thinned* only when both blobs together would exceed ``budget``
+  bytes, in steps (``level`` indexes ``LEVELS``): ``fold`` (each check once, at the rank
+  where it is worst), ``top8``/``top3`` (the few worst checks, and how many were dropped),
+  ``none``. A thinned cell's kept checks are the flat ``checks`` list of ``[rank, *check]``.
+  ``results.json`` remains the full truth.
+
+:func:`unpack` is the reference decoder (the tests use it; the page's JavaScript mirrors it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from typing import Any, Callable
 
-from ._common import STATUSES, ratio_key
+from ._common import STATUSES
 
 KINDS: tuple[str, ...] = ("tensor", "count", "flag", "dtype", "exception")
 #: thinning levels for cells that met their expectation, least lossy first.
 LEVELS: tuple[str, ...] = ("full", "fold", "top8", "top3", "none")
+#: statuses whose per-check detail may be thinned; everything else is kept whole.
+THINNABLE: tuple[str, ...] = ("pass", "skipped")
 TRACEBACK_LIMIT = 24_000  # characters kept per traceback (head and tail)
-_ID_MARK = "\u0001"  # stands for the cell id inside an interned repro template
+ID_MARK = "\u0001"  # stands for the cell id inside an interned repro template
+ID_SEP = "-"
+ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+ABSENT = "-"  # axis code of a cell that lacks the axis
+_SAMPLE = 256
+_INF = math.inf
 
 
 def num(x: Any) -> Any:
@@ -40,9 +70,17 @@ def num(x: Any) -> Any:
         return x
     if x != x:
         return "nan"
-    if x in (math.inf, -math.inf):
+    if x in (_INF, -_INF):
         return "inf" if x > 0 else "-inf"
     return float("%.4g" % x)
+
+
+def _ratio(x: Any) -> Any:
+    """``num(x)``, except that a ratio above 1 (a failure) is never rounded down to 1."""
+    r = num(x)
+    if r.__class__ is float and r <= 1.0 < x:
+        return x
+    return r
 
 
 def _jsonable(x: Any) -> Any:
@@ -72,8 +110,34 @@ def _clip_traceback(tb: str) -> str:
     return f"{tb[:half]}\n... [{len(tb) - TRACEBACK_LIMIT} characters clipped by the report] ...\n{tb[-half:]}"
 
 
+def _width(n: int) -> int:
+    """Base-62 digits needed to number ``n`` things (at least 1)."""
+    w = 1
+    while len(ALPHABET) ** w < n:
+        w += 1
+    return w
+
+
+def _codes(n: int, w: int) -> list[str]:
+    out = []
+    for i in range(n):
+        s = ""
+        for _ in range(w):
+            i, d = divmod(i, len(ALPHABET))
+            s = ALPHABET[d] + s
+        out.append(s)
+    return out
+
+
+def _decode(s: str, pos: int, w: int) -> int:
+    v = 0
+    for k in range(w):
+        v = v * len(ALPHABET) + ALPHABET.index(s[pos + k])
+    return v
+
+
 class _Strings:
-    """The string table: ``add(s)`` returns a stable index, ``None`` stays ``None``."""
+    """A string table: ``add(s)`` returns a stable index, ``None`` stays ``None``."""
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}
@@ -90,15 +154,100 @@ class _Strings:
             self.table.append(s)
         return i
 
+    def copy(self) -> "_Strings":
+        new = _Strings()
+        new.index, new.table = dict(self.index), list(self.table)
+        return new
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def _axis_key(v: Any) -> Any:
+    if v is None or v.__class__ in (str, int, float, bool):
+        return (v.__class__, v)  # the class keeps True apart from 1
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _axes_table(cells: list[dict[str, Any]]) -> tuple[list[list[Any]], list[list[int]]]:
+    """``[[axis, [values...]], ...]`` and, per cell, the index of its value on each axis (-1: absent).
+
+    Values keep matrix order, except numeric axes, which are sorted ascending.
+    """
+    names: list[str] = []
+    values: dict[str, dict[Any, Any]] = {}
+    for c in cells:
+        for a, v in (c.get("axes") or {}).items():
+            vals = values.get(a)
+            if vals is None:
+                names.append(a)
+                vals = values[a] = {}
+            k = _axis_key(v)
+            if k not in vals:
+                vals[k] = v
+    index: dict[str, dict[Any, int]] = {}
+    table: list[list[Any]] = []
+    for a in names:
+        keys = list(values[a])
+        if all(isinstance(values[a][k], (int, float)) and not isinstance(values[a][k], bool) for k in keys):
+            keys.sort(key=lambda k: values[a][k])
+        index[a] = {k: i for i, k in enumerate(keys)}
+        table.append([a, [_jsonable(values[a][k]) for k in keys]])
+    rows = []
+    for c in cells:
+        ax = c.get("axes") or {}
+        rows.append([index[a][_axis_key(ax[a])] if a in ax else -1 for a in names])
+    return table, rows
+
+
+def _summary(cells: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]:
+    if len(statuses) > len(ALPHABET):
+        raise ValueError(f"Cannot pack {len(statuses)} distinct statuses (at most {len(ALPHABET)})")
+    st_index = {s: i for i, s in enumerate(statuses)}
+    axes_table, rows = _axes_table(cells)
+    tokens = _Strings()
+    split = [[tokens.add(t) for t in str(c.get("id", "")).split(ID_SEP)] for c in cells]
+    w = _width(len(tokens.table))
+    tc = _codes(len(tokens.table), w)
+    aw = _width(max([len(v) for _, v in axes_table] + [1]))
+    ac = _codes(max([len(v) for _, v in axes_table] + [1]), aw)
+    absent = ABSENT * aw
+    S = _Strings()
+    templates = []
+    for c in cells:
+        cid, repro = str(c.get("id", "")), str(c.get("repro") or "")
+        templates.append(S.add(repro.replace(cid, ID_MARK) if cid else repro))
+    common = Counter(templates).most_common(1)[0][0] if templates else None
+    return {
+        "v": 2,
+        "n": len(cells),
+        "statuses": statuses,
+        "axes": axes_table,
+        "kinds": list(KINDS),
+        "levels": list(LEVELS),
+        "sep": ID_SEP,
+        "T": tokens.table,
+        "w": w,
+        "aw": aw,
+        "id": ["".join([tc[t] for t in toks]) for toks in split],
+        "st": "".join(ALPHABET[st_index[c.get("status", "error")]] for c in cells),
+        "ax": "".join("".join([ac[j] if j >= 0 else absent for j in row]) for row in rows),
+        "r": [_ratio(c.get("worst_ratio")) for c in cells],
+        "ff": {str(i): S.add(c["first_failure"]) for i, c in enumerate(cells) if c.get("first_failure") is not None},
+        "rp": common,
+        "rpx": {str(i): t for i, t in enumerate(templates) if t != common},
+        "S": S.table,
+    }
+
+
+# ----------------------------------------------------------------------------- detail
+
 
 def _pack_check(c: dict[str, Any], S: _Strings) -> list[Any]:
     g = c.get
     kind = g("kind", "tensor")
     if kind == "tensor":
-        ratio = num(g("ratio"))
-        if ratio.__class__ is float and ratio <= 1.0 < g("ratio"):  # never round a failure to 1
-            ratio = g("ratio")
-        return _trim([S.add(g("name", "?")), 0, 1 if g("ok") else 0, ratio, num(g("max_abs")),
+        return _trim([S.add(g("name", "?")), 0, 1 if g("ok") else 0, _ratio(g("ratio")), num(g("max_abs")),
                       num(g("max_rel")), num(g("bound_at_worst")), g("numel"), g("mismatched") or None,
                       g("index"), S.add(g("message"))])
     k = KINDS.index(kind) if kind in KINDS else S.add(kind)  # unknown kinds travel as strings
@@ -123,165 +272,106 @@ def _ranks_full(cell: dict[str, Any], S: _Strings) -> list[Any]:
             for i, r in enumerate(cell.get("ranks") or [])]
 
 
-def _check_badness(c: dict[str, Any]) -> tuple[int, float]:
-    return (0 if c.get("ok", True) else 1, ratio_key(c.get("ratio")))
-
-
-def _folded(cell: dict[str, Any]) -> tuple[list[tuple[int, dict[str, Any]]], int]:
-    """Each check name once, taken from the rank where it is worst; returns (checks, total)."""
-    worst: dict[str, tuple[int, dict[str, Any]]] = {}
+def _folded(cell: dict[str, Any]) -> tuple[list[tuple[tuple[int, float], int, dict[str, Any]]], int]:
+    """Each check name once, taken from the rank where it is worst; returns ([(badness, rank,
+    check)], total number of checks). Badness: (failed?, ratio) with None lowest, NaN highest."""
+    worst: dict[str, tuple[tuple[int, float], int, dict[str, Any]]] = {}
     total = 0
-    for i, r in enumerate(cell.get("ranks") or []):
-        for c in r.get("comparisons") or []:
-            total += 1
-            key = c.get("name", "?")
-            cur = worst.get(key)
-            if cur is None or _check_badness(c) > _check_badness(cur[1]):
-                worst[key] = (r.get("rank", i), c)
+    for i, r in enumerate(cell.get("ranks") or ()):
+        rank = r.get("rank", i)
+        comps = r.get("comparisons") or ()
+        total += len(comps)
+        for c in comps:
+            x = c.get("ratio")
+            if x is None:
+                x = -1.0
+            elif x.__class__ is not float:
+                try:
+                    x = float(x)
+                except (TypeError, ValueError):
+                    x = _INF
+            if x != x:
+                x = _INF
+            key = (0 if c.get("ok", True) else 1, x)
+            name = c.get("name", "?")
+            cur = worst.get(name)
+            if cur is None or key > cur[0]:
+                worst[name] = (key, rank, c)
     return list(worst.values()), total
 
 
-def _ranks_thinned(cell: dict[str, Any], level: str, S: _Strings) -> tuple[list[Any], int]:
-    """Rank groups for a thinned cell: ``[[rank, status, error, checks], ...]`` and #dropped."""
-    checks, total = _folded(cell)
+def _slow_key(x: Any) -> float:
+    if x is None:
+        return -1.0
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return _INF
+    return _INF if x != x else x
+
+
+def _top(cell: dict[str, Any], keep: int) -> tuple[list[tuple[Any, int, dict[str, Any]]], int]:
+    """The ``keep`` worst checks, each name once (what ``_folded`` then a top-``keep`` cut
+    gives), without folding every check: one C-level sort of (failed?, ratio, -order) keys."""
+    entries: list[tuple[int, float, int, int, dict[str, Any]]] = []
+    total = 0
+    for i, r in enumerate(cell.get("ranks") or ()):
+        rank = r.get("rank", i)
+        comps = r.get("comparisons") or ()
+        base = -total
+        total += len(comps)
+        entries += [(0 if c.get("ok", True) else 1,
+                     x if x.__class__ is float and x == x else _slow_key(x), base - n, rank, c)
+                    for n, c in enumerate(comps) for x in (c.get("ratio"),)]
+    entries.sort(reverse=True)  # the third item is unique: the checks themselves are never compared
+    out, seen = [], set()
+    for bad, ratio, _, rank, c in entries:
+        name = c.get("name", "?")
+        if name not in seen:
+            seen.add(name)
+            out.append(((bad, ratio), rank, c))
+            if len(out) == keep:
+                break
+    return out, total
+
+
+def _detail_thinned(cell: dict[str, Any], level: str, S: _Strings) -> list[Any]:
     if level.startswith("top"):
-        keep = int(level[3:])
-        checks = sorted(checks, key=lambda rc: _check_badness(rc[1]), reverse=True)[:keep]
+        checks, total = _top(cell, int(level[3:]))
     elif level == "none":
-        checks = []
-    by_rank: dict[int, list[Any]] = {}
-    for rank, c in checks:
-        by_rank.setdefault(rank, []).append(_pack_check(c, S))
-    status = {r.get("rank", i): r.get("status", "") for i, r in enumerate(cell.get("ranks") or [])}
-    errors = {r.get("rank", i): r.get("error") for i, r in enumerate(cell.get("ranks") or [])}
-    groups = [[rank, S.add(status.get(rank, "")), _pack_error(errors.get(rank), S), cs]
-              for rank, cs in sorted(by_rank.items())]
-    # ranks that contributed no check still show their status (and any error)
-    for rank in sorted(set(status) - set(by_rank)):
-        groups.append([rank, S.add(status[rank]), _pack_error(errors.get(rank), S), []])
-    groups.sort(key=lambda g: g[0])
-    return groups, total - len(checks)
-
-
-def _axis_key(v: Any) -> Any:
-    if v is None or isinstance(v, (str, int, float, bool)):
-        return (v.__class__.__name__, v)
-    return json.dumps(v, sort_keys=True, default=str)
-
-
-def _axes_table(cells: list[dict[str, Any]]) -> tuple[list[list[Any]], list[list[int]]]:
-    """``[[axis, [values...]], ...]`` and, per cell, the index of its value on each axis (-1: absent).
-
-    Values keep matrix order, except numeric axes, which are sorted ascending.
-    """
-    names: list[str] = []
-    values: dict[str, dict[Any, Any]] = {}
-    for c in cells:
-        for a, v in (c.get("axes") or {}).items():
-            if a not in values:
-                names.append(a)
-                values[a] = {}
-            values[a].setdefault(_axis_key(v), v)
-    index: dict[str, dict[Any, int]] = {}
-    table: list[list[Any]] = []
-    for a in names:
-        keys = list(values[a])
-        if all(isinstance(values[a][k], (int, float)) and not isinstance(values[a][k], bool) for k in keys):
-            keys.sort(key=lambda k: values[a][k])
-        index[a] = {k: i for i, k in enumerate(keys)}
-        table.append([a, [_jsonable(values[a][k]) for k in keys]])
-    rows = []
-    for c in cells:
-        ax = c.get("axes") or {}
-        rows.append([index[a][_axis_key(ax[a])] if a in ax else -1 for a in names])
-    return table, rows
-
-
-def _pack_cell(c: dict[str, Any], axes: list[int], status_index: int, level: str | None,
-               S: _Strings) -> list[Any]:
-    """One cell: ``[id, status, axes, worst_ratio, duration_s, first_failure, repro, expects_error,
-    ranks, thinning level, #checks dropped, example]`` (trailing empties dropped)."""
-    cid = str(c.get("id", ""))
-    repro = str(c.get("repro") or "")
-    if level is None:
-        ranks, dropped = _ranks_full(c, S), 0
+        checks, total = [], sum(len(r.get("comparisons") or ()) for r in cell.get("ranks") or ())
     else:
-        ranks, dropped = _ranks_thinned(c, level, S)
-    ex = c.get("example")
-    return _trim([
-        cid, status_index, axes, num(c.get("worst_ratio")), num(float(c.get("duration_s") or 0.0)),
-        S.add(c.get("first_failure")), S.add(repro.replace(cid, _ID_MARK) if cid else repro),
-        1 if c.get("expect") == "error" else 0, ranks, level, dropped or None, _jsonable(ex) if ex else None,
-    ])
+        checks, total = _folded(cell)
+    status = cell.get("status", "")
+    ranks_in = cell.get("ranks") or []
+    if all(r.get("status", "") == status and not r.get("error") and r.get("rank", i) == i
+           for i, r in enumerate(ranks_in)):
+        ranks: Any = len(ranks_in)
+    else:
+        ranks = [[r.get("rank", i), S.add(r.get("status", "")), _pack_error(r.get("error"), S), []]
+                 for i, r in enumerate(ranks_in)]
+    checks.sort(key=lambda kc: kc[1])  # by rank; stable, so each rank keeps its order
+    flat = [[rank] + _pack_check(c, S) for _, rank, c in checks]
+    return [ranks, LEVELS.index(level), total - len(checks), flat]
 
 
-#: statuses whose per-check detail may be thinned; everything else is kept whole.
-THINNABLE: tuple[str, ...] = ("pass", "skipped")
-_SAMPLE = 256
+def _detail_cell(cell: dict[str, Any], level: str | None, S: _Strings) -> list[Any]:
+    ex = cell.get("example")
+    head = [num(float(cell.get("duration_s") or 0.0)), 1 if cell.get("expect") == "error" else 0,
+            _jsonable(ex) if ex else 0]
+    if level is None or level == "full":
+        return _trim(head + [_ranks_full(cell, S)]) if cell.get("ranks") else _trim_zeros(head)
+    return _trim_zeros(head + _detail_thinned(cell, level, S))
 
 
-def _estimate_level(cells: list[dict[str, Any]], rows: list[list[int]], thinnable: list[int],
-                    room: int) -> int:
-    """Index into ``LEVELS`` of the least lossy level whose estimated size fits ``room`` bytes.
-
-    Packs an evenly spaced sample of the thinnable cells at each level and scales up, so a
-    10k-cell record is not packed once per level.
-    """
-    step = max(1, len(thinnable) // _SAMPLE)
-    sample = thinnable[::step][:_SAMPLE]
-    for li, level in enumerate(LEVELS):
-        S = _Strings()
-        packed = [_pack_cell(cells[i], rows[i], 0, None if level == "full" else level, S) for i in sample]
-        per_cell = len(dump({"c": packed})) / len(sample)
-        if per_cell * len(thinnable) + len(dump({"S": S.table})) <= room:
-            return li
-    return len(LEVELS) - 1
+def _trim_zeros(a: list[Any]) -> list[Any]:
+    """Drop trailing ``None``/``0``/empty lists (the decoder reads a missing entry as empty)."""
+    while a and (a[-1] is None or a[-1] == [] or (a[-1].__class__ is int and a[-1] == 0)):
+        a.pop()
+    return a
 
 
-def pack(record: dict[str, Any], *, budget: int = 8_000_000,
-         extra: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], str]:
-    """Pack ``record``; returns (the packed dict, the thinning level used for passing/skipped cells).
-
-    Args:
-        record: the parsed ``results.json``.
-        budget: target size in bytes of the serialized blob; thinning stops at the first level
-            that fits (``none`` may still exceed it for huge records - ids alone are ~90 B/cell).
-        extra: optional callable returning more top-level keys to embed.
-    """
-    cells = record.get("cells") or []
-    statuses = list(STATUSES) + sorted({c.get("status", "error") for c in cells} - set(STATUSES))
-    st_index = {s: i for i, s in enumerate(statuses)}
-    axes_table, rows = _axes_table(cells)
-    thinnable = [i for i, c in enumerate(cells) if c.get("status") in THINNABLE]
-    thin_set = set(thinnable)
-
-    def build(level: str) -> dict[str, Any]:
-        S = _Strings()
-        lvl = None if level == "full" else level
-        packed = [_pack_cell(c, rows[i], st_index[c.get("status", "error")], lvl if i in thin_set else None, S)
-                  for i, c in enumerate(cells)]
-        data = {"statuses": statuses, "axes": axes_table, "kinds": list(KINDS), "S": S.table, "cells": packed}
-        if extra:
-            data.update(extra())
-        return data
-
-    li = 0
-    # A cheap upper bound first (~90 B per check packed); only a record that may not fit pays
-    # for the estimate: the kept cells are packed for their size, the thinnable ones sampled.
-    n_checks = sum(len(r.get("comparisons") or ()) for c in cells for r in c.get("ranks") or ())
-    if thinnable and 90 * n_checks + 600 * len(cells) > budget:
-        S0 = _Strings()
-        kept = [_pack_cell(c, rows[i], 0, None, S0) for i, c in enumerate(cells) if i not in thin_set]
-        fixed = len(dump({"c": kept, "S": S0.table, "a": axes_table}))
-        li = _estimate_level(cells, rows, thinnable, max(0, budget - fixed))
-    while True:
-        data = build(LEVELS[li])
-        if li == len(LEVELS) - 1 or len(dump(data)) <= budget:
-            return data, LEVELS[li]
-        li += 1
-
-
-def dump(data: dict[str, Any]) -> str:
+def dump(data: Any) -> str:
     """Serialize for embedding inside ``<script type="application/json">``.
 
     ``</`` becomes ``<\\/`` (so ``</script>`` in a traceback cannot end the element) and
@@ -289,3 +379,109 @@ def dump(data: dict[str, Any]) -> str:
     """
     s = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return s.replace("</", "<\\/").replace("<!--", "\\u003c!--")
+
+
+def _size(x: Any) -> int:
+    return len(json.dumps(x, separators=(",", ":"), ensure_ascii=True, allow_nan=False))
+
+
+def pack(record: dict[str, Any], *, budget: int = 8_000_000,
+         extra: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Pack ``record``; returns (summary, detail, thinning level of passing/skipped cells).
+
+    Args:
+        record: the parsed ``results.json``.
+        budget: target size in bytes of both serialized blobs together; thinning stops at the
+            first level that fits (``none`` may still exceed it for huge records).
+        extra: optional callable returning more top-level keys for the summary.
+    """
+    cells = record.get("cells") or []
+    statuses = list(STATUSES) + sorted({c.get("status", "error") for c in cells} - set(STATUSES))
+    summary = _summary(cells, statuses)
+    if extra:
+        summary.update(extra())
+    room = budget - _size(summary)
+    thin = [c.get("status") in THINNABLE for c in cells]
+    n_thin = sum(thin)
+    # the cells that are never thinned, once; their strings seed the detail string table
+    S0 = _Strings()
+    kept = {i: _detail_cell(c, None, S0) for i, c in enumerate(cells) if not thin[i]}
+    li = 0
+    if n_thin:
+        n_checks = sum(len(r.get("comparisons") or ()) for c, t in zip(cells, thin) if t for r in c.get("ranks") or ())
+        if 90 * n_checks + 60 * n_thin > room:  # may not fit: estimate from a sample
+            fixed = _size(list(kept.values())) + _size(S0.table)
+            idx = [i for i, t in enumerate(thin) if t]
+            sample = idx[::max(1, len(idx) // _SAMPLE)][:_SAMPLE]
+            for li, level in enumerate(LEVELS):
+                Sx = _Strings()
+                per = _size([_detail_cell(cells[i], level, Sx) for i in sample]) / len(sample)
+                if fixed + per * n_thin + _size(Sx.table) <= room:
+                    break
+    while True:
+        level = LEVELS[li]
+        S = S0.copy()
+        per_cell = [kept[i] if i in kept else _detail_cell(c, level, S) for i, c in enumerate(cells)]
+        detail = {"S": S.table, "c": per_cell}
+        if li == len(LEVELS) - 1 or _size(detail) <= room:
+            return summary, detail, level
+        li += 1
+
+
+# ----------------------------------------------------------------------------- decoder
+
+
+def _unpack_check(a: list[Any], S: list[str], kinds: list[str]) -> dict[str, Any]:
+    kind = kinds[a[1]] if isinstance(a[1], int) else S[a[1]]
+    a = list(a)
+    if kind == "tensor":
+        a += [None] * (11 - len(a))
+        return {"name": S[a[0]], "kind": kind, "ok": bool(a[2]), "ratio": a[3], "max_abs": a[4], "max_rel": a[5],
+                "bound_at_worst": a[6], "numel": a[7], "mismatched": a[8] or 0, "index": a[9],
+                "message": None if a[10] is None else S[a[10]]}
+    exp = a[3] if len(a) > 3 else None
+    return {"name": S[a[0]], "kind": kind, "ok": bool(a[2]), "expected": exp,
+            "actual": a[4] if len(a) > 4 else exp, "message": S[a[5]] if len(a) > 5 and a[5] is not None else None}
+
+
+def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Decode the blobs back into one dict per cell (the reference for the page's JavaScript).
+
+    Keys: id, status, axes, worst_ratio, first_failure, repro; with ``detail`` also
+    duration_s, expects_error, example, level (None when kept whole), dropped, ranks
+    (``[{rank, status, error, checks}]``, thinned cells' kept checks under their rank).
+    """
+    T, w, aw, S = summary["T"], summary["w"], summary["aw"], summary["S"]
+    axes = summary["axes"]
+    out = []
+    for i in range(summary["n"]):
+        enc = summary["id"][i]
+        cid = summary["sep"].join(T[_decode(enc, k, w)] for k in range(0, len(enc), w))
+        ax = {}
+        for p, (name, values) in enumerate(axes):
+            pos = (i * len(axes) + p) * aw
+            if summary["ax"][pos] != ABSENT:
+                ax[name] = values[_decode(summary["ax"], pos, aw)]
+        tpl = summary["rpx"].get(str(i), summary["rp"])
+        ff = summary["ff"].get(str(i))
+        cell = {"id": cid, "status": summary["statuses"][ALPHABET.index(summary["st"][i])], "axes": ax,
+                "worst_ratio": summary["r"][i], "first_failure": None if ff is None else S[ff],
+                "repro": "" if tpl is None else S[tpl].replace(ID_MARK, cid)}
+        if detail is not None:
+            DS, kinds = detail["S"], summary["kinds"]
+            d = list(detail["c"][i]) + [None] * 8
+            ranks_raw, level = d[3] or [], d[4] or 0
+            if isinstance(ranks_raw, int):
+                ranks = [{"rank": r, "status": cell["status"], "error": None, "checks": []} for r in range(ranks_raw)]
+            else:
+                ranks = [{"rank": g[0], "status": DS[g[1]],
+                          "error": None if not g[2] else {"type": DS[g[2][0]], "message": DS[g[2][1]],
+                                                          "traceback": None if g[2][2] is None else DS[g[2][2]]},
+                          "checks": [_unpack_check(a, DS, kinds) for a in g[3]]} for g in ranks_raw]
+            by_rank = {r["rank"]: r for r in ranks}
+            for a in d[6] or []:
+                by_rank[a[0]]["checks"].append(_unpack_check(a[1:], DS, kinds))
+            cell.update({"duration_s": d[0] or 0, "expects_error": bool(d[1]), "example": d[2] or None,
+                         "level": LEVELS[level] if level else None, "dropped": d[5] or 0, "ranks": ranks})
+        out.append(cell)
+    return out

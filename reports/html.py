@@ -4,9 +4,12 @@ Why it looks the way it does:
 
 * It is opened from CI artifacts, often offline, so it has no network dependency (inline
   CSS/JS, system fonts, CSS charts).
-* A ``full`` sweep has 10k+ cells. Rendering 10k detail panels up front would make a 100 MB
-  page, so the record is packed once (``_pack.py``) into a ``<script type="application/json">``
-  and the browser builds the grid from it and renders a cell's details only when opened.
+* A ``full`` sweep has 21,600 cells. Rendering their detail panels up front would make a
+  100 MB page, so the record is packed once (``_pack.py``) into two JSON blobs: a compact
+  summary (~40 bytes a cell) that the browser parses at once to build the filters and the
+  grid - the first screenful synchronously, the other rows in chunks after the first paint -
+  and the per-rank detail, placed after the program and parsed only when a cell is first
+  opened (or when the page is idle). A cell's detail panel is rendered when it is opened.
 * The parts that are small and useful without JavaScript (header, counts, near-miss view,
   failure signatures, self-test table) are rendered here, server side, escaped.
 """
@@ -56,7 +59,7 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
         ("device / process group", " / ".join(str(x) for x in (env.get("device"), env.get("pg_backend")) if x)),
         ("world sizes", ", ".join(str(w) for w in record.get("world_sizes") or []) or None),
         ("preset", sel.get("preset")),
-        ("git commit", env.get("git_commit")),
+        ("git commit", (env.get("git_commit") or "")[:12] or None),
         ("started", record.get("started")),
         ("finished", record.get("finished") or ("— (incomplete)" if record.get("status") == "incomplete" else None)),
         ("duration", fmt_duration(record.get("duration_s"))),
@@ -82,7 +85,7 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
     more = []
     if launches:
         more.append(
-            f'<details class="more"{" open" if noted else ""}><summary>{len(launches)} torchrun launch'
+            f'<details class="more"{" open" if record.get("status") == "incomplete" else ""}><summary>{len(launches)} torchrun launch'
             f'{"es" if len(launches) != 1 else ""} ({_e(exit_txt)}{f"; {len(noted)} with a note" if noted else ""})</summary>'
             '<table class="plain"><tr><th class=num>ws</th><th class=num>cells</th><th class=num>exit</th>'
             f'<th class=num>duration</th><th class=num>attempt</th><th>note</th><th>log dir</th></tr>{launch_rows}</table></details>')
@@ -213,8 +216,8 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         rows: axes whose value combinations make the grid rows (the page can regroup later).
         cols: axes whose value combinations make the grid columns.
         selftest: optional mutation-test summary, rendered as a table.
-        budget: size target in bytes for the embedded data; passing cells lose per-check detail
-            (see ``_pack.py``) only when the full detail would not fit.
+        budget: size target in bytes for the embedded data (both blobs); passing and skipped
+            cells lose per-check detail (see ``_pack.py``) only when the full detail would not fit.
 
     Raises:
         ValueError: when ``rows``/``cols`` (given explicitly) name an axis no cell has, or when
@@ -234,7 +237,8 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         raise ValueError(f"Cannot have an axis both in rows={tuple(rows)!r} and cols={tuple(cols)!r}")
     counts = counts_of(record)
     top, run_card = _header(record, counts)
-    data, level = pack(record, budget=budget, extra=lambda: {"layout": {"rows": list(rows), "cols": list(cols)}})
+    summary, detail, level = pack(record, budget=budget,
+                                  extra=lambda: {"layout": {"rows": list(rows), "cols": list(cols)}})
     v = verdict(record)
     legend = "".join(f'<span><i class="{_status_class(s)}"></i>{_e(STATUS_LABELS[s])}</span>' for s in STATUSES)
     legend += '<span><i style="background:var(--pass);box-shadow:inset 0 0 0 2px #f0b72f"></i>pass, ratio ≥ 0.5</span>'
@@ -256,6 +260,8 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         _selftest(selftest) if selftest else "",
         f'<p class="foot">dw-harness · schema {_e(record.get("schema"))} · rendered from results.json</p></main>',
         '<aside id="detail" hidden></aside>',
-        f'<script type="application/json" id="dw-data">{dump(data)}</script>',
-        f"<script>{JS}</script></body></html>",
+        f'<script type="application/json" id="dw-data">{dump(summary)}</script>',
+        f"<script>{JS}</script>",
+        # after the program: the grid is built (and painted) while the parser is still here
+        f'<script type="application/json" id="dw-detail">{dump(detail)}</script></body></html>',
     ])

@@ -1,0 +1,147 @@
+"""The command line: bad input is exit 2 with one line and nothing launched; list, help, -k.
+
+Bad input runs ``harness.cli.main`` in-process with the launcher booby-trapped (a launch
+would turn into exit 3) and checks that no ``logs/`` folder appears; two cases also go
+through a real ``python -m harness`` process. ``list`` is compared with
+``harness.matrix.select``; ``pytest -k <cell id>`` runs pytest's own collection.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli, launch, matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--modules", "linear", "--world-sizes", "2", "--dtypes", "bf16"]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def refuse(self):
+        raise AssertionError(f"bad input must not launch anything (launch {self.name})")
+
+    monkeypatch.setattr(launch._Launch, "start", refuse)
+
+
+@pytest.fixture
+def bad_backend(tmp_path):
+    path = tmp_path / "broken_backend.py"
+    path.write_text("import no_such_dependency_for_dw_harness  # noqa\n")
+    return path
+
+
+def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str], str]]:
+    """case -> (argv after the command, a phrase the error line must contain)."""
+    (tmp_path / "file").write_text("a regular file, so file/out cannot be a folder")
+    return {
+        "unknown axis value": (["sweep", "--dtypes", "fp64"], "Unknown value 'fp64' for axis dtype"),
+        "malformed filter": (["sweep", "--filter", "module =="], "Malformed filter 'module =='"),
+        "unknown name in filter": (["sweep", "--filter", 'modul == "linear"'], "Unknown name 'modul'"),
+        "backend import fails": (["sweep", *SMALL, "--backend", str(bad_backend)],
+                                 "No module named 'no_such_dependency_for_dw_harness'"),
+        "backend module missing": (["sweep", *SMALL, "--backend", "no_such_pkg.backend"],
+                                   "cannot import backend 'no_such_pkg.backend'"),
+        "backend file missing": (["sweep", *SMALL, "--backend", str(tmp_path / "nope.py")], "does not exist"),
+        "world size too large": (["sweep", "--world-sizes", "64"], "world size 64"),
+        "output not writable": (["sweep", *SMALL, "--out", str(tmp_path / "file" / "out")], "not writable"),
+        "empty selection": (["sweep", "--filter", "world_size > 100"], "the selection is empty"),
+        "unknown preset": (["sweep", "--preset", "nope"], "Unknown preset 'nope'"),
+        "repro malformed cell id": (["repro", "linear-distributed-bf16"], "Malformed cell id"),
+        "resume without a record": (["sweep", "--resume", str(tmp_path / "no-run")], "cannot resume"),
+        "list unknown value": (["list", "--hooks", "sometimes"], "Unknown value 'sometimes' for axis hooks"),
+    }
+
+
+CASES = ["unknown axis value", "malformed filter", "unknown name in filter", "backend import fails",
+         "backend module missing", "backend file missing", "world size too large", "output not writable",
+         "empty selection", "unknown preset", "repro malformed cell id", "resume without a record",
+         "list unknown value"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_exits_2_with_one_line_and_launches_nothing(case, tmp_path, bad_backend, no_launch, capsys):
+    argv, phrase = _bad_inputs(tmp_path, bad_backend)[case]
+    out_dir = tmp_path / "out"
+    if argv[0] != "list" and "--out" not in argv and "--resume" not in argv:
+        argv = [*argv, "--out", str(out_dir)]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dw-harness: error: "), err
+    assert phrase in lines[0], lines[0]
+    assert not (out_dir / "logs").exists() and not list(tmp_path.glob("**/logs"))
+
+
+@pytest.mark.parametrize("case", ["unknown axis value", "backend import fails"])
+def test_bad_input_through_a_real_process(case, tmp_path, bad_backend):
+    argv, phrase = _bad_inputs(tmp_path, bad_backend)[case]
+    proc = subprocess.run([sys.executable, "-m", "harness", *argv, "--out", str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and phrase in proc.stderr
+    assert proc.stderr.startswith("dw-harness: error: ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_list_json_matches_select(capsys):
+    assert cli.main(["list", "--json", "--preset", "ci", "--world-sizes", "1,2"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    cells = matrix.select("ci", {"world_size": (1, 2)})
+    assert [d["id"] for d in listed] == [c.id for c in cells]
+    for d, c in zip(listed, cells):
+        assert d["expect"] == c.expect
+        axes = {k: v for k, v in d.items() if k not in ("id", "expect")}
+        assert axes == c.serialize() and matrix.Cell.from_dict(axes) == c
+
+
+def test_list_prints_ids_and_counts(capsys):
+    assert cli.main(["list", *SMALL]) == 0
+    out = capsys.readouterr().out
+    cells = matrix.select("ci", {"module": ("linear",), "world_size": (2,), "dtype": ("bf16",)})
+    for c in cells:
+        assert c.id in out
+    errors = sum(c.expect == "error" for c in cells)
+    assert f"{len(cells)} cells ({errors} expected to raise)" in out
+    assert f"module: linear={len(cells)}" in out and f"world_size: 2={len(cells)}" in out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["sweep", "--help"], ["list", "--help"], ["repro", "--help"]])
+def test_help_exits_0(argv, capsys):
+    assert cli.main(argv) == 0
+    assert "usage: dw-harness" in capsys.readouterr().out
+
+
+def test_no_command_is_usage_error(capsys):
+    assert cli.main([]) == 2
+    assert "usage: dw-harness" in capsys.readouterr().err
+
+
+def _collected(keyword: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "cases/test_cells.py", "--collect-only", "-q",
+                           "-p", "no:randomly", "-k", keyword], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def _id_inside_another() -> tuple[str, str]:
+    """A ci cell id that is a substring of another ci cell id (``grouped_linear-...`` inside
+    ``ops_grouped_linear-...``): plain substring matching would select both."""
+    ids = [c.id for c in matrix.select("ci")]
+    return next((a, b) for a in ids for b in ids if a != b and a in b)
+
+
+def test_k_with_a_full_cell_id_selects_exactly_that_test():
+    cell = next(c for c in matrix.select("ci") if c.module == "linear" and c.world_size == 2)
+    assert _collected(cell.id) == [f"cases/test_cells.py::test_cell[{cell.id}]"]
+
+
+def test_k_with_a_cell_id_inside_another_id_selects_exactly_that_test():
+    inner, outer = _id_inside_another()
+    assert _collected(inner) == [f"cases/test_cells.py::test_cell[{inner}]"], (inner, outer)

@@ -1,0 +1,277 @@
+"""Runner faults through the real CLI: a rank that raises, hangs, is killed or segfaults, and
+a sweep interrupted with Ctrl-C. Each test runs ``python -m harness sweep`` in a subprocess
+against ``fixtures/faults.py`` on a 5-cell selection at world size 2 and judges the run record.
+
+What must hold after every fault: the faulty cell is recorded with every rank's evidence and
+the rank that failed first named in ``first_failure``; the cells after it still run, in a
+fresh launch; every launch keeps its rank logs; no process of the run survives the sweep and
+the rendezvous store port torchrun used is closed again. ``DW_FAULT_ONCE`` makes the fault
+fire once, so the relaunch runs clean.
+
+The four fault sweeps run at the same time (one module fixture; they mostly wait out a peer
+grace period or a cell timeout), so the file takes about 85 s on 2 cores; under
+pytest-xdist they stay on one worker (``xdist_group``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",
+             "--dtypes", "bf16", "--delay-wgrad", "off", "--fused", "on"]
+N_CELLS = 5
+FAULTY = 1          # DW_FAULT_CELL=2: the second module built in a launch, i.e. the second cell
+FAULT_RANK = 1
+
+
+pytestmark = pytest.mark.xdist_group("faults")  # one worker starts the fault sweeps, all at once
+
+#: fault mode -> extra sweep options
+FAULTS = {"raise": (), "hang": ("--cell-timeout", "10"), "die": (), "segv": ()}
+_MODE_OF_TEST = {"test_rank_raises_while_peers_wait_in_a_collective": "raise",
+                 "test_rank_hangs_cell_times_out_rest_relaunched": "hang"}
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    returncode: int
+    stderr: str
+    record: dict
+    wall: float
+
+
+def _env(fired: Path, mode: str, cell: int = FAULTY + 1) -> dict[str, str]:
+    return {**os.environ, "DW_FAULT": mode, "DW_FAULT_RANK": str(FAULT_RANK), "DW_FAULT_CELL": str(cell),
+            "DW_FAULT_ONCE": str(fired), "PYTHONPATH": str(ROOT)}
+
+
+def _sweep_cmd(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "harness", "sweep", *SELECTION, "--backend", "fixtures/faults.py",
+            "--out", str(run_dir), "--quiet", *extra]
+
+
+def _end_survivors(run_dir: Path) -> None:
+    for pid, _ in _survivors(run_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def fault_runs(request, tmp_path_factory) -> dict[str, Run]:
+    """One sweep per fault mode the selected tests need, run concurrently (they mostly wait:
+    a peer grace period, a cell timeout), each in its own run folder."""
+    here = [item for item in request.session.items if item.module is sys.modules[__name__]]
+    wanted = {_MODE_OF_TEST.get(item.originalname) or item.callspec.params.get("mode")
+              for item in here if item.originalname in _MODE_OF_TEST or hasattr(item, "callspec")}
+    base = tmp_path_factory.mktemp("faults")
+    procs = {}
+    for mode in (m for m in FAULTS if m in wanted):
+        run_dir, err = base / mode, open(base / f"{mode}.stderr", "w")
+        procs[mode] = (run_dir, err, time.monotonic(), subprocess.Popen(
+            _sweep_cmd(run_dir, *FAULTS[mode]), cwd=ROOT, env=_env(base / f"{mode}-fired", mode),
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True))
+    runs: dict[str, Run] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while len(runs) < len(procs) and time.monotonic() < deadline:
+            for mode, (run_dir, err, t0, proc) in procs.items():
+                if mode not in runs and proc.poll() is not None:
+                    err.close()
+                    runs[mode] = Run(run_dir, proc.returncode, (base / f"{mode}.stderr").read_text(),
+                                     json.loads((run_dir / "results.json").read_text()), time.monotonic() - t0)
+            time.sleep(0.1)
+    finally:
+        for run_dir, err, _, proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                _end_survivors(run_dir)
+            err.close()
+    assert len(runs) == len(procs), f"fault sweeps still running after 300 s: {set(procs) - set(runs)}"
+    yield runs
+    for run_dir, *_ in procs.values():
+        _end_survivors(run_dir)
+
+
+def _survivors(run_dir: Path) -> list[tuple[int, str]]:
+    """Live processes whose command line mentions the run folder (torchrun, the ranks)."""
+    needle = str(run_dir).encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            out.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
+    return out
+
+
+def _listening_ports() -> set[int]:
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _store_ports(run_dir: Path) -> set[int]:
+    """The c10d store ports of every launch, as each rank logged them on start-up."""
+    ports = set()
+    for log in run_dir.glob("logs/*/rank*.log"):
+        for m in re.finditer(r"up: .*store=[^:\s]+:(\d+)", log.read_text(errors="replace")):
+            ports.add(int(m.group(1)))
+    return ports
+
+
+def assert_nothing_left(run_dir: Path, record: dict) -> None:
+    """No process of the run remains, no store port listens, every launch kept its logs."""
+    deadline = time.monotonic() + 5.0          # a SIGKILLed process can take a moment to go
+    while (left := _survivors(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes of the run outlived the sweep: {left}"
+    ports = _store_ports(run_dir)
+    assert ports, "no rank logged its rendezvous store port"
+    assert not ports & _listening_ports(), f"rendezvous store port(s) still listening: {ports & _listening_ports()}"
+    for launch in record["launches"]:
+        log_dir = run_dir / launch["log_dir"]
+        assert (log_dir / "torchrun.log").exists(), launch
+        for r in range(launch["world_size"]):
+            assert (log_dir / f"rank{r}.log").exists(), (launch["log_dir"], r)
+
+
+def _cells(record: dict) -> list[dict]:
+    cells = record["cells"]
+    assert len(cells) == N_CELLS, [c["id"] for c in cells]
+    return cells
+
+
+def assert_relaunched_after(record: dict, faulty_id: str) -> None:
+    """The cells after the faulty one ran (and passed) in a second, fresh launch."""
+    cells = _cells(record)
+    ids = [c["id"] for c in cells]
+    assert [c["status"] for i, c in enumerate(cells) if i != FAULTY] == ["pass"] * (N_CELLS - 1), \
+        [(c["id"], c["status"], c["first_failure"]) for c in cells]
+    launches = record["launches"]
+    assert len(launches) == 2, launches
+    assert launches[0]["cells"] == ids and launches[0]["note"], launches[0]
+    assert launches[1]["cells"] == ids[ids.index(faulty_id) + 1:], launches[1]
+    assert launches[1]["log_dir"] != launches[0]["log_dir"]
+
+
+def test_rank_raises_while_peers_wait_in_a_collective(fault_runs):
+    run = fault_runs["raise"]
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert run.record["status"] == "complete"
+    cell = _cells(run.record)[FAULTY]
+    assert cell["status"] == "error", cell["first_failure"]
+    assert cell["first_failure"].startswith(f"[rank {FAULT_RANK}] RuntimeError: injected fault"), cell["first_failure"]
+    ranks = {r["rank"]: r for r in cell["ranks"]}
+    assert sorted(ranks) == [0, 1]
+    own = ranks[FAULT_RANK]["error"]
+    assert own["type"] == "RuntimeError" and "injected fault" in own["message"]
+    assert "RuntimeError: injected fault" in own["traceback"] and "faults.py" in own["traceback"]
+    # the peer sat in the weight all-gather: its evidence is its stack (its own report of a
+    # timed-out collective, or the dump its faulthandler wrote when the launch was ended)
+    peer = ranks[0]
+    assert peer["status"] == "error" and peer["error"]["traceback"], peer
+    assert "File " in peer["error"]["traceback"] and "gather" in peer["error"]["traceback"], peer["error"]
+    assert_relaunched_after(run.record, cell["id"])
+    # bounded by the peer grace period (15 s), not by the 90 s collective timeout
+    assert cell["duration_s"] < 40, cell["duration_s"]
+    assert run.wall < 120, f"the sweep took {run.wall:.0f}s"
+    assert_nothing_left(run.run_dir, run.record)
+
+
+def test_rank_hangs_cell_times_out_rest_relaunched(fault_runs):
+    run = fault_runs["hang"]
+    assert run.returncode == 1, run.stderr[-3000:]
+    cell = _cells(run.record)[FAULTY]
+    # timeout when the launcher ends the launch; error when the peer's collective timed out
+    # first and the launch exited on its own - either way the hung rank is named first
+    assert cell["status"] in ("timeout", "error"), cell
+    assert cell["first_failure"].startswith(f"[rank {FAULT_RANK}]"), cell["first_failure"]
+    hung = next(r for r in cell["ranks"] if r["rank"] == FAULT_RANK)
+    assert "faults.py" in hung["error"]["traceback"], hung["error"]   # its stack, dumped on SIGTERM
+    assert_relaunched_after(run.record, cell["id"])
+    assert cell["duration_s"] < 35, cell["duration_s"]                 # --cell-timeout 10
+    assert run.wall < 120, f"the sweep took {run.wall:.0f}s"
+    assert_nothing_left(run.run_dir, run.record)
+
+
+@pytest.mark.parametrize("mode, signame", [("die", "SIGKILL"), ("segv", "SIGSEGV")])
+def test_rank_process_dies(fault_runs, mode, signame):
+    run = fault_runs[mode]
+    assert run.returncode == 1, run.stderr[-3000:]
+    cell = _cells(run.record)[FAULTY]
+    assert cell["status"] == "error", cell
+    assert cell["first_failure"].startswith(f"[rank {FAULT_RANK}]"), cell["first_failure"]
+    assert signame in cell["first_failure"], cell["first_failure"]
+    assert_relaunched_after(run.record, cell["id"])
+    assert run.wall < 120, f"the sweep took {run.wall:.0f}s"
+    assert_nothing_left(run.run_dir, run.record)
+
+
+def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
+    # rank 1 hangs in the third cell, so the sweep is surely mid-launch when interrupted
+    run_dir = tmp_path / "run"
+    env = _env(tmp_path / "fired", "hang", cell=3)
+    lines = run_dir / "cells.jsonl"
+    proc = subprocess.Popen(_sweep_cmd(run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (lines.exists() and len(lines.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no two results within 90 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            _end_survivors(run_dir)
+    assert proc.returncode == 130, err[-3000:]
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "incomplete"
+    done = [c["id"] for c in record["cells"] if c["status"] != "skipped"]
+    assert len(done) == 2 and all(c["status"] == "pass" for c in record["cells"] if c["id"] in done)
+    html = (run_dir / "report.html").read_text()
+    assert "incomplete" in html.lower()
+    assert_nothing_left(run_dir, record)
+
+    before = lines.read_text().splitlines()
+    resumed = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
+                             start_new_session=True)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    after = lines.read_text().splitlines()
+    added = [json.loads(line)["id"] for line in after[len(before):]]
+    assert len(added) == N_CELLS - 2 and not set(added) & set(done), added
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "complete"
+    assert [c["status"] for c in record["cells"]] == ["pass"] * N_CELLS
+    assert_nothing_left(run_dir, record)

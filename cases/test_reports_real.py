@@ -1,0 +1,343 @@
+"""Reports rendered from REAL run records: a small sweep of the reference and of the pre-fix backend.
+
+The synthetic records of ``test_reports.py`` exercise sizes and hostile text; these tests make
+sure the reports tell the truth about what a real sweep recorded. The two sweeps run once per
+test session (concurrently, in subprocesses, ~25 s each on two cores): every test in this
+module shares one xdist group, so under ``-n`` they land on one worker, and the sweeps are
+also guarded by a marker folder shared by the workers of one run, in case the tests are ever
+spread out (``--dist load`` without the project's plugin).
+
+The selection: world sizes 1 and 2, modules ``linear`` and ``grouped_linear``, hooks ``off``
+and ``identity`` (48 cells of the ``ci`` preset). The pre-fix backend must fail exactly the
+hooked distributed-weight cells.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--hooks", "off,identity")
+BACKENDS = {"ref": "harness.reference", "prefix": "harness.reference.prefix"}
+EXPECTED_RC = {"ref": 0, "prefix": 1}
+SWEEP_TIMEOUT = 400
+GOOD = ("pass", "xfail")
+BAD = ("fail", "error", "timeout")
+
+pytestmark = pytest.mark.xdist_group("real_reports")
+
+
+def _helpers() -> ModuleType:
+    name = "conftest_reports_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+H = _helpers()
+
+from reports import _common  # noqa: E402
+from reports._pack import unpack  # noqa: E402
+from reports.diff import diff_records  # noqa: E402
+
+
+def _sweep_all(root: Path) -> dict[str, Any]:
+    """Run both sweeps at once; returns {name: {"dir", "rc", "seconds", "out"}}."""
+    procs, started = {}, time.monotonic()
+    for name, backend in BACKENDS.items():
+        out = root / name
+        log = open(root / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen(
+            [sys.executable, "-m", "harness", "sweep", "--backend", backend, *SELECTION, "--out", str(out), "--quiet"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True), log)
+    result = {}
+    for name, (proc, log) in procs.items():
+        try:
+            rc = proc.wait(timeout=max(1.0, SWEEP_TIMEOUT - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        log.close()
+        result[name] = {"dir": str(root / name), "rc": rc, "seconds": round(time.monotonic() - started, 1),
+                        "out": (root / f"{name}.log").read_text()[-4000:]}
+    return result
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The two real run folders (swept once per test run, whatever the number of workers)."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if uid:  # workers of one run share the parent of their basetemps
+        root = tmp_path_factory.getbasetemp().parent / f"dw-real-reports-{uid[:12]}"
+    else:
+        root = tmp_path_factory.getbasetemp() / "dw-real-reports"
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / "sweeps.json"
+    try:
+        (root / "lock").mkdir()  # atomic: exactly one process sweeps
+    except FileExistsError:
+        deadline = time.monotonic() + SWEEP_TIMEOUT + 60
+        while not done.exists():
+            assert time.monotonic() < deadline, f"the sweeps in {root} did not finish"
+            time.sleep(0.5)
+        return json.loads(done.read_text())
+    result = _sweep_all(root)
+    tmp = done.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(done)
+    print(f"\nreal sweeps: " + ", ".join(f"{k} rc={v['rc']} in {v['seconds']} s" for k, v in result.items()))
+    return result
+
+
+def _dir(runs: dict[str, Any], name: str) -> Path:
+    return Path(runs[name]["dir"])
+
+
+def _record(runs: dict[str, Any], name: str) -> dict[str, Any]:
+    path = _dir(runs, name) / "results.json"
+    assert path.exists(), f"the {name} sweep wrote no results.json (rc {runs[name]['rc']}):\n{runs[name]['out']}"
+    return json.loads(path.read_text())
+
+
+def _bad(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in record["cells"] if c["status"] not in GOOD + ("skipped",)]
+
+
+def _hooked_distributed(record: dict[str, Any]) -> set[str]:
+    """The cells the pre-fix backend breaks: hooked, distributed weight, expected to pass."""
+    return {c["id"] for c in record["cells"]
+            if c["axes"]["weight"] == "distributed" and c["axes"]["hooks"] != "off"
+            and c["axes"]["module"] in ("linear", "grouped_linear") and c["expect"] == "pass"}
+
+
+def _blobs(html_text: str) -> list[dict[str, Any]]:
+    def blob(name: str) -> dict[str, Any]:
+        start = html_text.index(f'<script type="application/json" id="{name}">') + len(name) + 38
+        return json.loads(html_text[start:html_text.index("</script>", start)])
+    return unpack(blob("dw-data"), blob("dw-detail"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _artifacts() -> Path | None:
+    if not os.environ.get("DW_ARTIFACT_DIR"):
+        return None
+    d = Path(os.environ["DW_ARTIFACT_DIR"])
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# --------------------------------------------------------------------------- the sweeps
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_sweep_exit_code_and_files(runs: dict[str, Any], name: str) -> None:
+    run = runs[name]
+    record = _record(runs, name)
+    bad = [f"{c['status']} {c['id']}: {c['first_failure']}" for c in _bad(record)]
+    assert run["rc"] == EXPECTED_RC[name], (
+        f"{BACKENDS[name]} sweep exited {run['rc']}, expected {EXPECTED_RC[name]}; bad cells:\n"
+        + "\n".join(bad) + f"\n--- output tail ---\n{run['out']}")
+    assert record["status"] == "complete" and len(record["cells"]) > 20
+    assert record["backend"] == BACKENDS[name]
+    for f in ("report.html", "junit.xml", "summary.md"):
+        assert (_dir(runs, name) / f).stat().st_size > 0, f
+    assert (run["rc"] == 0) == (not bad)
+
+
+def test_prefix_fails_exactly_the_hooked_distributed_cells(runs: dict[str, Any]) -> None:
+    ref, prefix = _record(runs, "ref"), _record(runs, "prefix")
+    target = _hooked_distributed(prefix)
+    assert len(target) >= 8 and {c["axes"]["world_size"] for c in prefix["cells"] if c["id"] in target} == {1, 2}
+    assert {c["id"] for c in _bad(prefix)} - {c["id"] for c in _bad(ref)} == target
+    assert not _bad(ref), [c["id"] for c in _bad(ref)]
+
+
+# --------------------------------------------------------------------------- HTML / JUnit / markdown
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_html_statuses_and_counts_match_the_record(runs: dict[str, Any], name: str) -> None:
+    record = _record(runs, name)
+    text = (_dir(runs, name) / "report.html").read_text()
+    counts = _common.counts_of(record)
+    assert counts == {s: n for s, n in record["counts"].items()}
+    for s, n in counts.items():
+        if n or s in _common.STATUSES[:3]:
+            assert f"{_common.STATUS_LABELS[s]} <b>{n:,}</b>" in text, s
+    verdict = "FAIL" if _bad(record) else "PASS"
+    assert f'class="verdict v-{verdict}">{verdict}<' in text
+    assert f"{len(record['cells']):,} cells" in text
+    cells = _blobs(text)
+    assert [c["id"] for c in cells] == [c["id"] for c in record["cells"]]
+    for got, cell in zip(cells, record["cells"]):
+        assert (got["status"], got["repro"], got["axes"], got["first_failure"]) == (
+            cell["status"], cell["repro"], cell["axes"], cell["first_failure"]), cell["id"]
+        assert [g["rank"] for g in got["ranks"]] == [r["rank"] for r in cell["ranks"]]
+        for g, r in zip(got["ranks"], cell["ranks"]):  # small run: nothing thinned
+            assert g["error"] == r["error"] and len(g["checks"]) == len(r["comparisons"])
+    if name == "prefix":  # failure signatures name real failures, escaped
+        assert 'id="signatures"' in text and "mat1 and mat2 shapes cannot be multiplied" in text
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_junit_matches_the_record(runs: dict[str, Any], name: str) -> None:
+    record = _record(runs, name)
+    root = ET.parse(_dir(runs, name) / "junit.xml").getroot()
+    counts = _common.counts_of(record)
+    suite = root.find("testsuite")
+    for el in (root, suite):
+        assert el.get("tests") == str(len(record["cells"]))
+        assert el.get("failures") == str(counts["fail"])
+        assert el.get("errors") == str(counts["error"] + counts["timeout"])
+        assert el.get("skipped") == str(counts["skipped"])
+    by_id = {c["id"]: c for c in record["cells"]}
+    cases = suite.findall("testcase")
+    assert sorted(tc.get("name") for tc in cases) == sorted(by_id)
+    for tc in cases:
+        cell = by_id[tc.get("name")]
+        failure, error = tc.find("failure"), tc.find("error")
+        assert (failure is not None) == (cell["status"] == "fail"), cell["id"]
+        assert (error is not None) == (cell["status"] in ("error", "timeout")), cell["id"]
+        body = failure if failure is not None else error
+        if body is not None:
+            assert f"repro: {cell['repro']}" in body.text
+            assert body.get("message") == " ".join(cell["first_failure"].split())[:1000]
+            tb = next((r["error"]["traceback"] for r in cell["ranks"] if r.get("error")), None)
+            if tb:
+                assert tb.strip().splitlines()[-1] in body.text
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_markdown_matches_the_record(runs: dict[str, Any], name: str) -> None:
+    record = _record(runs, name)
+    md = (_dir(runs, name) / "summary.md").read_text()
+    counts = _common.counts_of(record)
+    bad = _bad(record)
+    icon, verdict = ("❌", "FAIL") if bad else ("✅", "PASS")
+    assert md.startswith(f"## {icon} dw-harness: {verdict} — {len(bad):,} of {len(record['cells']):,} cells failed")
+    assert "| " + " | ".join(f"{counts[s]:,}" for s in _common.STATUSES) + f" | {len(record['cells']):,} |" in md
+    assert f"`{record['backend']}`" in md and str(_dir(runs, name) / "report.html") in md
+    for c in bad:
+        assert f"`{c['id']}`" in md and f"repro: `{c['repro']}`" in md
+    assert ("### Failing cells" in md) == bool(bad)
+
+
+def test_failing_cells_carry_their_repro_command(runs: dict[str, Any]) -> None:
+    record = _record(runs, "prefix")
+    html_cells = {c["id"]: c for c in _blobs((_dir(runs, "prefix") / "report.html").read_text())}
+    junit = (_dir(runs, "prefix") / "junit.xml").read_text()
+    md = (_dir(runs, "prefix") / "summary.md").read_text()
+    bad = _bad(record)
+    assert bad
+    for c in bad:
+        want = f"python -m harness repro {c['id']} --backend harness.reference.prefix"
+        assert c["repro"] == want
+        assert html_cells[c["id"]]["repro"] == want
+        assert want in junit and want in md
+
+
+def test_report_command_rerenders_the_same_pages(runs: dict[str, Any], tmp_path: Path) -> None:
+    res = _cli("report", str(_dir(runs, "prefix")), "--to", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    for f in ("report.html", "junit.xml"):
+        assert (tmp_path / f).read_text() == (_dir(runs, "prefix") / f).read_text(), f
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def test_diff_ref_prefix_flags_the_hooked_distributed_cells(runs: dict[str, Any], tmp_path: Path) -> None:
+    ref, prefix = _record(runs, "ref"), _record(runs, "prefix")
+    target = _hooked_distributed(prefix)
+    d = diff_records(ref, prefix)
+    assert {c.id for c in d.newly_failing} == target
+    assert not d.newly_passing and not d.only_in_base and not d.only_in_new
+    page = tmp_path / "diff.html"
+    res = _cli("diff", str(_dir(runs, "ref")), str(_dir(runs, "prefix")), "--html", str(page))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "REGRESSION" in res.stdout and f"newly failing: {len(target)}" in res.stdout
+    section = res.stdout[res.stdout.index(f"Newly failing ({len(target)}):"):]
+    for cid in target:
+        cell = next(c for c in prefix["cells"] if c["id"] == cid)
+        assert cid in section and f"repro: {cell['repro']}" in section
+    html_text = page.read_text()
+    assert html_text.startswith("<!DOCTYPE html>") and "REGRESSION" in html_text
+    assert f"Newly failing ({len(target)})" in html_text
+    assert all(cid in html_text for cid in target)
+    art = _artifacts()
+    if art:
+        shutil.copyfile(page, art / "diff-ref-prefix.html")
+
+
+def test_diff_ref_ref_is_clean(runs: dict[str, Any], tmp_path: Path) -> None:
+    res = _cli("diff", str(_dir(runs, "ref")), str(_dir(runs, "ref")), "--html", str(tmp_path / "same.html"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no new failures" in res.stdout and "newly failing: 0" in res.stdout
+    assert "NO NEW FAILURES" in (tmp_path / "same.html").read_text()
+
+
+# --------------------------------------------------------------------------- the real report in a browser
+
+
+def test_browser_click_failing_cell_of_the_prefix_report(runs: dict[str, Any]) -> None:
+    """Headless Chromium opens the real pre-fix report, clicks the first cell that raised, and
+    sees its traceback and repro command; the screenshot is kept as a CI artifact."""
+    H.require_browser()
+    from reports.browser import open_and_click_failing
+
+    record = _record(runs, "prefix")
+    run_dir = _dir(runs, "prefix")
+    shot = run_dir / "report-prefix-click.png"
+    seen = open_and_click_failing(run_dir / "report.html", shot, statuses=("error",), width=1400, height=900,
+                                  matrix_at_top=True)
+    cell = next(c for c in record["cells"] if c["id"] == seen["cell_id"])
+    assert seen["status"] == cell["status"] == "error"
+    assert seen["detail_visible"] and seen["traceback_visible"] and seen["repro_visible"]
+    tb = next(r["error"]["traceback"] for r in cell["ranks"] if r.get("error"))
+    assert seen["traceback_text"].strip() == tb.strip()
+    assert seen["repro_text"] == cell["repro"]
+    assert cell["first_failure"] in seen["detail_text"]
+    assert seen["hash"] == cell["id"]
+    assert seen["chips"] == len(record["cells"])
+    assert not seen["console_errors"], seen["console_errors"]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    art = _artifacts()
+    if art:
+        shutil.copyfile(shot, art / "report-prefix-click.png")
+        shutil.copyfile(run_dir / "report.html", art / "report-prefix.html")
+    print(f"\nreal pre-fix report: first render {seen['rendered_ms']:.0f} ms; screenshot {shot}")
+
+
+def test_browser_failed_check_of_the_prefix_report(runs: dict[str, Any], tmp_path: Path) -> None:
+    """A cell that failed a comparison (no exception) shows its failed checks and their messages."""
+    H.require_browser()
+    from reports.browser import open_and_click_failing
+
+    record = _record(runs, "prefix")
+    seen = open_and_click_failing(_dir(runs, "prefix") / "report.html", tmp_path / "fail.png", statuses=("fail",))
+    cell = next(c for c in record["cells"] if c["id"] == seen["cell_id"])
+    assert cell["status"] == "fail" and seen["repro_text"] == cell["repro"]
+    failed = [c for r in cell["ranks"] for c in r["comparisons"] if not c["ok"]]
+    assert failed and f"FAILED CHECKS ({len(failed)})" in seen["detail_text"].upper()
+    for c in failed:
+        assert c["name"] in seen["detail_text"]
+        assert (c.get("message") or "").splitlines()[0] in seen["detail_text"]
