@@ -1,1 +1,5 @@
-pytest_plugins = ["harness.plugin"]
+pytest_plugins = [
+    "harness.plugin",
+    "fixtures.process_group",
+    "fixtures.hook_modes",
+]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import harness.reference as reference
 from fixtures.modules import attach_main_grad, build, load_full
-from fixtures.process_group import fake_world, gloo_world_size_1, in_process_ws1, single_thread  # noqa: F401
+from fixtures.process_group import fake_world
 from fixtures.tensors import seeded
 from harness.gtp import CallLog, GTPWeight, inject_gtp, shard_rows, weight_names
 

@@ -22,9 +22,8 @@ import torch
 
 import harness.reference as reference
 import harness.reference.prefix as prefix
-from fixtures.hook_modes import forward_executions, forward_under, hook_mode  # noqa: F401  (pytest fixture)
+from fixtures.hook_modes import forward_executions, forward_under
 from fixtures.modules import KINDS, attach_main_grad, bias_names, build, caller, load_full, weight_names
-from fixtures.process_group import in_process_ws1, single_thread  # noqa: F401  (pytest fixtures)
 from fixtures.tensors import DTYPES, assert_within_bound, grouped_linear_f64, seeded, with_start
 from harness.gtp import GTPWeight, inject_gtp
 

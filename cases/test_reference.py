@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 import harness.reference as reference
 from fixtures.modules import (KINDS, WgradHookRecorder, attach_main_grad, bias_names, build, caller,
                               load_full, param_state, weight_names)
-from fixtures.process_group import in_process_ws1, single_thread  # noqa: F401  (pytest fixtures)
 from fixtures.strategies import grouped_case
 from fixtures.tensors import DTYPE_NAMES, DTYPES, assert_within_bound, grouped_linear_f64, pad_rows, seeded, with_start
 from harness.gtp import GTPWeight, inject_gtp

@@ -8,12 +8,9 @@ the test's tmp_path. The same checks on reports of real sweeps are in ``test_rep
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,18 +21,7 @@ from reports.browser import chromium, measure_render, open_and_click_failing
 RENDER_LIMIT_MS = 2_000
 
 
-def _helpers() -> ModuleType:
-    """Load the shared record builders by path (independent of pytest's import mode)."""
-    name = "conftest_reports_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+from fixtures import report_records as H  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

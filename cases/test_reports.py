@@ -1,13 +1,12 @@
 """The report layer: HTML, JUnit, markdown and diff rendered from a run record alone.
 
-Records are synthetic but built with ``harness.record`` (see ``conftest_reports_helpers.py``),
+Records are synthetic but built with ``harness.record`` (see ``fixtures/report_records.py``),
 with hostile text (``<script>``, ``&``, quotes, ``</script>``) in ids' neighbours, tracebacks
 and messages, and the sizes the ``full`` preset reaches.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -16,24 +15,12 @@ import time
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 
-def _helpers() -> ModuleType:
-    """Load the shared record builders by path (independent of pytest's import mode)."""
-    name = "conftest_reports_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+from fixtures import report_records as H  # noqa: E402
 
 import harness.record as hr  # noqa: E402
 from reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402

@@ -14,7 +14,6 @@ hooked distributed-weight cells.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,7 +22,6 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -39,17 +37,7 @@ BAD = ("fail", "error", "timeout")
 pytestmark = pytest.mark.xdist_group("real_reports")
 
 
-def _helpers() -> ModuleType:
-    name = "conftest_reports_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+from fixtures import report_records as H  # noqa: E402
 
 from reports import _common  # noqa: E402
 from reports._pack import unpack  # noqa: E402
@@ -100,7 +88,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(done)
-    print(f"\nreal sweeps: " + ", ".join(f"{k} rc={v['rc']} in {v['seconds']} s" for k, v in result.items()))
+    print("\nreal sweeps: " + ", ".join(f"{k} rc={v['rc']} in {v['seconds']} s" for k, v in result.items()))
     return result
 
 

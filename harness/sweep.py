@@ -13,7 +13,6 @@ import platform
 import shlex
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
