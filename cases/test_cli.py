@@ -145,3 +145,10 @@ def test_k_with_a_full_cell_id_selects_exactly_that_test():
 def test_k_with_a_cell_id_inside_another_id_selects_exactly_that_test():
     inner, outer = _id_inside_another()
     assert _collected(inner) == [f"cases/test_cells.py::test_cell[{inner}]"], (inner, outer)
+
+
+def test_k_expression_with_bracketed_test_name_is_exact():
+    inner, outer = _id_inside_another()
+    assert _collected(f"test_cell[{inner}]") == [f"cases/test_cells.py::test_cell[{inner}]"]
+    assert sorted(_collected(f"test_cell[{inner}] or test_cell[{outer}]")) == sorted(
+        f"cases/test_cells.py::test_cell[{c}]" for c in (inner, outer))

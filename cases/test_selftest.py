@@ -29,13 +29,15 @@ def test_selftest_kills_with_evidence_in_process():
 
 
 def test_removing_the_check_lets_the_mutant_survive(monkeypatch):
-    """Drop the backward-materialize count check: dgrad-forward-copy must then survive."""
+    """Drop the checks about dgrad-forward-copy's fault (the backward-materialize count and
+    the liveness of forward-gathered weights): the mutant must then survive."""
     real = runner._protocol_checks
 
     def without_backward_count(cell, gtp):
         return [c for c in real(cell, gtp) if c.name != "leader.materialize_backward_calls"]
 
     monkeypatch.setattr(runner, "_protocol_checks", without_backward_count)
+    monkeypatch.setattr(runner.GTPGroup, "live_forward_gathers", lambda self: 0)
     m = mutants.MUTANTS["dgrad-forward-copy"]
     verdict = _judge(m, [runner_result(m, c) for c in _cells("linear")])
     assert verdict.verdict == "survived", verdict

@@ -95,6 +95,24 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(f"ws{c.world_size}")) for c in cells])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``-k <cell id>`` selects that cell only.
+
+    pytest's ``-k`` matches substrings, and ``grouped_linear-...`` is inside
+    ``ops_grouped_linear-...``. When the whole ``-k`` is one cell id (a pasted id), narrow
+    to the cell with exactly that id; in a larger expression write ``test_cell[<id>]``.
+    """
+    keyword = (config.getoption("keyword", "") or "").strip()
+    try:
+        wanted = matrix.Cell.from_id(keyword).id if keyword else None
+    except matrix.MatrixError:
+        return
+    drop = [it for it in items if (c := _cell_of(it)) is not None and c.id != wanted]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if it not in drop]
+
+
 def _cell_of(item: pytest.Item) -> matrix.Cell | None:
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("cell") if callspec else None
