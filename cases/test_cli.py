@@ -152,3 +152,11 @@ def test_k_expression_with_bracketed_test_name_is_exact():
     assert _collected(f"test_cell[{inner}]") == [f"cases/test_cells.py::test_cell[{inner}]"]
     assert sorted(_collected(f"test_cell[{inner}] or test_cell[{outer}]")) == sorted(
         f"cases/test_cells.py::test_cell[{c}]" for c in (inner, outer))
+
+
+def test_pytest_collects_one_test_per_selected_cell():
+    """Without -k every cell of the selection is a test (a narrowing bug once dropped them all)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "cases/test_cells.py", "--collect-only", "-q",
+                           "--world-sizes", "1,2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ids = [line for line in proc.stdout.splitlines() if "::test_cell[" in line]
+    assert ids == [f"cases/test_cells.py::test_cell[{c.id}]" for c in matrix.select("ci", {"world_size": (1, 2)})]

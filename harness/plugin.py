@@ -103,8 +103,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     to the cell with exactly that id; in a larger expression write ``test_cell[<id>]``.
     """
     keyword = (config.getoption("keyword", "") or "").strip()
+    if not keyword:
+        return
     try:
-        wanted = matrix.Cell.from_id(keyword).id if keyword else None
+        wanted = matrix.Cell.from_id(keyword).id
     except matrix.MatrixError:
         return
     drop = [it for it in items if (c := _cell_of(it)) is not None and c.id != wanted]
