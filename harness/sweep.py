@@ -96,16 +96,17 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
             record.cells = sorted(record.cells + unrun, key=lambda r: order.get(r.id, len(order)))
             record.write(run_dir / "results.json")
 
-    last_write = [time.monotonic()]
+    next_write = [time.monotonic() + 5.0]
 
     def collect(res: CellResult) -> None:
         results[res.id] = res
         spec.on_result(res, len(results), total)
         # cells.jsonl already holds every result; refresh the record now and then so a
-        # reader sees progress without the sweep rewriting a large record per cell
-        if time.monotonic() - last_write[0] > 5.0:
+        # reader sees progress - at most 10% of the time, however large the record grows
+        if time.monotonic() > next_write[0]:
+            started = time.monotonic()
             write()
-            last_write[0] = time.monotonic()
+            next_write[0] = time.monotonic() + max(5.0, 10 * (time.monotonic() - started))
 
     lines = run_dir / "cells.jsonl"
     lines_at_start = lines.stat().st_size if lines.exists() else 0
