@@ -17,7 +17,7 @@ from harness import compare, oracle
 from harness.consumer import Consumer
 from harness.gtp import GTPGroup, inject_gtp, weight_names
 from harness.hooks import forward_executions, run_forward
-from harness.inputs import CellInputs, Example, make_inputs
+from harness.inputs import DTYPES, CellInputs, Example, make_inputs
 from harness.matrix import Cell
 from harness.record import Check, RankResult
 
@@ -34,7 +34,7 @@ class RankContext:
 
 def build_module(backend: ModuleType, cell: Cell, example: Example, device: torch.device) -> torch.nn.Module:
     """Construct the cell's module with only the keyword arguments CONTRACTS §1 names."""
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cell.dtype]
+    dtype = DTYPES[cell.dtype]
     e = example
     if cell.module == "linear":
         return backend.Linear(e.in_features, e.out_features, bias=cell.bias, params_dtype=dtype,
@@ -240,7 +240,7 @@ def _protocol_checks(cell: Cell, gtp: GTPGroup) -> list[Check]:
         for i in range(len(gtp.members)):
             checks.append(compare.compare_value(f"weight{i}.grad_buffer_calls", "count",
                                                 gtp.log.count("grad_buffer", i), k))
-    want = "float32" if cell.consumer == "ddp" else {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cell.dtype]
+    want = "float32" if cell.consumer == "ddp" else str(DTYPES[cell.dtype]).replace("torch.", "")
     dtypes = sorted(set(gtp.log.finalize_dtypes()))
     checks.append(compare.compare_value("finalize_dtypes", "dtype", dtypes, [want]))
     return checks
