@@ -164,9 +164,10 @@ def external_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
     Every rank derives the same cells (those of the selection at this world size) and the
     ranks compare a digest of the ids before running anything.
     """
-    overrides = {axis: matrix.parse_values(axis, text) for axis in matrix.AXIS_NAMES
-                 if (text := getattr(args, f"axis_{axis}", None)) is not None}
-    cells = [c for c in matrix.select(args.preset, overrides, args.filter_expr) if c.world_size == world_size]
+    from harness.commands import _options
+
+    cells = [c for c in matrix.select(args.preset, _options.overrides(args), args.filter_expr)
+             if c.world_size == world_size]
     if not cells:
         raise matrix.MatrixError(f"the selection has no cell at world size {world_size}")
     run_dir = Path(args.out).resolve()
@@ -203,10 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", help="launch plan JSON written by the launcher; without it the "
                         "worker builds its plan from the selection options (external torchrun)")
-    parser.add_argument("--preset", default="ci")
-    for opt, axis in matrix.AXIS_OPTIONS.items():
-        parser.add_argument(opt, dest=f"axis_{axis}")
-    parser.add_argument("--filter", dest="filter_expr")
+    from harness.commands import _options
+
+    _options.add_selection(parser)  # the same selection options as sweep and list
     parser.add_argument("--backend", default="harness.reference")
     parser.add_argument("--out", default="runs/external")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
