@@ -65,7 +65,8 @@ def _call(module: torch.nn.Module, cell: Cell, splits: list[int]):
     return lambda x: module(x, sizes)
 
 
-def _error(exc: BaseException) -> dict[str, str]:
+def error_info(exc: BaseException) -> dict[str, str]:
+    """An exception as a rank result records it: type, first line, full traceback."""
     return {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
             "traceback": "".join(traceback.format_exception(exc))}
 
@@ -106,7 +107,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
         if cell.expect == "error":
             return _judge_expected_error(cell, exc, consumer, gtp, ctx.rank)
         return RankResult(ctx.rank, "error", [Check("exception", "exception", False,
-                                                    message=f"{type(exc).__name__}: {exc}")], _error(exc))
+                                                    message=f"{type(exc).__name__}: {exc}")], error_info(exc))
     finally:
         consumer.close()
     if cell.expect == "error":
@@ -157,7 +158,7 @@ def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer,
     ok = all(c.ok for c in checks)
     if not ok:
         checks[0].message = (checks[0].message or "") + f" (raised {type(exc).__name__}: {exc})"
-    return RankResult(rank, "xfail" if ok else "fail", checks, None if ok else _error(exc))
+    return RankResult(rank, "xfail" if ok else "fail", checks, None if ok else error_info(exc))
 
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,

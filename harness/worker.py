@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from harness import matrix
 from harness.backends import load_backend
 from harness.inputs import Example
 from harness.record import CellResult, RankResult
-from harness.runner import RankContext, run_cell
+from harness.runner import RankContext, error_info, run_cell
 from harness.verdict import merge
 
 
@@ -70,9 +69,7 @@ def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Exa
     try:
         return run_cell(backend, cell, ctx, example)
     except Exception as exc:  # a bug in the harness itself, still a recorded result
-        return RankResult(ctx.rank, "error", [], {
-            "type": f"HarnessBug({type(exc).__name__})", "message": str(exc).splitlines()[0] if str(exc) else "",
-            "traceback": traceback.format_exc()})
+        return RankResult(ctx.rank, "error", [], {**error_info(exc), "type": f"HarnessBug({type(exc).__name__})"})
 
 
 def run(plan: dict[str, Any]) -> int:
