@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from reports import render_html
-from reports.browser import chromium, measure_render, open_and_click_failing
+from harness.reports import render_html
+from harness.reports.browser import chromium, measure_render, open_and_click_failing
 
 RENDER_LIMIT_MS = 2_000
 

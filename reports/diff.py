@@ -25,7 +25,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._assets import CSS
+from . import _assets
 from ._common import BAD_STATUSES, GOOD_STATUSES, fmt_ratio, ratio_key, verdict
 
 
@@ -211,7 +211,7 @@ def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any], *
                     for k in RunDiff.CLASSES) + f'<span class="pill"><b>{diff.unchanged:,}</b> unchanged</span>'
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>dw-harness diff · '
-        f'{v}</title><style>{CSS}</style></head><body><header class="top"><h1>dw-harness diff '
+        f'{v}</title><style>{_assets.css()}</style></head><body><header class="top"><h1>dw-harness diff '
         f'<span class="verdict v-{"FAIL" if diff.exit_code else "PASS"}">{v}</span></h1></header><main>'
         f'<section class="card"><dl class="meta" style="grid-template-columns:1fr">{side(base, "base")}{side(new, "new")}</dl>'
         f'<div class="counts">{pills}</div><p class="muted" style="font-size:12px">ratio grown = good in both runs, '

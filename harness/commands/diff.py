@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.diff import diff_records, render_diff_html, render_diff_text
+    from harness.reports.diff import diff_records, render_diff_html, render_diff_text
 
     try:
         base, new = load(args.base).serialize(), load(args.new).serialize()
