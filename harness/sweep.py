@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from harness import matrix, runinfo
 from harness.launch import LaunchFailure, LaunchOptions, launch_cells
-from harness.record import CellResult, RunRecord
+from harness.record import CellResult, RunRecord, load
 from harness.stream import ResultStream
 
 
@@ -63,6 +63,11 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         selection=spec.selection, tolerance=spec.tolerance,
         world_sizes=sorted({c.world_size for c in spec.cells}),
     )
+    if spec.resume:  # the launches so far stay on the record
+        try:
+            record.launches = load(run_dir).launches
+        except (OSError, ValueError):
+            pass
     t0 = time.monotonic()
     total = len(spec.cells)
     order = {c.id for c in spec.cells}
