@@ -454,7 +454,8 @@ def test_diff_classifies_every_class() -> None:
     assert d.unchanged == 2  # ratio_grown_small, ratio_steady
     assert d.exit_code == 1
     text = render_diff_text(d)
-    assert "REGRESSION" in text and ids["newly_failing"] in text and "repro:" in text
+    assert "REGRESSION" in text and "gate fails: 3 cell(s) newly failing" in text and ids["newly_failing"] in text and "repro:" in text
+    assert "coverage lost: 1 cell(s) newly skipped, 1 only in base" in text
     page = render_diff_html(d, base, new)
     assert page.startswith("<!DOCTYPE html>") and ids["ratio_grown"] in page and "REGRESSION" in page
     assert H.EVIL not in page
@@ -462,7 +463,7 @@ def test_diff_classifies_every_class() -> None:
 
 def test_diff_exit_code() -> None:
     base, new, ids = _diff_pair()
-    keep = {ids["newly_passing"], ids["ratio_grown"], ids["only_in_base"], ids["only_in_new"]}
+    keep = {ids["newly_passing"], ids["ratio_grown"], ids["only_in_new"]}
     base["cells"] = [c for c in base["cells"] if c["id"] in keep]
     new["cells"] = [c for c in new["cells"] if c["id"] in keep]
     d = diff_records(base, new)
@@ -473,6 +474,22 @@ def test_diff_exit_code() -> None:
     assert diff_records(new, new).exit_code == 0
     with pytest.raises(ValueError, match="ratio_growth=0.5"):
         diff_records(base, new, ratio_growth=0.5)
+
+
+def test_diff_fails_an_interrupted_run_and_lost_coverage() -> None:
+    """An incomplete new run, a newly skipped cell, a cell only in base: each fails the gate."""
+    base, new, ids = _diff_pair()
+    ok = {ids["newly_passing"], ids["ratio_grown"]}
+    for lost in ("newly_skipped", "only_in_base"):
+        b = {**base, "cells": [c for c in base["cells"] if c["id"] in ok | {ids[lost]}]}
+        n = {**new, "cells": [c for c in new["cells"] if c["id"] in ok | {ids[lost]}]}
+        d = diff_records(b, n)
+        assert d.exit_code == 1 and d.problems[0].startswith("coverage lost"), (lost, d.problems)
+        assert diff_records(b, n, allow_missing=True).exit_code == 0
+    b = {**base, "cells": [c for c in base["cells"] if c["id"] in ok]}
+    n = {**new, "cells": [c for c in new["cells"] if c["id"] in ok], "status": "incomplete"}
+    d = diff_records(b, n, allow_missing=True)
+    assert d.exit_code == 1 and "incomplete" in d.problems[0]
 
 
 # --------------------------------------------------------------------------- write_all

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--hooks", "off,identity")
@@ -76,18 +77,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         root = tmp_path_factory.getbasetemp() / "dw-real-reports"
     root.mkdir(parents=True, exist_ok=True)
     done = root / "sweeps.json"
-    try:
-        (root / "lock").mkdir()  # atomic: exactly one process sweeps
-    except FileExistsError:
-        deadline = time.monotonic() + SWEEP_TIMEOUT + 60
-        while not done.exists():
-            assert time.monotonic() < deadline, f"the sweeps in {root} did not finish"
-            time.sleep(0.5)
-        return json.loads(done.read_text())
-    result = _sweep_all(root)
-    tmp = done.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(done)
+    with FileLock(str(root / "lock")):  # exactly one process sweeps; the others wait, then read
+        if done.exists():
+            return json.loads(done.read_text())
+        result = _sweep_all(root)
+        tmp = done.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(done)
     print("\nreal sweeps: " + ", ".join(f"{k} rc={v['rc']} in {v['seconds']} s" for k, v in result.items()))
     return result
 
