@@ -24,7 +24,8 @@ rank statuses) and, per cell, ``[duration_s, expects_error, example, ranks, leve
 checks]`` with trailing empties dropped:
 
 * ``ranks`` is a list of ``[rank, status, error, checks]`` (``error`` is ``0`` or
-  ``[type, message, traceback]``, all S indices), or, for a thinned cell whose ranks all
+  ``[type, message, traceback, phase]``, all S indices, trailing empties dropped; ``phase``
+  is the backend phase that raised), or, for a thinned cell whose ranks all
   share the cell's status and raised nothing, just the number of ranks;
 * a check is ``[name, 0, ok, ratio, max_abs, max_rel, bound_at_worst, numel, mismatched,
   index, message]`` for tensors and ``[name, kind, ok, expected, actual, message]`` for the
@@ -231,8 +232,8 @@ def _pack_error(err: dict[str, Any] | None, S: _Strings) -> Any:
     if not err:
         return 0
     tb = err.get("traceback")
-    return [S.add(err.get("type", "Exception")), S.add(err.get("message", "")),
-            S.add(_clip_traceback(tb) if tb else None)]
+    return _trim([S.add(err.get("type", "Exception")), S.add(err.get("message", "")),
+                  S.add(_clip_traceback(tb) if tb else None), S.add(err.get("phase"))])
 
 
 def _ranks_full(cell: dict[str, Any], S: _Strings) -> list[Any]:
@@ -414,6 +415,14 @@ def _unpack_check(a: list[Any], S: list[str], kinds: list[str]) -> dict[str, Any
             "actual": a[4] if len(a) > 4 else exp, "message": S[a[5]] if len(a) > 5 and a[5] is not None else None}
 
 
+def _unpack_error(e: list[Any], S: list[str]) -> dict[str, Any]:
+    e = list(e) + [None] * (4 - len(e))
+    out = {"type": S[e[0]], "message": S[e[1]], "traceback": None if e[2] is None else S[e[2]]}
+    if e[3] is not None:
+        out["phase"] = S[e[3]]
+    return out
+
+
 def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Decode the blobs back into one dict per cell (the reference for the page's JavaScript).
 
@@ -444,8 +453,7 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
                 ranks = [{"rank": r, "status": cell["status"], "error": None, "checks": []} for r in range(ranks_raw)]
             else:
                 ranks = [{"rank": g[0], "status": DS[g[1]],
-                          "error": None if not g[2] else {"type": DS[g[2][0]], "message": DS[g[2][1]],
-                                                          "traceback": None if g[2][2] is None else DS[g[2][2]]},
+                          "error": None if not g[2] else _unpack_error(g[2], DS),
                           "checks": [_unpack_check(a, DS, kinds) for a in g[3]]} for g in ranks_raw]
             by_rank = {r["rank"]: r for r in ranks}
             for a in d[6] or []:

@@ -397,7 +397,8 @@ function main(D) {
   }
   function excBlock(e, sameAs) {
     if (!e) return "";
-    var DS = DD.S, h = '<div class="exc"><div class="et">' + esc(DS[e[0]]) + ": " + esc(DS[e[1]]) + "</div>";
+    var DS = DD.S, h = '<div class="exc"><div class="et">' + esc(DS[e[0]]) + ": " + esc(DS[e[1]]) +
+      (e[3] != null ? ' <span class="muted">(raised in the backend\'s ' + esc(DS[e[3]]) + ")</span>" : "") + "</div>";
     if (e[2] != null) h += sameAs != null ? '<div class="muted">traceback identical to rank ' + sameAs + "</div>"
                                           : '<pre class="traceback">' + esc(DS[e[2]]) + "</pre>";
     return h + "</div>";
