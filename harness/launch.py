@@ -4,13 +4,17 @@ Each launch runs in its own process session so that a timeout or an interrupt ca
 whole tree (torchrun and every rank) with one ``killpg``; rendezvous uses ``--standalone``,
 which binds a free port per launch, so parallel launches (pytest-xdist) cannot collide.
 
-The launcher watches three things while a launch runs: merged verdicts in ``cells.jsonl``
-(progress), each rank's own reports in ``ranks/`` (a rank that failed while its peers may
-be stuck in a collective), and the process itself (a dead rank ends torchrun). When a
-launch stops making progress - a peer stuck after a failure, a cell past its timeout, a dead
-rank - the launcher ends the tree (SIGTERM first: each rank's faulthandler writes its stacks
-into its log), records the cell in flight with every rank's evidence, and starts a fresh
-launch for the cells left.
+The launcher watches three things while a launch runs: the run's result stream (verdicts:
+progress), each rank's own reports in ``ranks/`` (``ready``, a start-up error, a rank that
+failed while its peers may be stuck in a collective), and the process itself (a dead rank
+ends torchrun). When a launch stops making progress - a peer stuck after a failure, a cell
+past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each rank's
+faulthandler writes its stacks into its log), appends the cell in flight to the result
+stream with every rank's evidence, and starts a fresh launch for the cells left.
+
+A launch that ends before every rank is ready ran no cell: it is a launch failure, retried
+once (``LaunchOptions.start_attempts``); then ``LaunchFailure`` ends the run, naming the first
+failing rank's error.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 ``pytest cases/`` collects a test per matrix cell (id = cell id, so ``-k`` and JUnit
 names match the CLI). The first cell of a world size that a pytest process runs launches
 every collected cell of that world size at once; the rest read their verdicts from that
-launch. Under pytest-xdist the plugin switches ``--dist load`` to ``loadgroup`` and groups
-cells by world size, so each batch lands on one worker and is launched exactly once.
+launch's result stream. Under pytest-xdist the plugin switches ``--dist load`` to
+``loadgroup`` and groups cells by world size; the batches are shared through a file lock,
+so each is launched exactly once.
 """
 
 from __future__ import annotations
