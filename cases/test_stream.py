@@ -26,19 +26,19 @@ def _writer(run_dir: str, who: int, n: int) -> None:
 
 def test_concurrent_writers_never_interleave_a_line(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 25)) for w in range(4)]
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 10)) for w in range(4)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0
     verdicts = ResultStream(tmp_path).read()
-    assert len(verdicts) == 100
+    assert len(verdicts) == 40
     assert all(v.result.ranks[0].error["traceback"] == BIG for v in verdicts)
-    assert len(tmp_path.joinpath("cells.jsonl").read_text().splitlines()) == 100
+    assert len(tmp_path.joinpath("cells.jsonl").read_text().splitlines()) == 40
     for w in range(4):  # each writer's verdicts in its own order
         mine = [v.result.id for v in verdicts if v.backend == f"writer{w}"]
-        assert mine == [f"cell-{w * 1000 + i}" for i in range(25)]
+        assert mine == [f"cell-{w * 1000 + i}" for i in range(10)]
 
 
 def test_torn_line_is_skipped_and_read_since_continues(tmp_path: Path) -> None:
