@@ -19,6 +19,7 @@ from harness import cli, launch, matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--modules", "linear", "--world-sizes", "2", "--dtypes", "bf16"]
+REPRO_CELL = next(c.id for c in matrix.select("ci") if c.module == "linear" and c.world_size == 2)
 
 
 @pytest.fixture
@@ -55,13 +56,23 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
         "repro malformed cell id": (["repro", "linear-distributed-bf16"], "Malformed cell id"),
         "resume without a record": (["sweep", "--resume", str(tmp_path / "no-run")], "cannot resume"),
         "list unknown value": (["list", "--hooks", "sometimes"], "Unknown value 'sometimes' for axis hooks"),
+        "cell timeout zero": (["sweep", *SMALL, "--cell-timeout", "0"], "--cell-timeout must be > 0 seconds"),
+        "cell timeout negative": (["sweep", *SMALL, "--cell-timeout", "-5"], "--cell-timeout must be > 0 seconds"),
+        "repro cell timeout zero": (["repro", REPRO_CELL, "--cell-timeout", "0"], "--cell-timeout must be > 0"),
+        "repro unknown example key": (["repro", REPRO_CELL, "--example", "rowz=3"], "unknown key(s) 'rowz'"),
+        "repro malformed example": (["repro", REPRO_CELL, "--example", "rows"], "malformed --example 'rows'"),
+        "selftest world size too large": (["selftest", "--world-sizes", "16"], "world size 16"),
+        "selftest cell timeout zero": (["selftest", *SMALL, "--cell-timeout", "0"], "--cell-timeout must be > 0"),
+        "rerun-failed without resume": (["sweep", *SMALL, "--rerun-failed"], "--rerun-failed needs --resume"),
     }
 
 
 CASES = ["unknown axis value", "malformed filter", "unknown name in filter", "backend import fails",
          "backend module missing", "backend file missing", "world size too large", "output not writable",
          "empty selection", "unknown preset", "repro malformed cell id", "resume without a record",
-         "list unknown value"]
+         "list unknown value", "cell timeout zero", "cell timeout negative", "repro cell timeout zero",
+         "repro unknown example key", "repro malformed example", "selftest world size too large",
+         "selftest cell timeout zero", "rerun-failed without resume"]
 
 
 @pytest.mark.parametrize("case", CASES)

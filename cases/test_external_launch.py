@@ -1,4 +1,5 @@
-"""The worker under a user's own torchrun (how multi-node users run it): same verdicts."""
+"""The worker under a user's own torchrun (how multi-node users run it): same verdicts,
+folded from the same result stream, and the same exit codes as ``sweep``."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ import json
 import subprocess
 import sys
 
+from harness.stream import ResultStream
+
 
 def test_worker_runs_under_external_torchrun(tmp_path):
     out = tmp_path / "ext"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc-per-node", "2", "-m", "harness.worker", "--preset", "smoke",
+           "--nproc-per-node", "2", "-m", "harness.external", "--preset", "smoke",
            "--backend", "harness.reference.prefix", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the pre-fix backend fails cells: rank 0 exits 1, as sweep would, and torchrun with it
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((out / "results.json").read_text())
     assert record["status"] == "complete"
     statuses = {c["id"]: c["status"] for c in record["cells"]}
@@ -23,11 +27,12 @@ def test_worker_runs_under_external_torchrun(tmp_path):
         hooked = "hooks_identity" in cell_id and not cell_id.startswith("ops_")
         assert (status not in ("pass", "xfail")) == hooked, (cell_id, status)
     assert (out / "report.html").exists() and (out / "logs" / "external-ws2" / "rank1.log").exists()
+    assert {i: r.status for i, r in ResultStream(out).latest().items()} == statuses
 
 
 def test_external_selection_without_cells_at_this_world_size_is_bad_input(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-           "-m", "harness.worker", "--preset", "smoke", "--out", str(tmp_path / "x")]
+           "-m", "harness.external", "--preset", "smoke", "--out", str(tmp_path / "x")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
     assert proc.returncode != 0
     assert "no cell at world size 1" in proc.stdout + proc.stderr

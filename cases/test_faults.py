@@ -8,14 +8,17 @@ fresh launch; every launch keeps its rank logs; no process of the run survives t
 the rendezvous store port torchrun used is closed again. ``DW_FAULT_ONCE`` makes the fault
 fire once, so the relaunch runs clean.
 
-The four fault sweeps run at the same time (one module fixture; they mostly wait out a peer
-grace period or a cell timeout), so the file takes about 65-85 s on 2 cores; pytest-xdist
-workers share them through a lock instead of each running its own.
+After every fault the verdict is in the run's result stream, and ``sweep --resume`` on the
+finished run folder runs nothing (no launch, no new verdict). No test asserts a wall-clock
+limit (the machine may be loaded); ``benchmarks/`` holds the timing figures.
+
+The fault sweeps run at the same time (one module fixture; they mostly wait out a peer
+grace period or a cell timeout); pytest-xdist workers share them through a lock instead of
+each running its own.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -27,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+from harness.stream import ResultStream
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",
@@ -48,7 +54,7 @@ class Run:
     returncode: int
     stderr: str
     record: dict
-    wall: float
+    resumed: dict
 
 
 def _env(fired: Path, mode: str, cell: int = FAULTY + 1) -> dict[str, str]:
@@ -85,8 +91,7 @@ def fault_runs(request, tmp_path_factory) -> dict[str, Run]:
     base = tmp_path_factory.getbasetemp()
     root = base.parent / f"faults-{run_id}" if run_id else base / "faults"
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(str(root / "lock")):
         if not (root / "done").exists():
             _run_concurrently(root, modes)
             (root / "done").write_text("done")
@@ -94,7 +99,7 @@ def fault_runs(request, tmp_path_factory) -> dict[str, Run]:
     for mode in modes:
         meta = json.loads((root / f"{mode}.meta.json").read_text())
         runs[mode] = Run(root / mode, meta["returncode"], meta["stderr"],
-                         json.loads((root / mode / "results.json").read_text()), meta["wall"])
+                         json.loads((root / mode / "results.json").read_text()), meta["resumed"])
     yield runs
     for mode in modes:
         _end_survivors(root / mode)
@@ -109,14 +114,14 @@ def _run_concurrently(root: Path, modes: list[str]) -> None:
             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True))
     finished: set[str] = set()
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # a hang guard, not a speed limit
         while len(finished) < len(procs) and time.monotonic() < deadline:
             for mode, (err, t0, proc) in procs.items():
                 if mode not in finished and proc.poll() is not None:
                     err.close()
                     finished.add(mode)
-                    meta = {"returncode": proc.returncode, "wall": time.monotonic() - t0,
-                            "stderr": (root / f"{mode}.stderr").read_text()}
+                    meta = {"returncode": proc.returncode, "stderr": (root / f"{mode}.stderr").read_text()}
+                    meta["resumed"] = _resume(root / mode, _env(root / f"{mode}-fired", mode))
                     (root / f"{mode}.meta.json").write_text(json.dumps(meta))
             time.sleep(0.1)
     finally:
@@ -126,7 +131,27 @@ def _run_concurrently(root: Path, modes: list[str]) -> None:
                 proc.wait()
                 _end_survivors(root / mode)
             err.close()
-    assert finished == set(procs), f"fault sweeps still running after 300 s: {set(procs) - finished}"
+    assert finished == set(procs), f"fault sweeps still running after 600 s: {set(procs) - finished}"
+
+
+def _resume(run_dir: Path, env: dict[str, str]) -> dict:
+    """``sweep --resume`` on a finished run folder: what it ran and how it exited."""
+    before = len(ResultStream(run_dir).read())
+    launches = len(json.loads((run_dir / "results.json").read_text())["launches"])
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
+    record = json.loads((run_dir / "results.json").read_text())
+    return {"returncode": proc.returncode, "new_verdicts": len(ResultStream(run_dir).read()) - before,
+            "new_launches": len(record["launches"]) - launches, "status": record["status"],
+            "stderr": proc.stderr[-2000:]}
+
+
+def assert_in_stream_and_resume_runs_nothing(run: Run) -> None:
+    """Every cell's verdict is in the result stream, and --resume runs nothing twice."""
+    latest = ResultStream(run.run_dir).latest()
+    assert {c["id"]: c["status"] for c in run.record["cells"]} == {i: r.status for i, r in latest.items()}
+    assert run.resumed["new_verdicts"] == 0 and run.resumed["new_launches"] == 0, run.resumed
+    assert run.resumed["returncode"] == run.returncode and run.resumed["status"] == "complete", run.resumed
 
 
 def _survivors(run_dir: Path) -> list[tuple[int, str]]:
@@ -221,9 +246,7 @@ def test_rank_raises_while_peers_wait_in_a_collective(fault_runs):
     assert peer["status"] == "error" and peer["error"]["traceback"], peer
     assert "File " in peer["error"]["traceback"] and "gather" in peer["error"]["traceback"], peer["error"]
     assert_relaunched_after(run.record, cell["id"])
-    # bounded by the peer grace period (15 s), not by the 90 s collective timeout
-    assert cell["duration_s"] < 40, cell["duration_s"]
-    assert run.wall < 120, f"the sweep took {run.wall:.0f}s"
+    assert_in_stream_and_resume_runs_nothing(run)
     assert_nothing_left(run.run_dir, run.record)
 
 
@@ -238,8 +261,7 @@ def test_rank_hangs_cell_times_out_rest_relaunched(fault_runs):
     hung = next(r for r in cell["ranks"] if r["rank"] == FAULT_RANK)
     assert "faults.py" in hung["error"]["traceback"], hung["error"]   # its stack, dumped on SIGTERM
     assert_relaunched_after(run.record, cell["id"])
-    assert cell["duration_s"] < 35, cell["duration_s"]                 # --cell-timeout 10
-    assert run.wall < 120, f"the sweep took {run.wall:.0f}s"
+    assert_in_stream_and_resume_runs_nothing(run)
     assert_nothing_left(run.run_dir, run.record)
 
 
@@ -252,7 +274,7 @@ def test_rank_process_dies(fault_runs, mode, signame):
     assert cell["first_failure"].startswith(f"[rank {FAULT_RANK}]"), cell["first_failure"]
     assert signame in cell["first_failure"], cell["first_failure"]
     assert_relaunched_after(run.record, cell["id"])
-    assert run.wall < 120, f"the sweep took {run.wall:.0f}s"
+    assert_in_stream_and_resume_runs_nothing(run)
     assert_nothing_left(run.run_dir, run.record)
 
 
@@ -260,17 +282,16 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     # rank 1 hangs in the third cell, so the sweep is surely mid-launch when interrupted
     run_dir = tmp_path / "run"
     env = _env(tmp_path / "fired", "hang", cell=3)
-    lines = run_dir / "cells.jsonl"
     proc = subprocess.Popen(_sweep_cmd(run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while not (lines.exists() and len(lines.read_text().splitlines()) >= 2):
+        while len(ResultStream(run_dir).read()) < 2:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no two results within 90 s"
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=120)  # a hang guard: ending the launch takes seconds
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -285,13 +306,12 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     assert "incomplete" in html.lower()
     assert_nothing_left(run_dir, record)
 
-    before = lines.read_text().splitlines()
+    before = [v.result.id for v in ResultStream(run_dir).read()]
     resumed = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
                              start_new_session=True)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
-    after = lines.read_text().splitlines()
-    added = [json.loads(line)["id"] for line in after[len(before):]]
+    added = [v.result.id for v in ResultStream(run_dir).read()][len(before):]
     assert len(added) == N_CELLS - 2 and not set(added) & set(done), added
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "complete"

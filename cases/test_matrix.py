@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -203,9 +202,7 @@ def test_full_size_is_product_minus_invalid():
 
 
 def test_ci_default_coverage_and_size():
-    t = time.perf_counter()
-    ci = select("ci")
-    assert time.perf_counter() - t < 0.5
+    ci = select("ci")  # (how fast: benchmarks/bench_timings.py)
     assert 200 <= len(ci) <= 300
     assert len({c.id for c in ci}) == len(ci)
     assert_pairwise(ci, DEFAULTS)

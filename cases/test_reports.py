@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -23,10 +24,10 @@ import pytest
 from fixtures import report_records as H  # noqa: E402
 
 import harness.record as hr  # noqa: E402
-from reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402
+from harness.reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402
                      render_markdown, write_all)
-from reports import _common  # noqa: E402
-from reports._pack import unpack  # noqa: E402
+from harness.reports import _common  # noqa: E402
+from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
 
 ALL = ("pass", "xfail", "fail", "error", "timeout", "skipped")
 
@@ -57,15 +58,18 @@ def blobs(html_text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The report's two JSON blobs (summary, detail), parsed strictly (NaN/Infinity would be a bug)."""
     p = _Scripts()
     p.feed(html_text)
-    found = {attrs.get("id"): text for attrs, text in p.scripts if attrs.get("type") == "application/json"}
+    found = {attrs.get("id"): text for attrs, text in p.scripts if attrs.get("type") == SCRIPT_TYPE}
     assert set(found) == {"dw-data", "dw-detail"}, [a for a, _ in p.scripts]
     assert len(p.scripts) == 3, "a </script> inside the data would split it into more elements"
 
     def bad_constant(c: str) -> None:
         raise AssertionError(f"non-JSON constant {c} in the embedded data")
 
-    return (json.loads(found["dw-data"], parse_constant=bad_constant),
-            json.loads(found["dw-detail"], parse_constant=bad_constant))
+    def strict(text: str) -> dict[str, Any]:
+        assert re.fullmatch(r"[A-Za-z0-9+/]*=*", text), "the blobs are base64 text"
+        return json.loads(json.dumps(decode(text)), parse_constant=bad_constant)
+
+    return strict(found["dw-data"]), strict(found["dw-detail"])
 
 
 def embedded(html_text: str) -> list[dict[str, Any]]:
@@ -87,13 +91,27 @@ def html_text(record: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- shared vocabulary
 
 
-def test_status_vocabulary_matches_the_record_schema() -> None:
-    assert _common.STATUSES == hr.STATUSES
-    assert _common.GOOD_STATUSES == hr.GOOD_STATUSES
+def test_one_status_vocabulary(html_text: str) -> None:
+    """The record, the renderers and the page share harness.status's table: the page gets
+    it from its embedded data, and neither the program nor the stylesheet restates it."""
+    import harness.status as hs
+    from harness.reports import _assets
+
+    assert _common.STATUSES is hs.STATUSES and hr.STATUSES is hs.STATUSES
+    assert _common.GOOD_STATUSES is hr.GOOD_STATUSES is hs.GOOD_STATUSES
+    summary, _ = blobs(html_text)
+    assert summary["vocab"] == hs.vocabulary()
+    js, css = _assets.asset("report.js"), _assets.asset("report.css")
+    assert '"expected error met"' not in js and "harness error" not in js
+    for s in hs.TABLE:
+        assert f"{s.name}: \"" not in js and f"{s.name}: 1" not in js, f"the program restates status {s.name}"
+        assert s.color not in css, s.name
+        assert f".s-{s.name}{{" in _assets.css()
 
 
 def test_reports_import_without_torch() -> None:
-    code = ("import sys, reports, reports.html, reports.junit, reports.markdown, reports.diff, reports.browser;"
+    code = ("import sys, harness.reports, harness.reports.html, harness.reports.junit, harness.reports.markdown,"
+            " harness.reports.diff, harness.reports.browser;"
             "assert 'torch' not in sys.modules, 'reports imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
@@ -138,27 +156,27 @@ def test_html_embeds_every_cell_with_status_and_repro(record: dict[str, Any], ht
 
 
 def test_html_summary_blob_is_compact(record: dict[str, Any], html_text: str) -> None:
-    """The blob the grid needs at once: ids as token codes, one character per status."""
+    """The blob the grid needs at once is columnar and gzip-compressed: far smaller than the ids."""
     summary, detail = blobs(html_text)
     n = len(record["cells"])
-    assert summary["n"] == n and len(summary["st"]) == n and len(summary["ax"]) == n * len(summary["axes"]) * summary["aw"]
-    assert sum(map(len, summary["id"])) < sum(len(c["id"]) for c in record["cells"]) / 4
+    assert summary["n"] == n and len(summary["st"]) == n and len(summary["ax"]) == n * len(summary["axes"])
+    encoded = html_text.split('id="dw-data">', 1)[1].split("</script>", 1)[0]
+    assert len(encoded) < sum(len(c["id"]) for c in record["cells"]) / 2
     assert not any("Traceback" in s for s in summary["S"]), "tracebacks belong to the lazily parsed detail"
     assert any("Traceback" in s for s in detail["S"])
 
 
 def test_html_escapes_hostile_text(record: dict[str, Any], html_text: str) -> None:
     assert H.EVIL not in html_text
-    head, _, rest = html_text.partition('<script type="application/json" id="dw-data">')
+    head, _, rest = html_text.partition(f'<script type="{SCRIPT_TYPE}" id="dw-data">')
     data_blob, _, rest = rest.partition("</script>")
-    _, _, rest = rest.partition('<script type="application/json" id="dw-detail">')
+    _, _, rest = rest.partition(f'<script type="{SCRIPT_TYPE}" id="dw-detail">')
     detail_blob, _, tail = rest.partition("</script>")
     assert "<script>alert" not in head + tail, "server-rendered text must be HTML-escaped"
-    # inside the JSON only "</" and "<!--" matter to the HTML tokenizer; both are escaped
+    # the blobs are base64: nothing in them can end the element or open a comment
     for blob in (data_blob, detail_blob):
-        assert "</" not in blob and "<!--" not in blob
-    assert "<\\/script>" in detail_blob  # the traceback's </script>
-    assert "<\\/script>" in data_blob  # the first failure's
+        assert re.fullmatch(r"[A-Za-z0-9+/]*=*", blob)
+    assert any("</script>" in s for s in decode(detail_blob)["S"])  # the traceback's </script>, intact
     assert html_text.count("</script>") == 3
     summary, detail = blobs(html_text)
     assert any(H.EVIL in s for s in detail["S"]), "the text itself must survive, escaped"
@@ -343,7 +361,7 @@ def test_markdown_summary(record: dict[str, Any]) -> None:
     bad = [c for c in record["cells"] if c["status"] in ("fail", "error", "timeout")]
     assert md.startswith("## ❌ dw-harness: FAIL")
     assert f"{len(bad):,} of {len(record['cells']):,} cells failed" in md
-    assert "| " + " | ".join(f"{counts[s]:,}" for s in ALL) in md
+    assert "| " + " | ".join(f"{counts[s]:,}" for s in _common.STATUSES) in md
     assert "`harness.backends.reference`" in md and "`2.13.0+cpu`" in md and "`cpu / gloo`" in md
     assert "`runs/ci/report.html`" in md
     for c in bad:
@@ -436,7 +454,8 @@ def test_diff_classifies_every_class() -> None:
     assert d.unchanged == 2  # ratio_grown_small, ratio_steady
     assert d.exit_code == 1
     text = render_diff_text(d)
-    assert "REGRESSION" in text and ids["newly_failing"] in text and "repro:" in text
+    assert "REGRESSION" in text and "gate fails: 3 cell(s) newly failing" in text and ids["newly_failing"] in text and "repro:" in text
+    assert "coverage lost: 1 cell(s) newly skipped, 1 only in base" in text
     page = render_diff_html(d, base, new)
     assert page.startswith("<!DOCTYPE html>") and ids["ratio_grown"] in page and "REGRESSION" in page
     assert H.EVIL not in page
@@ -444,7 +463,7 @@ def test_diff_classifies_every_class() -> None:
 
 def test_diff_exit_code() -> None:
     base, new, ids = _diff_pair()
-    keep = {ids["newly_passing"], ids["ratio_grown"], ids["only_in_base"], ids["only_in_new"]}
+    keep = {ids["newly_passing"], ids["ratio_grown"], ids["only_in_new"]}
     base["cells"] = [c for c in base["cells"] if c["id"] in keep]
     new["cells"] = [c for c in new["cells"] if c["id"] in keep]
     d = diff_records(base, new)
@@ -455,6 +474,22 @@ def test_diff_exit_code() -> None:
     assert diff_records(new, new).exit_code == 0
     with pytest.raises(ValueError, match="ratio_growth=0.5"):
         diff_records(base, new, ratio_growth=0.5)
+
+
+def test_diff_fails_an_interrupted_run_and_lost_coverage() -> None:
+    """An incomplete new run, a newly skipped cell, a cell only in base: each fails the gate."""
+    base, new, ids = _diff_pair()
+    ok = {ids["newly_passing"], ids["ratio_grown"]}
+    for lost in ("newly_skipped", "only_in_base"):
+        b = {**base, "cells": [c for c in base["cells"] if c["id"] in ok | {ids[lost]}]}
+        n = {**new, "cells": [c for c in new["cells"] if c["id"] in ok | {ids[lost]}]}
+        d = diff_records(b, n)
+        assert d.exit_code == 1 and d.problems[0].startswith("coverage lost"), (lost, d.problems)
+        assert diff_records(b, n, allow_missing=True).exit_code == 0
+    b = {**base, "cells": [c for c in base["cells"] if c["id"] in ok]}
+    n = {**new, "cells": [c for c in new["cells"] if c["id"] in ok], "status": "incomplete"}
+    d = diff_records(b, n, allow_missing=True)
+    assert d.exit_code == 1 and "incomplete" in d.problems[0]
 
 
 # --------------------------------------------------------------------------- write_all

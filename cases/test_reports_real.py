@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--hooks", "off,identity")
@@ -39,9 +40,9 @@ pytestmark = pytest.mark.xdist_group("real_reports")
 
 from fixtures import report_records as H  # noqa: E402
 
-from reports import _common  # noqa: E402
-from reports._pack import unpack  # noqa: E402
-from reports.diff import diff_records  # noqa: E402
+from harness.reports import _common  # noqa: E402
+from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
+from harness.reports.diff import diff_records  # noqa: E402
 
 
 def _sweep_all(root: Path) -> dict[str, Any]:
@@ -76,18 +77,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         root = tmp_path_factory.getbasetemp() / "dw-real-reports"
     root.mkdir(parents=True, exist_ok=True)
     done = root / "sweeps.json"
-    try:
-        (root / "lock").mkdir()  # atomic: exactly one process sweeps
-    except FileExistsError:
-        deadline = time.monotonic() + SWEEP_TIMEOUT + 60
-        while not done.exists():
-            assert time.monotonic() < deadline, f"the sweeps in {root} did not finish"
-            time.sleep(0.5)
-        return json.loads(done.read_text())
-    result = _sweep_all(root)
-    tmp = done.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(done)
+    with FileLock(str(root / "lock")):  # exactly one process sweeps; the others wait, then read
+        if done.exists():
+            return json.loads(done.read_text())
+        result = _sweep_all(root)
+        tmp = done.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(done)
     print("\nreal sweeps: " + ", ".join(f"{k} rc={v['rc']} in {v['seconds']} s" for k, v in result.items()))
     return result
 
@@ -115,8 +111,9 @@ def _hooked_distributed(record: dict[str, Any]) -> set[str]:
 
 def _blobs(html_text: str) -> list[dict[str, Any]]:
     def blob(name: str) -> dict[str, Any]:
-        start = html_text.index(f'<script type="application/json" id="{name}">') + len(name) + 38
-        return json.loads(html_text[start:html_text.index("</script>", start)])
+        tag = f'<script type="{SCRIPT_TYPE}" id="{name}">'
+        start = html_text.index(tag) + len(tag)
+        return decode(html_text[start:html_text.index("</script>", start)])
     return unpack(blob("dw-data"), blob("dw-detail"))
 
 
@@ -290,7 +287,7 @@ def test_browser_click_failing_cell_of_the_prefix_report(runs: dict[str, Any]) -
     """Headless Chromium opens the real pre-fix report, clicks the first cell that raised, and
     sees its traceback and repro command; the screenshot is kept as a CI artifact."""
     H.require_browser()
-    from reports.browser import open_and_click_failing
+    from harness.reports.browser import open_and_click_failing
 
     record = _record(runs, "prefix")
     run_dir = _dir(runs, "prefix")
@@ -318,7 +315,7 @@ def test_browser_click_failing_cell_of_the_prefix_report(runs: dict[str, Any]) -
 def test_browser_failed_check_of_the_prefix_report(runs: dict[str, Any], tmp_path: Path) -> None:
     """A cell that failed a comparison (no exception) shows its failed checks and their messages."""
     H.require_browser()
-    from reports.browser import open_and_click_failing
+    from harness.reports.browser import open_and_click_failing
 
     record = _record(runs, "prefix")
     seen = open_and_click_failing(_dir(runs, "prefix") / "report.html", tmp_path / "fail.png", statuses=("fail",))

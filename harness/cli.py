@@ -12,6 +12,7 @@ import traceback
 
 from harness import exitcodes
 from harness.backends import BackendError
+from harness.launch import LaunchFailure
 from harness.matrix import MatrixError
 
 
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (MatrixError, BackendError, exitcodes.UsageError) as exc:
         print(f"dw-harness: error: {exc}", file=sys.stderr)
         return exitcodes.BAD_INPUT
+    except LaunchFailure as exc:
+        print(f"dw-harness: error: {exc}", file=sys.stderr)
+        return exitcodes.HARNESS_BUG
     except KeyboardInterrupt:
         print("dw-harness: interrupted; the run record written so far is marked incomplete", file=sys.stderr)
         return exitcodes.INTERRUPTED

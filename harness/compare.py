@@ -41,7 +41,11 @@ MARGIN = 2.0
 
 
 class HarnessBug(RuntimeError):
-    """The checker itself failed; never a verdict on the backend."""
+    """The harness itself failed (set-up, oracle, checks); never a verdict on the backend.
+
+    ``harness.runner`` raises it for any exception of a harness-owned phase; the cell's
+    status is then ``harness_error`` and the run exits 3.
+    """
 
 
 def policy() -> dict[str, Any]:
@@ -61,6 +65,9 @@ def compare_tensor(name: str, actual: torch.Tensor | None, ref: Reference, dtype
                    margin: float = MARGIN) -> Check:
     """Compare one tensor with its oracle; the message follows ``assert_close``'s shape."""
     __tracebackhide__ = True
+    if actual is not None and not isinstance(actual, torch.Tensor):
+        return Check(name, "tensor", False, message=f"{name} is a {type(actual).__name__}, not a tensor "
+                     f"(the oracle expects a tensor of shape {tuple(ref.value.shape)})")
     if actual is None:
         return Check(name, "tensor", False, message=f"{name} is None (the oracle expects a tensor "
                      f"of shape {tuple(ref.value.shape)})")

@@ -53,7 +53,10 @@ class Consumer:
             self._handles.append(p.register_post_accumulate_grad_hook(self._observer(name)))
             if mode == "ddp" and not getattr(p, "skip_backward_post_hook", False):
                 self._handles.append(p.register_post_accumulate_grad_hook(self._reduce))
-        module.register_wgrad_accumulation_and_reduce_hooks(self._wgrad_hook)
+
+    def register_hooks(self) -> None:
+        """Hand the module its wgrad hook (backend code: the runner tags it as such)."""
+        self.module.register_wgrad_accumulation_and_reduce_hooks(self._wgrad_hook)
 
     def _reduce(self, p: torch.Tensor) -> None:
         """Fold a real ``.grad`` into ``main_grad`` unless the backend already did."""

@@ -4,13 +4,17 @@ Each launch runs in its own process session so that a timeout or an interrupt ca
 whole tree (torchrun and every rank) with one ``killpg``; rendezvous uses ``--standalone``,
 which binds a free port per launch, so parallel launches (pytest-xdist) cannot collide.
 
-The launcher watches three things while a launch runs: merged verdicts in ``cells.jsonl``
-(progress), each rank's own reports in ``ranks/`` (a rank that failed while its peers may
-be stuck in a collective), and the process itself (a dead rank ends torchrun). When a
-launch stops making progress - a peer stuck after a failure, a cell past its timeout, a dead
-rank - the launcher ends the tree (SIGTERM first: each rank's faulthandler writes its stacks
-into its log), records the cell in flight with every rank's evidence, and starts a fresh
-launch for the cells left.
+The launcher watches three things while a launch runs: the run's result stream (verdicts:
+progress), each rank's own reports in ``ranks/`` (``ready``, a start-up error, a rank that
+failed while its peers may be stuck in a collective), and the process itself (a dead rank
+ends torchrun). When a launch stops making progress - a peer stuck after a failure, a cell
+past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each rank's
+faulthandler writes its stacks into its log), appends the cell in flight to the result
+stream with every rank's evidence, and starts a fresh launch for the cells left.
+
+A launch that ends before every rank is ready ran no cell: it is a launch failure, retried
+once (``LaunchOptions.start_attempts``); then ``LaunchFailure`` ends the run, naming the first
+failing rank's error.
 """
 
 from __future__ import annotations
@@ -28,9 +32,25 @@ from typing import Callable
 
 from harness.matrix import Cell
 from harness.record import CellResult, LaunchRecord, RankResult
+from harness.status import HARNESS_ERROR
+from harness.stream import ResultStream
 from harness.verdict import cell_status, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
+#: rank statuses that mean "this rank failed the cell in flight"
+_FAILED = ("error", HARNESS_ERROR)
+
+
+class LaunchFailure(RuntimeError):
+    """Launches that ended before any cell started, twice in a row: nothing can run.
+
+    Not a verdict on any cell (none ran); the run ends with exit 3 and this message, which
+    names the first failing rank's error.
+    """
+
+    def __init__(self, message: str, launches: list[LaunchRecord]) -> None:
+        super().__init__(message)
+        self.launches = launches
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,11 @@ class LaunchOptions:
     example: dict | None = None
     examples: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: launches in a row that may end before any cell starts before the run gives up
+    start_attempts: int = 2
+    #: called with one line while nothing new happens (torchrun starting, a slow cell)
+    on_wait: Callable[[str], None] | None = None
+    wait_interval: float = 10.0
 
 
 def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
@@ -153,6 +178,15 @@ def torchrun_failure(log_dir: Path) -> tuple[int | None, str]:
     return rank, f"rank {rank} exited with code {code}"
 
 
+_ERROR_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception|Interrupt)\b.*$", re.M)
+
+
+def _last_error_line(text: str) -> str | None:
+    """The last ``SomethingError: ...`` line of a log (a traceback's verdict line)."""
+    found = _ERROR_LINE.findall(text)
+    return found[-1].strip() if found else None
+
+
 class _Launch:
     """One torchrun launch and what is known about the task in flight."""
 
@@ -162,11 +196,19 @@ class _Launch:
         self.opts = opts
         self.name = name
         self.log_dir = opts.run_dir / "logs" / name
-        self.done = 0                      # tasks with a merged result
+        self.done = 0                      # tasks with a verdict in the stream
         self.reports: dict[int, dict[int, dict]] = {}   # task index -> rank -> own report
-        self.merged = _LineTail(opts.run_dir / "cells.jsonl")
+        self.ready: set[int] = set()                     # ranks able to run cells
+        self.startup_errors: dict[int, dict] = {}       # rank -> its startup_error report
+        self.stream = ResultStream(opts.run_dir)
+        self.offset = self.stream.path.stat().st_size if self.stream.path.exists() else 0
         self.rank_tails = [_LineTail(opts.run_dir / "ranks" / f"{name}.rank{r}.jsonl")
                            for r in range(world_size)]
+
+    @property
+    def started(self) -> bool:
+        """Every rank got as far as running cells (or a cell already has a verdict)."""
+        return len(self.ready) == self.world_size or self.done > 0
 
     def start(self) -> subprocess.Popen:
         run_dir = self.opts.run_dir
@@ -194,25 +236,49 @@ class _Launch:
                                 start_new_session=True, env=env)
 
     def poll_results(self) -> list[tuple[str, CellResult]]:
-        """New merged verdicts (with their backend) in task order; fresh per-rank reports."""
+        """New verdicts of this launch's tasks (with their backend) in task order; fresh
+        per-rank reports and start-up events."""
         for r, tail in enumerate(self.rank_tails):
             for rep in tail.read():
-                self.reports.setdefault(rep["i"], {})[r] = rep
+                event = rep.get("event")
+                if event == "ready":
+                    self.ready.add(r)
+                elif event == "startup_error":
+                    self.startup_errors[r] = rep
+                elif event == "result":
+                    self.reports.setdefault(rep["i"], {})[r] = rep
+        verdicts, self.offset = self.stream.read_since(self.offset)
         out = []
-        for d in self.merged.read():
-            if self.done < len(self.tasks) and (d.get("backend"), d.get("id")) == self.tasks[self.done].key:
-                out.append((d["backend"], CellResult.from_dict(d)))
+        for v in verdicts:
+            if v.launch == self.name and self.done < len(self.tasks) and v.key == self.tasks[self.done].key:
+                out.append((v.backend, v.result))
                 self.done += 1
         return out
 
     def first_error_report(self) -> float | None:
-        """When a rank first reported an error for the task in flight (None: none did)."""
+        """When a rank first reported a failure for the task in flight (None: none did)."""
         times = [rep["t"] for rep in self.reports.get(self.done, {}).values()
-                 if rep["result"]["status"] == "error"]
+                 if rep["result"]["status"] in _FAILED]
         return min(times) if times else None
 
-    def lost(self, status: str, why: str, first_rank: int | None, duration: float) -> CellResult:
-        """The in-flight task's result from what each rank reported or left in its log."""
+    def startup_cause(self, why: str) -> str:
+        """Why the launch never started: the first rank's own start-up error, else the last
+        error line a rank or torchrun left in its log."""
+        if self.startup_errors:
+            r, rep = min(self.startup_errors.items(), key=lambda kv: kv[1]["t"])
+            err = rep["error"]
+            return f"[rank {r}] {err['type']}: {err['message']}"
+        rank, how = torchrun_failure(self.log_dir)
+        logs = ([self.log_dir / f"rank{rank}.log"] if rank is not None else []) + [self.log_dir / "torchrun.log"]
+        for log in logs:
+            line = _last_error_line(_log_tail(log, 200))
+            if line:
+                return f"{line} ({how})" if rank is not None else line
+        return f"{why} ({how})"
+
+    def lost(self, status: str, why: str, first_rank: int | None, duration: float) -> tuple[str, CellResult]:
+        """The in-flight task's verdict from what each rank reported or left in its log,
+        appended to the result stream at once (the launcher is one of its writers)."""
         task = self.tasks[self.done]
         cell = task.cell
         marker = f"start {self.done + 1}/{len(self.tasks)} "
@@ -236,9 +302,10 @@ class _Launch:
             elif rr.error:
                 first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail)"
         self.done += 1
-        return CellResult(cell.id, cell.serialize(), cell.expect, verdict, round(duration, 3), None,
-                          first, repro_command(cell.id, task.backend), ranks,
-                          self.opts.example)
+        res = CellResult(cell.id, cell.serialize(), cell.expect, verdict, round(duration, 3), None,
+                         first, repro_command(cell.id, task.backend), ranks, self.opts.example)
+        self.stream.append(res, task.backend, self.name)
+        return task.backend, res
 
     def close(self) -> None:
         self._log.close()
@@ -256,7 +323,7 @@ def _first_to_fail(reported: dict[int, dict], dead_rank: int | None, world_size:
     torchrun saw die; a rank that never reported (hung); the earliest communication error.
     """
     errors = sorted((rep["t"], r, bool(_COMM_ERROR.search((rep["result"].get("error") or {}).get("message", ""))))
-                    for r, rep in reported.items() if rep["result"]["status"] == "error")
+                    for r, rep in reported.items() if rep["result"]["status"] in _FAILED)
     own = [r for _, r, victim in errors if not victim]
     if own:
         return own[0]
@@ -269,7 +336,7 @@ def _first_to_fail(reported: dict[int, dict], dead_rank: int | None, world_size:
 
 
 def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
-                 on_result: Callable[[CellResult], None]) -> list[LaunchRecord]:
+                 on_result: Callable[[CellResult], None] = lambda res: None) -> list[LaunchRecord]:
     """Run ``cells`` against ``opts.backend``; see ``launch_tasks``."""
     return launch_tasks(world_size, [Task(opts.backend, c) for c in cells], opts,
                         lambda backend, res: on_result(res))
@@ -285,36 +352,62 @@ def _free_launch_name(run_dir: Path, world_size: int) -> str:
 
 
 def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
-                 on_result: ResultCallback) -> list[LaunchRecord]:
-    """Run ``tasks`` (all of one world size) until each has a result; relaunch as needed.
+                 on_result: ResultCallback = lambda backend, res: None) -> list[LaunchRecord]:
+    """Run ``tasks`` (all of one world size) until each has a verdict in the result stream.
 
-    Several backends can share one launch: the process group does not depend on them.
+    A launch that loses a cell (crash, hang) is replaced by a fresh one for the cells left.
+    A launch that ends before any cell started is a launch failure: retried, and after
+    ``opts.start_attempts`` such launches in a row ``LaunchFailure`` ends the run. Several
+    backends can share one launch: the process group does not depend on them.
+    ``on_result`` is told of each verdict as it arrives (progress only: the stream has it).
+
+    Raises:
+        LaunchFailure: launches kept ending before any cell started.
     """
     remaining = list(tasks)
     records: list[LaunchRecord] = []
     attempt = 0
+    failed_starts = 0
     while remaining:
         launch = _Launch(world_size, remaining, opts, _free_launch_name(opts.run_dir, world_size))
         t0 = time.monotonic()
         proc = launch.start()
-        note = None
+        outcome = _Outcome()
         try:
-            note = _watch(launch, proc, opts, on_result)
+            outcome = _watch(launch, proc, opts, on_result)
         finally:
             kill_tree(proc)
             launch.close()
+        note = outcome.note if outcome.startup is None else f"could not start: {outcome.startup}"
         records.append(LaunchRecord(world_size, [t.cell.id for t in remaining], proc.returncode,
                                     round(time.monotonic() - t0, 3),
                                     str(launch.log_dir.relative_to(opts.run_dir)), attempt, note))
-        remaining = remaining[launch.done:]
         attempt += 1
+        if outcome.startup is not None:
+            failed_starts += 1
+            if failed_starts >= opts.start_attempts:
+                raise LaunchFailure(
+                    f"no cell could start: {failed_starts} launch(es) of {world_size} rank(s) in a row ended "
+                    f"before the first cell; first failing rank: {outcome.startup} "
+                    f"(rank logs: {launch.log_dir})", records)
+            continue
+        failed_starts = 0
+        remaining = remaining[launch.done:]
     return records
 
 
+@dataclass
+class _Outcome:
+    """How one launch ended: a note for the record, or why it never started."""
+
+    note: str | None = None
+    startup: str | None = None
+
+
 def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
-           on_result: ResultCallback) -> str | None:
-    """Follow one launch until its tasks are done or it must be ended; returns a note."""
-    t0 = last = time.monotonic()
+           on_result: ResultCallback) -> _Outcome:
+    """Follow one launch until its tasks are done or it must be ended."""
+    t0 = last = said = time.monotonic()
     while launch.done < len(launch.tasks):
         exited = proc.poll() is not None
         for backend, res in launch.poll_results():
@@ -322,34 +415,60 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
             last = time.monotonic()
         if launch.done >= len(launch.tasks):
             break
-        if exited:
+        now = time.monotonic()
+        if not launch.started:
+            if exited:
+                return _Outcome(startup=launch.startup_cause(f"torchrun exited with code {proc.returncode}"))
+            if now - t0 > opts.startup_timeout:
+                kill_tree(proc)
+                launch.poll_results()
+                return _Outcome(startup=launch.startup_cause(
+                    f"not every rank was ready within the start-up timeout of {opts.startup_timeout:g}s"))
+        elif exited:
             rank, why = torchrun_failure(launch.log_dir)
             # only a rank killed by a signal is a culprit; exit code 1 is usually a peer
             # whose collective broke because of someone else
             culprit = rank if "died" in why else None
-            res = launch.lost("error", f"launch exited with code {proc.returncode}: {why}", culprit,
-                              time.monotonic() - last)
-            on_result(launch.tasks[launch.done - 1].backend, res)
-            return f"launch ended early: {why}"
-        now = time.monotonic()
-        failed_at = launch.first_error_report()
-        if failed_at is not None and time.time() - failed_at > opts.peer_grace:
-            kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
-            res = launch.lost("error", f"peers did not finish within {opts.peer_grace:g}s of a rank's "
-                              "failure (stuck in a collective); launch ended", None, now - last)
-            on_result(launch.tasks[launch.done - 1].backend, res)
-            return "ended after a rank failed and its peers hung"
-        limit = opts.cell_timeout + (opts.startup_timeout if last == t0 else 0.0)
-        if now - last > limit:
-            kill_tree(proc)
-            res = launch.lost("timeout", f"no result within the per-cell timeout of {opts.cell_timeout:g}s; "
-                              "launch ended", None, now - last)
-            on_result(launch.tasks[launch.done - 1].backend, res)
-            return "ended after a cell timed out"
+            on_result(*launch.lost("error", f"launch exited with code {proc.returncode}: {why}", culprit,
+                                   now - last))
+            return _Outcome(f"launch ended early: {why}")
+        else:
+            failed_at = launch.first_error_report()
+            if failed_at is not None and time.time() - failed_at > opts.peer_grace:
+                kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
+                if _drained(launch, on_result):
+                    return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
+                on_result(*launch.lost("error", f"peers did not finish within {opts.peer_grace:g}s of a rank's "
+                                       "failure (stuck in a collective); launch ended", None, now - last))
+                return _Outcome("ended after a rank failed and its peers hung")
+            if now - last > opts.cell_timeout + (opts.startup_timeout if last == t0 else 0.0):
+                kill_tree(proc)
+                if _drained(launch, on_result):
+                    return _Outcome("ended at the cell timeout; the cell's verdict arrived meanwhile")
+                on_result(*launch.lost("timeout", f"no result within the per-cell timeout of "
+                                       f"{opts.cell_timeout:g}s; launch ended", None, now - last))
+                return _Outcome("ended after a cell timed out")
+        if opts.on_wait is not None and now - max(last, said) >= opts.wait_interval:
+            said = now
+            if not launch.started:
+                opts.on_wait(f"launch {launch.name}: starting {launch.world_size} rank(s) "
+                             f"({len(launch.ready)} ready after {now - t0:.0f} s)")
+            else:
+                opts.on_wait(f"launch {launch.name}: {launch.tasks[launch.done].cell.id} running for "
+                             f"{now - last:.0f} s (cell timeout {opts.cell_timeout:g} s)")
         time.sleep(0.05)
-    # Every result is on disk: let the ranks tear down briefly, then end the tree.
+    # Every verdict is on disk: let the ranks tear down briefly, then end the tree.
     try:
         proc.wait(timeout=2.0)
     except subprocess.TimeoutExpired:
-        return "all cells done; the launch was ended by the harness after 2 s of teardown"
-    return None
+        return _Outcome("all cells done; the launch was ended by the harness after 2 s of teardown")
+    return _Outcome()
+
+
+def _drained(launch: _Launch, on_result: ResultCallback) -> bool:
+    """After ending a launch: True when the cell in flight got its verdict after all (rank 0
+    appended it between the last poll and the kill), so it is not recorded as lost."""
+    before = launch.done
+    for backend, res in launch.poll_results():
+        on_result(backend, res)
+    return launch.done > before

@@ -3,8 +3,9 @@
 ``pytest cases/`` collects a test per matrix cell (id = cell id, so ``-k`` and JUnit
 names match the CLI). The first cell of a world size that a pytest process runs launches
 every collected cell of that world size at once; the rest read their verdicts from that
-launch. Under pytest-xdist the plugin switches ``--dist load`` to ``loadgroup`` and groups
-cells by world size, so each batch lands on one worker and is launched exactly once.
+launch's result stream. Under pytest-xdist the plugin switches ``--dist load`` to
+``loadgroup`` and groups cells by world size; the batches are shared through a file lock,
+so each is launched exactly once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from harness import matrix
+from harness.status import HARNESS_ERROR
 
 _BATCHES_KEY = pytest.StashKey["BatchRunner"]()
 
@@ -123,52 +125,62 @@ def _cell_of(item: pytest.Item) -> matrix.Cell | None:
 class BatchRunner:
     """Runs each world size's collected cells in one launch, once per pytest run.
 
-    xdist workers share the batches through a folder and a lock per world size: the first
-    worker that needs a world size launches all of its cells; a worker that finds that
+    xdist workers share the batches through a folder and a file lock per world size: the
+    first worker that needs a world size launches all of its cells; a worker that finds that
     batch busy launches another pending world size meanwhile instead of waiting idle, then
-    reads the verdicts it needs from the finished batch's ``cells.jsonl``. (xdist's
-    ``loadgroup`` does not reliably keep a group on one worker, so scheduling is not
-    trusted to prevent duplicate launches.)
+    reads the verdicts it needs from the finished batch's result stream. (xdist's
+    ``loadgroup`` does not reliably keep a group on one worker, so scheduling is not trusted
+    to prevent duplicate launches.)
     """
 
     def __init__(self, config: pytest.Config, root: Path) -> None:
-        from harness.backends import load_backend
+        from harness import preflight
 
         self.config = config
         self.backend = config.hook.pytest_harness_make_backend(config=config)
-        load_backend(self.backend)
+        self.device = config.getoption("harness_device")
+        self.cell_timeout = config.getoption("harness_cell_timeout")
+        if not self.cell_timeout > 0:
+            raise pytest.UsageError(f"--cell-timeout must be > 0 seconds, got {self.cell_timeout:g}")
+        preflight.check_run(self.backend, self.device, {c.world_size for c in selected_cells(config)})
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.results: dict[str, Any] = {}
+        self.failures: dict[int, str] = {}
 
     def _batch_dir(self, world_size: int) -> Path:
         return (self.root / f"ws{world_size}").resolve()
 
     def _load(self, world_size: int) -> bool:
-        """Read a finished batch's verdicts; False while it has not finished."""
-        from harness.record import read_cell_lines
+        """Read a finished batch's verdicts from its result stream; False while it runs."""
+        from harness.stream import ResultStream
 
         d = self._batch_dir(world_size)
         if not (d / "done").exists():
             return False
-        for res in read_cell_lines(d / "cells.jsonl"):
-            self.results[res.id] = res
+        self.results.update(ResultStream(d).latest(self.backend))
+        failed = d / "launch-failure.txt"
+        if failed.exists():
+            self.failures[world_size] = failed.read_text()
         return True
 
     def _try_run(self, world_size: int, cells: list[matrix.Cell]) -> bool:
         """Launch the batch if no one else holds it; True when it has finished (by anyone)."""
-        import fcntl
+        from filelock import FileLock, Timeout
 
-        with open(self.root / f"ws{world_size}.lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
+        lock = FileLock(str(self.root / f"ws{world_size}.lock"))
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
+            return False
+        try:
             if not self._load(world_size):
                 self._launch(world_size, cells)
                 (self._batch_dir(world_size) / "done").write_text("done")
                 self._load(world_size)
             return True
+        finally:
+            lock.release()
 
     def result(self, cell: matrix.Cell, session: pytest.Session) -> Any:
         if cell.id in self.results or self._load(cell.world_size) and cell.id in self.results:
@@ -184,18 +196,23 @@ class BatchRunner:
                           and self._try_run(ws, batches[ws])), None)
             if other is None:
                 time.sleep(0.2)
+        if cell.id not in self.results:
+            why = self.failures.get(cell.world_size, "the batch ended without a verdict for this cell")
+            pytest.fail(f"{cell.id}: no verdict: {why} (run folder {self._batch_dir(cell.world_size)})",
+                        pytrace=False)
         return self.results[cell.id]
 
     def _launch(self, world_size: int, cells: list[matrix.Cell]) -> None:
-        from harness.launch import LaunchOptions, launch_cells
+        from harness.launch import LaunchFailure, LaunchOptions, launch_cells
 
         run_dir = self._batch_dir(world_size)
         run_dir.mkdir(parents=True, exist_ok=True)
-        opts = LaunchOptions(backend=self.backend, run_dir=run_dir,
-                             cell_timeout=self.config.getoption("harness_cell_timeout"),
-                             device=self.config.getoption("harness_device"),
-                             examples=self.config.getoption("harness_examples"))
-        launch_cells(world_size, list(dict.fromkeys(cells)), opts, lambda res: None)
+        opts = LaunchOptions(backend=self.backend, run_dir=run_dir, cell_timeout=self.cell_timeout,
+                             device=self.device, examples=self.config.getoption("harness_examples"))
+        try:
+            launch_cells(world_size, list(dict.fromkeys(cells)), opts)
+        except LaunchFailure as exc:
+            (run_dir / "launch-failure.txt").write_text(str(exc))
 
 
 @pytest.fixture(scope="session")
@@ -228,6 +245,8 @@ def assert_cell_ok(res: Any) -> None:
     if res:
         return
     lines = [f"{res.id}: {res.status} (expected {res.expect})", f"first failure: {res.first_failure}"]
+    if res.status == HARNESS_ERROR:
+        lines.insert(0, "HARNESS BUG: the harness itself failed on this cell; this is not a verdict on the backend")
     shown: dict[str, int] = {}
     for r in res.ranks:
         for c in r.comparisons:

@@ -1,10 +1,9 @@
 """The run record: the one JSON file (``results.json``) every report is rendered from.
 
-Data flows one way: the worker writes one ``CellResult`` per cell as a JSON line
-(``cells.jsonl`` in the run folder) the moment the ranks agree on its verdict; the launcher
-folds those lines into a ``RunRecord`` after every launch, so an interrupted sweep still
-leaves a valid, ``incomplete`` record behind. Reports (``reports/``) are pure functions of
-``RunRecord.serialize()`` and never import torch.
+Data flows one way: every verdict is appended to the run's result stream
+(``harness.stream``) the moment it exists; the sweep folds the stream into a ``RunRecord``,
+so an interrupted sweep still leaves a valid, ``incomplete`` record behind. Reports
+(``harness.reports``) are pure functions of ``RunRecord.serialize()`` and never import torch.
 
 Schema (``schema = 1``), all plain JSON:
 
@@ -14,11 +13,12 @@ Schema (``schema = 1``), all plain JSON:
     environment (torch, python, platform, hostname, device, pg_backend, git_commit),
     selection (preset, axis overrides, filter, examples), tolerance (policy table and any
     override), world_sizes, launches (one ``LaunchRecord`` per torchrun launch), counts
-    (status -> number of cells), cells (``CellResult`` list in matrix order).
+    (status -> number of cells), failure (why the run ended without verdicts: a launch
+    failure; else None), cells (``CellResult`` list in matrix order).
 
 ``CellResult``
     id (the stable cell id), axes (axis -> value), expect ("pass" | "error"), status (one of
-    ``STATUSES``), duration_s, worst_ratio (largest error/bound over all tensor checks, or
+    ``harness.status.STATUSES``), duration_s, worst_ratio (largest error/bound over all tensor checks, or
     None), first_failure (one line, or None), repro (command line), ranks (``RankResult``
     per rank), example (the shape/split example that ran, with ``shrunk`` when hypothesis
     shrank a failure to it; None for the cell's default example).
@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.status import GOOD_STATUSES, STATUSES
+
 SCHEMA = 1
-STATUSES = ("pass", "xfail", "fail", "error", "timeout", "skipped")
-#: statuses that meet the cell's expectation; everything else makes a sweep exit 1.
-GOOD_STATUSES = ("pass", "xfail")
 
 
 @dataclass
@@ -181,6 +180,8 @@ class RunRecord:
     launches: list[LaunchRecord] = field(default_factory=list)
     cells: list[CellResult] = field(default_factory=list)
     schema: int = SCHEMA
+    #: why the run ended early without a verdict on every cell (a launch failure), or None
+    failure: str | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -205,6 +206,7 @@ class RunRecord:
             "world_sizes": self.world_sizes,
             "launches": [l.serialize() for l in self.launches],
             "counts": self.counts,
+            "failure": self.failure,
             "cells": [c.serialize() for c in self.cells],
         }
 
@@ -226,6 +228,7 @@ class RunRecord:
             world_sizes=d.get("world_sizes", []),
             launches=[LaunchRecord.from_dict(l) for l in d.get("launches", [])],
             cells=[CellResult.from_dict(c) for c in d.get("cells", [])],
+            failure=d.get("failure"),
         )
 
     def write(self, path: Path) -> None:
@@ -242,15 +245,3 @@ def load(path: str | Path) -> RunRecord:
         p = p / "results.json"
     return RunRecord.from_dict(json.loads(p.read_text()))
 
-
-def read_cell_lines(path: Path) -> list[CellResult]:
-    """Read ``cells.jsonl``; a torn last line (a crash mid-write) is ignored, never fatal."""
-    out: list[CellResult] = []
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            out.append(CellResult.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError):
-            continue
-    return out

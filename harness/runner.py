@@ -2,14 +2,18 @@
 
 The worker calls ``run_cell`` for every cell of its launch; the in-process tests call it
 with world size 1. Every check traces to a sentence of CONTRACTS.md (quoted in comments).
+
+Every step is tagged with its owner (``_owned``): what the backend's code raises is a
+verdict on the backend; what the harness's own set-up and checks raise is a harness bug.
 """
 
 from __future__ import annotations
 
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -20,6 +24,7 @@ from harness.hooks import forward_executions, run_forward
 from harness.inputs import DTYPES, CellInputs, Example, make_inputs
 from harness.matrix import Cell
 from harness.record import Check, RankResult
+from harness.status import HARNESS_ERROR
 
 
 @dataclass
@@ -87,35 +92,87 @@ def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
             getattr(module, name).copy_(b)
 
 
+class BackendFault(Exception):
+    """Backend code raised during ``phase``: a verdict on the backend, never a harness bug."""
+
+    def __init__(self, phase: str, exc: BaseException) -> None:
+        super().__init__(f"{phase}: {type(exc).__name__}: {exc}")
+        self.phase = phase
+        self.exc = exc
+
+
+@contextmanager
+def _owned(owner: str, phase: str, cell: Cell) -> Iterator[None]:
+    """Tag what runs inside with its owner.
+
+    ``backend``: the backend's constructor, hook registration, forward, backward and
+    ``backward_dw`` (and whatever they call back into); an exception is a ``BackendFault``.
+    ``harness``: inputs, the oracle, GTP injection, the consumer, the checks; an exception is
+    a ``compare.HarnessBug`` (status ``harness_error``, exit 3), never a backend verdict.
+    """
+    try:
+        yield
+    except (BackendFault, compare.HarnessBug):
+        raise
+    except Exception as exc:
+        if owner == "backend":
+            raise BackendFault(phase, exc) from exc
+        raise compare.HarnessBug(f"the harness failed in its {phase} phase of {cell.id}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+
 def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example | None = None) -> RankResult:
-    """Run ``cell`` on this rank and return its checks (never raises for backend faults)."""
-    example = example or Example()
-    inputs = make_inputs(cell.seed, example, cell.dtype, ctx.world_size, cell.microbatches,
-                         cell.num_gemms, cell.bias)
-    module = build_module(backend, cell, example, ctx.device)
-    _load_full(module, inputs)
+    """Run ``cell`` on this rank and return its checks.
+
+    Never raises for a backend fault (a result with status ``error``, or the judged expected
+    error); a failure of the harness's own phases returns status ``harness_error`` with the
+    traceback, so it is never mistaken for a verdict on the backend.
+    """
+    try:
+        return _run_cell(backend, cell, ctx, example or Example())
+    except compare.HarnessBug as bug:
+        return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
+
+
+def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example) -> RankResult:
+    with _owned("harness", "inputs", cell):
+        inputs = make_inputs(cell.seed, example, cell.dtype, ctx.world_size, cell.microbatches,
+                             cell.num_gemms, cell.bias)
     gtp: GTPGroup | None = None
-    if cell.weight == "distributed":
-        gtp = inject_gtp(module, group=ctx.group)
-    sharded = set(weight_names(module)) if gtp else set()
-    consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
+    consumer: Consumer | None = None
     step = _Step()
     try:
+        with _owned("backend", "constructor", cell):
+            module = build_module(backend, cell, example, ctx.device)
+        with _owned("harness", "set-up", cell):
+            _load_full(module, inputs)
+            if cell.weight == "distributed":
+                gtp = inject_gtp(module, group=ctx.group)
+            sharded = set(weight_names(module)) if gtp else set()
+            consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
+        with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):
+            consumer.register_hooks()
         _run_step(module, cell, inputs, ctx, step, consumer, gtp)
-        consumer.finish_step()
-    except Exception as exc:  # the backend's failure is a result, not a harness crash
+        with _owned("harness", "consumer", cell):
+            consumer.finish_step()
+    except BackendFault as fault:  # the backend's failure is a result, not a harness crash
         if cell.expect == "error":
-            return _judge_expected_error(cell, exc, consumer, gtp, ctx.rank)
+            with _owned("harness", "checks", cell):
+                return _judge_expected_error(cell, fault.exc, consumer, gtp, ctx.rank)
+        exc = fault.exc
         return RankResult(ctx.rank, "error", [Check("exception", "exception", False,
-                                                    message=f"{type(exc).__name__}: {exc}")], error_info(exc))
+                                                    message=f"{type(exc).__name__}: {exc}")],
+                          {**error_info(exc), "phase": fault.phase})
     finally:
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
     if cell.expect == "error":
         return RankResult(ctx.rank, "fail", [Check(
             "expected_exception", "exception", False,
             message="delay_wgrad_compute=True with a DistributedWeight must raise before any "
                     "collective (CONTRACTS §2), but the step ran")])
-    checks = _checks(cell, inputs, ctx, module, consumer, gtp, step)
+    with _owned("harness", "checks", cell):
+        checks = _checks(cell, inputs, ctx, module, consumer, gtp, step)
     return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
 
 
@@ -123,32 +180,40 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
               step: _Step, consumer: Consumer, gtp: GTPGroup | None = None) -> None:
     dev = ctx.device
     for mb in range(cell.microbatches):
-        x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
-        dy = inputs.dy[ctx.rank][mb].to(dev)
-        consumer.phase = "forward"
-        out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb]), x)
-        if gtp is not None:
-            step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers())
-        consumer.before_backward()
-        out.backward(dy)
+        with _owned("harness", "inputs", cell):
+            x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
+            dy = inputs.dy[ctx.rank][mb].to(dev)
+            consumer.phase = "forward"
+        with _owned("backend", "forward", cell):
+            out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb]), x)
+        with _owned("harness", "consumer", cell):
+            if gtp is not None:
+                step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers())
+            consumer.before_backward()
+        with _owned("backend", "backward", cell):
+            out.backward(dy)
         if cell.delay_wgrad:
             # Megatron calls backward_dw() after each microbatch's backward (§4).
-            consumer.before_backward_dw(observable=x.shape[0] > 0)
-            module.backward_dw()
+            with _owned("harness", "consumer", cell):
+                consumer.before_backward_dw(observable=x.shape[0] > 0)
+            with _owned("backend", "backward_dw", cell):
+                module.backward_dw()
         step.outputs.append(out.detach())
         step.dgrads.append(x.grad if cell.input_grad else None)
 
 
-def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer,
+def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer | None,
                           gtp: GTPGroup | None, rank: int) -> RankResult:
-    """§5: passes exactly when the backend raised the clear exception, touching nothing."""
+    """§5: passes exactly when the backend raised the clear exception, touching nothing.
+
+    A constructor that raised leaves no consumer: nothing can have been touched."""
     text = str(exc).lower()
     checks = [compare.compare_value("exception_names_both", "exception",
                                     "delay" in text and "distributed" in text, True)]
     if gtp is not None:
         collectives = sum(gtp.log.count(k) for k in ("materialize_forward", "materialize_backward", "finalize"))
         checks.append(compare.compare_value("collectives_before_error", "count", collectives, 0))
-    for name in consumer.params:
+    for name in (consumer.params if consumer is not None else {}):
         rec = consumer.record(name)
         if consumer.mode == "ddp":
             untouched = bool(torch.equal(rec.cpu(), consumer.start[name]))

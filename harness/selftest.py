@@ -21,6 +21,8 @@ from typing import Any, Callable
 from harness import matrix
 from harness.launch import LaunchOptions, Task, launch_tasks
 from harness.record import CellResult
+from harness.status import HARNESS_ERROR
+from harness.stream import ResultStream
 
 CLEAN = "harness.reference"
 MUTANT_PREFIX = "harness.reference.mutants:"
@@ -55,6 +57,11 @@ class SelftestResult:
     @property
     def score(self) -> float:
         return sum(m.killed for m in self.mutants) / len(self.mutants) if self.mutants else 1.0
+
+    @property
+    def harness_errors(self) -> int:
+        """Clean cells the harness itself failed on (exit 3: the self-test proves nothing then)."""
+        return sum(1 for c in self.clean if c.status == HARNESS_ERROR)
 
     @property
     def ok(self) -> bool:
@@ -111,19 +118,20 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     from harness.reference.mutants import MUTANTS
 
     t0 = time.monotonic()
-    results: dict[str, list[CellResult]] = {CLEAN: []}
-    for name in MUTANTS:
-        results[MUTANT_PREFIX + name] = []
-
-    def collect(backend: str, res: CellResult) -> None:
-        results[backend].append(res)
-        progress(backend, res)
-
+    stream = ResultStream(opts.run_dir)
+    since = stream.path.stat().st_size if stream.path.exists() else 0
     for ws, ws_cells in matrix.plan(cells).items():
         tasks = [Task(CLEAN, c, clean_examples) for c in ws_cells]
         for name, m in MUTANTS.items():
             tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in ws_cells if c.module in m.modules]
-        launch_tasks(ws, tasks, opts, collect)
+        launch_tasks(ws, tasks, opts, progress)
+    # the verdicts come from the result stream alone, one per (backend, cell)
+    latest: dict[tuple[str, str], CellResult] = {v.key: v.result for v in stream.read_since(since)[0]}
+    results: dict[str, list[CellResult]] = {CLEAN: []}
+    for name in MUTANTS:
+        results[MUTANT_PREFIX + name] = []
+    for (backend, _), res in latest.items():
+        results.setdefault(backend, []).append(res)
     verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in MUTANTS.items()]
     return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),
                           max_ratios(results[CLEAN]))

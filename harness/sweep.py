@@ -1,55 +1,23 @@
-"""A sweep: cells -> launch plan (one per world size) -> results on disk -> run record.
+"""A sweep: cells -> launch plan (one per world size) -> result stream -> run record.
 
-The run record is rewritten after every cell result, so an interrupted sweep leaves a valid
-record marked ``incomplete``; ``resume`` reruns only the cells without a result.
+The run record is a fold of the run folder's result stream (``harness.stream``), refreshed
+while the sweep runs and written at the end, so an interrupted sweep leaves a valid record
+marked ``incomplete``; ``resume`` reruns exactly the cells without a verdict in the stream
+(and, with ``rerun_failed``, the cells whose verdict missed their expectation).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
 import shlex
-import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import matrix
-from harness.launch import LaunchOptions, launch_cells
-from harness.record import CellResult, RunRecord, read_cell_lines
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def environment(device: str) -> dict[str, Any]:
-    import torch
-
-    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": socket.gethostname(),
-        "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
-        "pg_backend": "nccl" if cuda else "gloo",
-        "git_commit": git_commit(),
-        "cpus": os.cpu_count(),
-    }
+from harness import matrix, runinfo
+from harness.launch import LaunchFailure, LaunchOptions, launch_cells
+from harness.record import CellResult, RunRecord, load
+from harness.stream import ResultStream
 
 
 @dataclass
@@ -62,88 +30,88 @@ class SweepSpec:
     argv: list[str]
     options: LaunchOptions
     resume: bool = False
+    rerun_failed: bool = False
     on_result: Callable[[CellResult, int, int], None] = field(default=lambda r, i, n: None)
 
 
+def to_run(spec: SweepSpec, stream: ResultStream) -> list[matrix.Cell]:
+    """The cells this sweep launches: all of them, or on resume the ones without a verdict
+    (plus those that missed their expectation, with ``rerun_failed``)."""
+    if not spec.resume:
+        return list(spec.cells)
+    latest = stream.latest(spec.backend)
+    return [c for c in spec.cells
+            if c.id not in latest or (spec.rerun_failed and not latest[c.id])]
+
+
 def run_sweep(spec: SweepSpec) -> RunRecord:
-    """Run every cell of ``spec`` and return the (already written) run record."""
+    """Run every cell of ``spec`` and return the (already written) run record.
+
+    Raises:
+        LaunchFailure: no cell could start (the record is written first, ``incomplete``).
+    """
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, CellResult] = {}
-    if spec.resume:
-        results = {r.id: r for r in read_cell_lines(run_dir / "cells.jsonl")}
+    stream = ResultStream(run_dir)
+    # a fresh sweep counts only what it appends; a resumed one continues the whole stream
+    since = 0 if spec.resume or not stream.path.exists() else stream.path.stat().st_size
+    todo = to_run(spec, stream)
     record = RunRecord(
-        status="incomplete", started=_now(), finished=None, duration_s=0.0,
+        status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,
         command=shlex.join(["python", "-m", "harness", *spec.argv]), argv=list(spec.argv),
-        backend=spec.backend, environment=environment(spec.options.device),
+        backend=spec.backend, environment=runinfo.environment(spec.options.device),
         selection=spec.selection, tolerance=spec.tolerance,
         world_sizes=sorted({c.world_size for c in spec.cells}),
     )
+    if spec.resume:  # the launches so far stay on the record
+        try:
+            record.launches = load(run_dir).launches
+        except (OSError, ValueError):
+            pass
     t0 = time.monotonic()
-    order = {c.id: i for i, c in enumerate(spec.cells)}
     total = len(spec.cells)
+    order = {c.id for c in spec.cells}
+    done = [total - len(todo)]
 
-    def write() -> None:
-        record.cells = sorted(results.values(), key=lambda r: order.get(r.id, len(order)))
+    def fold(final: bool) -> int:
+        """The record's cells from the stream (unrun cells as skipped once the sweep ends);
+        returns how many cells have no verdict yet."""
+        verdicts, _ = stream.read_since(since)
+        latest = {v.result.id: v.result for v in verdicts if v.backend == spec.backend}
+        cells = [latest[c.id] for c in spec.cells if c.id in latest]
+        if final and len(cells) < total:
+            cells = [latest.get(c.id) or _unrun(c, "not run: the sweep ended before this cell "
+                                                "(sweep --resume runs it)") for c in spec.cells]
+        record.cells = cells
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir / "results.json")
-
-    def write_with_unrun() -> None:
-        write()
-        if record.status == "incomplete":
-            unrun = [_unrun(c, "not run: the sweep was interrupted (sweep --resume runs it)")
-                     for c in spec.cells if c.id not in results]
-            record.cells = sorted(record.cells + unrun, key=lambda r: order.get(r.id, len(order)))
-            record.write(run_dir / "results.json")
+        return total - len(latest.keys() & order)
 
     next_write = [time.monotonic() + 5.0]
 
     def collect(res: CellResult) -> None:
-        results[res.id] = res
-        spec.on_result(res, len(results), total)
-        # cells.jsonl already holds every result; refresh the record now and then so a
-        # reader sees progress - at most 10% of the time, however large the record grows
+        done[0] += 1
+        spec.on_result(res, done[0], total)
+        # the stream holds every verdict; refresh the record now and then so a reader sees
+        # progress - at most 10% of the time, however large the record grows
         if time.monotonic() > next_write[0]:
             started = time.monotonic()
-            write()
+            fold(final=False)
             next_write[0] = time.monotonic() + max(5.0, 10 * (time.monotonic() - started))
 
-    lines = run_dir / "cells.jsonl"
-    lines_at_start = lines.stat().st_size if lines.exists() else 0
-    write()
+    fold(final=False)
     try:
-        for ws, cells in matrix.plan(spec.cells).items():
-            todo = [c for c in cells if c.id not in results]
-            if todo:
-                record.launches.extend(launch_cells(ws, todo, spec.options, collect))
-                write()
-        record.status = "complete" if all(c.id in results for c in spec.cells) else "incomplete"
+        for ws, cells in matrix.plan(todo).items():
+            record.launches.extend(launch_cells(ws, cells, spec.options, collect))
+        record.status = "complete" if fold(final=False) == 0 else "incomplete"
+    except LaunchFailure as exc:
+        record.launches.extend(exc.launches)
+        record.failure = str(exc)
+        raise
     finally:
-        # a verdict the ranks wrote that the launcher had not picked up yet (an interrupt
-        # between two polls) is a result all the same: cells.jsonl is the truth
-        for res in _lines_since(lines, lines_at_start):
-            if res.id in order:
-                results.setdefault(res.id, res)
-        record.finished = _now()
-        write_with_unrun()
+        record.finished = runinfo.now()
+        fold(final=True)
     return record
-
-
-def _lines_since(path: Path, offset: int) -> list[CellResult]:
-    """The complete result lines appended to ``cells.jsonl`` after ``offset``."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
-    except OSError:
-        return []
-    out = []
-    for line in chunk.decode(errors="replace").splitlines(keepends=True):
-        try:
-            out.append(CellResult.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError):
-            continue  # a torn last line: the cell reruns on --resume
-    return out
 
 
 def _unrun(cell: matrix.Cell, why: str) -> CellResult:

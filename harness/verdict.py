@@ -7,12 +7,15 @@ from typing import Any, Sequence
 
 from harness.matrix import Cell
 from harness.record import CellResult, RankResult
+from harness.status import HARNESS_ERROR
 
 
 def cell_status(ranks: Sequence[RankResult]) -> str:
-    """error > fail > (all xfail: xfail) > pass; a pass/xfail mix is a fail (ranks disagree)."""
+    """harness_error > timeout > error > fail > (all xfail: xfail) > pass; a pass/xfail mix
+    is a fail (ranks disagree). A harness error on any rank makes the cell one: what the
+    other ranks saw is not a verdict on the backend then."""
     statuses = {r.status for r in ranks}
-    for s in ("timeout", "error", "fail"):
+    for s in (HARNESS_ERROR, "timeout", "error", "fail"):
         if s in statuses:
             return s
     if statuses == {"xfail"}:
@@ -23,9 +26,9 @@ def cell_status(ranks: Sequence[RankResult]) -> str:
 
 
 def first_failure(ranks: Sequence[RankResult]) -> str | None:
-    """One line naming the rank and the first failed check or exception."""
-    for r in ranks:
-        if r.error and r.status in ("error", "timeout"):
+    """One line naming the rank and the first failed check or exception (a harness error first)."""
+    for r in sorted(ranks, key=lambda r: r.status != HARNESS_ERROR):
+        if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
             return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
         for c in r.comparisons:
             if not c.ok:

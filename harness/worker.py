@@ -1,15 +1,21 @@
-"""What runs inside every rank of a launch: all of one world size's cells, in order.
+"""What runs inside every rank of a launch: all of the launch's cells, in order.
 
-Started by torchrun (the launcher's, or a user's own ``torchrun --nnodes ... -m
-harness.worker --plan PLAN``). The ranks rebuild the cells from their ids, agree on a
-digest of the list, then run cell after cell; after each cell they exchange their results
-over a gloo control group and rank 0 appends the merged verdict to ``cells.jsonl`` at once,
+Started by torchrun with ``-m harness.worker --plan PLAN`` (the launcher's plan, or the one
+``harness.external`` builds under a user's own torchrun). The ranks rebuild the cells from
+their ids, agree on a digest of the list, load the backends, say they are ready, then run
+cell after cell; after each cell they exchange their results over a gloo control group and
+rank 0 appends the merged verdict to the run's result stream (``harness.stream``) at once,
 so a crash loses at most the cell in flight.
 
-Each rank also appends its own result to ``ranks/<launch>.rank<N>.jsonl`` *before* the
-exchange: when one rank fails while its peers sit in a collective it will never join, the
-launcher sees that report, asks every rank for a stack dump (SIGUSR1, via faulthandler),
-ends the launch and records the cell with every rank's traceback.
+Each rank also appends to its own report file ``ranks/<launch>.rank<N>.jsonl``: ``ready``
+once it can run cells (or ``startup_error`` with the traceback when it cannot: the launcher
+then knows the launch never started and names the cause), and its own result of every
+cell *before* the exchange: when one rank fails while its peers sit in a collective it will
+never join, the launcher sees that report, ends the launch and records the cell with every
+rank's traceback.
+
+A leaf: it imports the standard library, torch and the cell-level modules only; it knows
+nothing of the CLI, the reports or the orchestrator (import-linter checks that).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -33,10 +39,12 @@ from harness.backends import load_backend
 from harness.inputs import Example
 from harness.record import CellResult, RankResult
 from harness.runner import RankContext, error_info, run_cell
+from harness.status import HARNESS_ERROR
+from harness.stream import ResultStream
 from harness.verdict import merge
 
 
-def _redirect_output(log_path: Path) -> Any:
+def _redirect_output(log_path: Path) -> TextIO:
     """Send this rank's stdout/stderr and faulthandler dumps (crash, SIGUSR1) to its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     f = open(log_path, "a", buffering=1)
@@ -57,30 +65,29 @@ def _device(requested: str, local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def _append_line(path: Path, record: dict[str, Any], durable: bool = False) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
+class RankReport:
+    """This rank's own report file: one JSON line per event, flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+
+    def append(self, event: str, **fields: Any) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+            f.flush()
 
 
 def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Example | None) -> RankResult:
     try:
         return run_cell(backend, cell, ctx, example)
-    except Exception as exc:  # a bug in the harness itself, still a recorded result
-        return RankResult(ctx.rank, "error", [], {**error_info(exc), "type": f"HarnessBug({type(exc).__name__})"})
+    except Exception as exc:  # run_cell itself broke: a harness bug, still a recorded result
+        return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(exc))
 
 
-def run(plan: dict[str, Any]) -> int:
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    run_dir = Path(plan["run_dir"])
-    log = _redirect_output(run_dir / "logs" / plan["launch"] / f"rank{rank}.log")
-    own = run_dir / "ranks" / f"{plan['launch']}.rank{rank}.jsonl"
-    own.parent.mkdir(exist_ok=True)
-    tag = f"[rank{rank}]"
+def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: TextIO,
+           tag: str) -> tuple[torch.device, Any, list[tuple[str, matrix.Cell]], dict[str, Any]]:
+    """Process group, control group, stack dumps, agreed cells, loaded backends."""
     torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
     device, pg_backend = _device(plan.get("device", "auto"), local_rank)
     timeout = datetime.timedelta(seconds=float(plan.get("collective_timeout", 120)))
@@ -96,18 +103,34 @@ def run(plan: dict[str, Any]) -> int:
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     print(f"{tag} up: world={world} device={device} pg={pg_backend} store={store}", flush=True)
-
     tasks = [(t["backend"], matrix.Cell.from_id(t["cell"])) for t in plan["tasks"]]
-    examples = [int(t.get("examples", plan.get("examples", 0))) for t in plan["tasks"]]
     digests: list[Any] = [None] * world
     dist.all_gather_object(digests, matrix.ids_digest([c for _, c in tasks]), group=control)
     if len(set(digests)) != 1:
-        print(f"{tag} ranks disagree on the cells: digests {digests}", flush=True)
-        return 3
+        raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
+    return device, control, tasks, backends
+
+
+def run(plan: dict[str, Any]) -> int:
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    run_dir = Path(plan["run_dir"])
+    launch = plan["launch"]
+    log = _redirect_output(run_dir / "logs" / launch / f"rank{rank}.log")
+    report = RankReport(run_dir / "ranks" / f"{launch}.rank{rank}.jsonl")
+    tag = f"[rank{rank}]"
+    try:
+        device, control, tasks, backends = _start(plan, rank, world, local_rank, log, tag)
+    except BaseException as exc:  # the launch cannot start: say why, for the launcher's breaker
+        report.append("startup_error", error=error_info(exc))
+        raise
+    report.append("ready")
+    stream = ResultStream(run_dir)
+    examples = [int(t.get("examples", plan.get("examples", 0))) for t in plan["tasks"]]
     example = Example.from_dict(plan["example"]) if plan.get("example") else None
     ctx = RankContext(rank, world, device, None)
-    out = run_dir / "cells.jsonl"
     for i, (spec, cell) in enumerate(tasks):
         backend = backends[spec]
         print(f"{tag} {time.time():.3f} start {i + 1}/{len(tasks)} {cell.id} [{spec}]", flush=True)
@@ -116,10 +139,9 @@ def run(plan: dict[str, Any]) -> int:
         def run_agreed(ex: Example | None) -> CellResult:
             """Run on this rank, then fold every rank's result (all ranks get the verdict)."""
             result = _run_guarded(backend, cell, ctx, ex)
-            if device.type == "cuda" and result.status != "error":
+            if device.type == "cuda" and result.status not in ("error", HARNESS_ERROR):
                 torch.cuda.synchronize()
-            _append_line(own, {"i": i, "backend": spec, "cell": cell.id, "t": time.time(),
-                               "result": result.serialize()})
+            report.append("result", i=i, backend=spec, cell=cell.id, result=result.serialize())
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, result.serialize(), group=control)
             return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
@@ -146,84 +168,18 @@ def run(plan: dict[str, Any]) -> int:
         merged.duration_s = round(time.perf_counter() - t0, 4)
         print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
         if rank == 0:
-            merged_d = merged.serialize()
-            merged_d["launch"] = plan["launch"]
-            merged_d["backend"] = spec
-            _append_line(out, merged_d, durable=True)
+            stream.append(merged, spec, launch)
     dist.barrier(group=control)
     dist.destroy_process_group()
     return 0
 
 
-def external_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
-    """A plan built on every rank from a selection, for users who run torchrun themselves.
-
-    Every rank derives the same cells (those of the selection at this world size) and the
-    ranks compare a digest of the ids before running anything.
-    """
-    from harness.commands import _options
-
-    cells = [c for c in matrix.select(args.preset, _options.overrides(args), args.filter_expr)
-             if c.world_size == world_size]
-    if not cells:
-        raise matrix.MatrixError(f"the selection has no cell at world size {world_size}")
-    run_dir = Path(args.out).resolve()
-    return {"run_dir": str(run_dir), "launch": f"external-ws{world_size}",
-            "tasks": [{"backend": args.backend, "cell": c.id} for c in cells],
-            "device": args.device, "examples": args.examples, "collective_timeout": args.collective_timeout}
-
-
-def finish_external(plan: dict[str, Any], argv: list[str]) -> None:
-    """Rank 0 of an external launch folds ``cells.jsonl`` into a run record and reports."""
-    from harness import compare
-    from harness.record import RunRecord, read_cell_lines
-    from harness.sweep import _now, environment
-
-    run_dir = Path(plan["run_dir"])
-    cells = read_cell_lines(run_dir / "cells.jsonl")
-    record = RunRecord(status="complete" if len(cells) == len(plan["tasks"]) else "incomplete",
-                       started=plan.get("started", _now()), finished=_now(), duration_s=0.0,
-                       command="python -m torch.distributed.run ... -m harness.worker " + " ".join(argv),
-                       argv=argv, backend=plan["tasks"][0]["backend"], environment=environment(plan["device"]),
-                       selection={"external": True}, tolerance=compare.policy(),
-                       world_sizes=[int(os.environ.get("WORLD_SIZE", 1))], cells=cells)
-    record.write(run_dir / "results.json")
-    try:
-        from reports import write_all
-
-        write_all(record.serialize(), run_dir)
-    except ImportError:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="harness.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", help="launch plan JSON written by the launcher; without it the "
-                        "worker builds its plan from the selection options (external torchrun)")
-    from harness.commands import _options
-
-    _options.add_selection(parser)  # the same selection options as sweep and list
-    parser.add_argument("--backend", default="harness.reference")
-    parser.add_argument("--out", default="runs/external")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--examples", type=int, default=0)
-    parser.add_argument("--collective-timeout", type=float, default=300.0)
+    parser.add_argument("--plan", required=True, help="launch plan JSON (written by the launcher or by "
+                        "harness.external; under your own torchrun use -m harness.external)")
     args = parser.parse_args(argv)
-    if args.plan:
-        return run(json.loads(Path(args.plan).read_text()))
-    try:
-        plan = external_plan(args, int(os.environ.get("WORLD_SIZE", 1)))
-        load_backend(args.backend)
-    except ValueError as exc:
-        print(f"harness.worker: error: {exc}", file=sys.stderr)
-        return 2
-    plan["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    Path(plan["run_dir"]).mkdir(parents=True, exist_ok=True)
-    code = run(plan)
-    if code == 0 and int(os.environ.get("RANK", 0)) == 0:
-        finish_external(plan, argv)
-    return code
+    return run(json.loads(Path(args.plan).read_text()))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""Helpers shared by the renderers: status vocabulary, number formatting, text hygiene.
+"""Helpers shared by the renderers: number formatting, text hygiene, the status vocabulary.
 
-The reports read only the parsed ``results.json`` (``RunRecord.serialize()``), so the status
-vocabulary is restated here instead of imported from ``harness`` (whose package may pull in
-torch); ``cases/test_reports.py`` guards that the two copies agree.
+The reports read only the parsed ``results.json`` (``RunRecord.serialize()``); the status
+vocabulary is ``harness.status``'s, re-exported here for the renderers.
 """
 
 from __future__ import annotations
@@ -11,22 +10,8 @@ import math
 import re
 from typing import Any, Iterable
 
-STATUSES: tuple[str, ...] = ("pass", "xfail", "fail", "error", "timeout", "skipped")
-#: statuses that meet the cell's expectation (``harness.record.GOOD_STATUSES``).
-GOOD_STATUSES: tuple[str, ...] = ("pass", "xfail")
-#: statuses that mean "the backend or the harness went wrong" (skips are neither good nor bad).
-BAD_STATUSES: tuple[str, ...] = ("fail", "error", "timeout")
-#: worst first; used to summarise several cells with one status.
-SEVERITY: tuple[str, ...] = ("fail", "error", "timeout", "skipped", "xfail", "pass")
-
-STATUS_LABELS: dict[str, str] = {
-    "pass": "pass",
-    "xfail": "expected error met",
-    "fail": "fail",
-    "error": "error",
-    "timeout": "timeout",
-    "skipped": "skipped",
-}
+# the one status vocabulary (harness.status is tiny and imports nothing heavy)
+from harness.status import BAD_STATUSES, GOOD_STATUSES, SEVERITY, STATUS_LABELS, STATUSES  # noqa: E402,F401
 
 # Characters XML 1.0 forbids (everything below 0x20 except tab/newline/CR, lone surrogates,
 # U+FFFE/U+FFFF). The same filter keeps terminals and markdown renderers sane.

@@ -4,28 +4,28 @@ Why a packed form: the ``full`` preset has 21,600 cells x up to 4 ranks x ~30 ch
 record as written is tens of MB, and a report that big is slow to open and awkward to attach
 to CI. Time to first render is what the reader feels, so the page carries two blobs:
 
-``summary`` (``<script id="dw-data">``, parsed at once; everything the grid and the filters
-need, ~40 bytes a cell), columnar:
+``summary`` (``<script id="dw-data">``, decoded at once; everything the grid and the filters
+need), columnar:
 
-* ``id``: each cell id split on ``-`` into tokens; the tokens live once in ``T`` and an id is
-  the concatenation of its tokens' codes (``w`` base-62 characters each), e.g. 12 characters
-  instead of 85;
-* ``st``: one base-62 character per cell, an index into ``statuses``;
-* ``ax``: ``aw`` characters per axis per cell, an index into that axis' values in ``axes``
-  (``-`` when the cell lacks the axis);
+* ``id``: the cell ids; ``st``: per cell, an index into ``statuses``;
+* ``vocab``: the status vocabulary (``harness.status.vocabulary()``: label, glyph, good,
+  bad, severity of each status), so the page never restates it;
+* ``ax``: per cell and axis (flat, ``len(axes)`` per cell), an index into that axis' values
+  in ``axes`` (``-1`` when the cell lacks the axis);
 * ``r``: the worst error/bound ratio per cell (4 significant digits; ``null`` when none;
   NaN/inf as the strings ``"nan"``/``"inf"``; a failing ratio is never rounded down to 1);
 * ``ff``: ``{cell index: S index}`` of the first-failure lines (sparse);
 * ``rp`` / ``rpx``: the repro template most cells share and ``{cell index: S index}`` for
   the others; a template holds ``\\u0001`` where the cell id goes.
 
-``detail`` (``<script id="dw-detail">``, parsed only when a cell is first opened, or when the
-page is idle): its own string table ``S`` (check names, messages, tracebacks, error types,
+``detail`` (``<script id="dw-detail">``, decoded only when a cell is first opened, or when
+the page is idle): its own string table ``S`` (check names, messages, tracebacks, error types,
 rank statuses) and, per cell, ``[duration_s, expects_error, example, ranks, level, dropped,
 checks]`` with trailing empties dropped:
 
 * ``ranks`` is a list of ``[rank, status, error, checks]`` (``error`` is ``0`` or
-  ``[type, message, traceback]``, all S indices), or, for a thinned cell whose ranks all
+  ``[type, message, traceback, phase]``, all S indices, trailing empties dropped; ``phase``
+  is the backend phase that raised), or, for a thinned cell whose ranks all
   share the cell's status and raised nothing, just the number of ranks;
 * a check is ``[name, 0, ok, ratio, max_abs, max_rel, bound_at_worst, numel, mismatched,
   index, message]`` for tensors and ``[name, kind, ok, expected, actual, message]`` for the
@@ -38,15 +38,24 @@ checks]`` with trailing empties dropped:
   ``none``. A thinned cell's kept checks are the flat ``checks`` list of ``[rank, *check]``.
   ``results.json`` remains the full truth.
 
-:func:`unpack` is the reference decoder (the tests use it; the page's JavaScript mirrors it).
+Both blobs are embedded with a standard codec: the compact JSON, gzip-compressed, in base64
+(:func:`encode`); the page decodes them with the browser's ``DecompressionStream("gzip")``.
+Base64 text cannot close a ``<script>`` element, whatever a traceback contains.
+
+:func:`decode` and :func:`unpack` are the reference decoder (the tests use them; the page's
+JavaScript mirrors them).
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import math
 from collections import Counter
 from typing import Any, Callable
+
+from harness.status import vocabulary
 
 from ._common import STATUSES
 
@@ -57,9 +66,8 @@ LEVELS: tuple[str, ...] = ("full", "fold", "top8", "top3", "none")
 THINNABLE: tuple[str, ...] = ("pass", "skipped")
 TRACEBACK_LIMIT = 24_000  # characters kept per traceback (head and tail)
 ID_MARK = "\u0001"  # stands for the cell id inside an interned repro template
-ID_SEP = "-"
-ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-ABSENT = "-"  # axis code of a cell that lacks the axis
+#: the ``type`` of the ``<script>`` elements holding the encoded blobs
+SCRIPT_TYPE = "application/gzip;base64"
 _SAMPLE = 256
 _INF = math.inf
 
@@ -108,32 +116,6 @@ def _clip_traceback(tb: str) -> str:
         return tb
     half = TRACEBACK_LIMIT // 2
     return f"{tb[:half]}\n... [{len(tb) - TRACEBACK_LIMIT} characters clipped by the report] ...\n{tb[-half:]}"
-
-
-def _width(n: int) -> int:
-    """Base-62 digits needed to number ``n`` things (at least 1)."""
-    w = 1
-    while len(ALPHABET) ** w < n:
-        w += 1
-    return w
-
-
-def _codes(n: int, w: int) -> list[str]:
-    out = []
-    for i in range(n):
-        s = ""
-        for _ in range(w):
-            i, d = divmod(i, len(ALPHABET))
-            s = ALPHABET[d] + s
-        out.append(s)
-    return out
-
-
-def _decode(s: str, pos: int, w: int) -> int:
-    v = 0
-    for k in range(w):
-        v = v * len(ALPHABET) + ALPHABET.index(s[pos + k])
-    return v
 
 
 class _Strings:
@@ -201,17 +183,8 @@ def _axes_table(cells: list[dict[str, Any]]) -> tuple[list[list[Any]], list[list
 
 
 def _summary(cells: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]:
-    if len(statuses) > len(ALPHABET):
-        raise ValueError(f"Cannot pack {len(statuses)} distinct statuses (at most {len(ALPHABET)})")
     st_index = {s: i for i, s in enumerate(statuses)}
     axes_table, rows = _axes_table(cells)
-    tokens = _Strings()
-    split = [[tokens.add(t) for t in str(c.get("id", "")).split(ID_SEP)] for c in cells]
-    w = _width(len(tokens.table))
-    tc = _codes(len(tokens.table), w)
-    aw = _width(max([len(v) for _, v in axes_table] + [1]))
-    ac = _codes(max([len(v) for _, v in axes_table] + [1]), aw)
-    absent = ABSENT * aw
     S = _Strings()
     templates = []
     for c in cells:
@@ -219,19 +192,16 @@ def _summary(cells: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]
         templates.append(S.add(repro.replace(cid, ID_MARK) if cid else repro))
     common = Counter(templates).most_common(1)[0][0] if templates else None
     return {
-        "v": 2,
+        "v": 3,
         "n": len(cells),
         "statuses": statuses,
+        "vocab": vocabulary(),
         "axes": axes_table,
         "kinds": list(KINDS),
         "levels": list(LEVELS),
-        "sep": ID_SEP,
-        "T": tokens.table,
-        "w": w,
-        "aw": aw,
-        "id": ["".join([tc[t] for t in toks]) for toks in split],
-        "st": "".join(ALPHABET[st_index[c.get("status", "error")]] for c in cells),
-        "ax": "".join("".join([ac[j] if j >= 0 else absent for j in row]) for row in rows),
+        "id": [str(c.get("id", "")) for c in cells],
+        "st": [st_index[c.get("status", "error")] for c in cells],
+        "ax": [j for row in rows for j in row],
         "r": [_ratio(c.get("worst_ratio")) for c in cells],
         "ff": {str(i): S.add(c["first_failure"]) for i, c in enumerate(cells) if c.get("first_failure") is not None},
         "rp": common,
@@ -262,8 +232,8 @@ def _pack_error(err: dict[str, Any] | None, S: _Strings) -> Any:
     if not err:
         return 0
     tb = err.get("traceback")
-    return [S.add(err.get("type", "Exception")), S.add(err.get("message", "")),
-            S.add(_clip_traceback(tb) if tb else None)]
+    return _trim([S.add(err.get("type", "Exception")), S.add(err.get("message", "")),
+                  S.add(_clip_traceback(tb) if tb else None), S.add(err.get("phase"))])
 
 
 def _ranks_full(cell: dict[str, Any], S: _Strings) -> list[Any]:
@@ -371,14 +341,15 @@ def _trim_zeros(a: list[Any]) -> list[Any]:
     return a
 
 
-def dump(data: Any) -> str:
-    """Serialize for embedding inside ``<script type="application/json">``.
+def encode(data: Any) -> str:
+    """Compact JSON, gzip-compressed, in base64: the text of a ``<script type=SCRIPT_TYPE>``."""
+    raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
 
-    ``</`` becomes ``<\\/`` (so ``</script>`` in a traceback cannot end the element) and
-    ``<!--`` is escaped too (it would switch the HTML tokenizer into script-escape states).
-    """
-    s = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return s.replace("</", "<\\/").replace("<!--", "\\u003c!--")
+
+def decode(text: str) -> Any:
+    """The inverse of :func:`encode` (what the page's JavaScript does)."""
+    return json.loads(gzip.decompress(base64.b64decode(text)).decode("utf-8"))
 
 
 def _size(x: Any) -> int:
@@ -444,6 +415,14 @@ def _unpack_check(a: list[Any], S: list[str], kinds: list[str]) -> dict[str, Any
             "actual": a[4] if len(a) > 4 else exp, "message": S[a[5]] if len(a) > 5 and a[5] is not None else None}
 
 
+def _unpack_error(e: list[Any], S: list[str]) -> dict[str, Any]:
+    e = list(e) + [None] * (4 - len(e))
+    out = {"type": S[e[0]], "message": S[e[1]], "traceback": None if e[2] is None else S[e[2]]}
+    if e[3] is not None:
+        out["phase"] = S[e[3]]
+    return out
+
+
 def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Decode the blobs back into one dict per cell (the reference for the page's JavaScript).
 
@@ -451,20 +430,19 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
     duration_s, expects_error, example, level (None when kept whole), dropped, ranks
     (``[{rank, status, error, checks}]``, thinned cells' kept checks under their rank).
     """
-    T, w, aw, S = summary["T"], summary["w"], summary["aw"], summary["S"]
+    S = summary["S"]
     axes = summary["axes"]
     out = []
     for i in range(summary["n"]):
-        enc = summary["id"][i]
-        cid = summary["sep"].join(T[_decode(enc, k, w)] for k in range(0, len(enc), w))
+        cid = summary["id"][i]
         ax = {}
         for p, (name, values) in enumerate(axes):
-            pos = (i * len(axes) + p) * aw
-            if summary["ax"][pos] != ABSENT:
-                ax[name] = values[_decode(summary["ax"], pos, aw)]
+            j = summary["ax"][i * len(axes) + p]
+            if j >= 0:
+                ax[name] = values[j]
         tpl = summary["rpx"].get(str(i), summary["rp"])
         ff = summary["ff"].get(str(i))
-        cell = {"id": cid, "status": summary["statuses"][ALPHABET.index(summary["st"][i])], "axes": ax,
+        cell = {"id": cid, "status": summary["statuses"][summary["st"][i]], "axes": ax,
                 "worst_ratio": summary["r"][i], "first_failure": None if ff is None else S[ff],
                 "repro": "" if tpl is None else S[tpl].replace(ID_MARK, cid)}
         if detail is not None:
@@ -475,8 +453,7 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
                 ranks = [{"rank": r, "status": cell["status"], "error": None, "checks": []} for r in range(ranks_raw)]
             else:
                 ranks = [{"rank": g[0], "status": DS[g[1]],
-                          "error": None if not g[2] else {"type": DS[g[2][0]], "message": DS[g[2][1]],
-                                                          "traceback": None if g[2][2] is None else DS[g[2][2]]},
+                          "error": None if not g[2] else _unpack_error(g[2], DS),
                           "checks": [_unpack_check(a, DS, kinds) for a in g[3]]} for g in ranks_raw]
             by_rank = {r["rank"]: r for r in ranks}
             for a in d[6] or []:

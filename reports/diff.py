@@ -15,8 +15,16 @@ Classes (a cell lands in at most one):
   NaN counts as larger than any number.
 * ``only_in_base`` / ``only_in_new`` - ids present in one record only (the matrix changed).
 
-``exit_code`` is 1 when any cell newly fails, including a bad cell that exists only in
-``new`` (a newly added cell that fails is a new failure); otherwise 0.
+``exit_code`` is 1 - the gate fails - when:
+
+* any cell newly fails, including a bad cell that exists only in ``new`` (a newly added
+  cell that fails is a new failure);
+* the new run is ``incomplete`` (interrupted, or ended by a launch failure): what it did
+  not run cannot pass a gate;
+* coverage was lost: a cell newly skipped, or a cell only in ``base`` - unless
+  ``allow_missing`` (an intentional change of the matrix or the selection).
+
+Otherwise 0. ``problems`` says why, one line each.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._assets import CSS
+from . import _assets
 from ._common import BAD_STATUSES, GOOD_STATUSES, fmt_ratio, ratio_key, verdict
 
 
@@ -55,6 +63,10 @@ class RunDiff:
     only_in_new: list[CellChange] = field(default_factory=list)
     unchanged: int = 0
     ratio_growth: float = 2.0
+    #: the new run's record says ``incomplete``
+    new_incomplete: bool = False
+    #: cells only in base / newly skipped do not fail the gate
+    allow_missing: bool = False
 
     CLASSES = ("newly_failing", "newly_passing", "still_failing", "newly_skipped", "ratio_grown",
                "only_in_base", "only_in_new")
@@ -64,9 +76,22 @@ class RunDiff:
         return [c for c in self.only_in_new if _bad(c.new_status)]
 
     @property
+    def problems(self) -> list[str]:
+        """Why the gate fails, one line each (empty when it passes)."""
+        out = []
+        if self.newly_failing or self.new_cells_failing:
+            out.append(f"{len(self.newly_failing) + len(self.new_cells_failing)} cell(s) newly failing")
+        if self.new_incomplete:
+            out.append("the new run is incomplete (interrupted or ended early): its unrun cells cannot pass")
+        if not self.allow_missing and (self.newly_skipped or self.only_in_base):
+            out.append(f"coverage lost: {len(self.newly_skipped)} cell(s) newly skipped, "
+                       f"{len(self.only_in_base)} only in base (--allow-missing accepts that)")
+        return out
+
+    @property
     def exit_code(self) -> int:
-        """1 when anything newly fails (see the module docstring), else 0."""
-        return 1 if self.newly_failing or self.new_cells_failing else 0
+        """1 when the gate fails (see the module docstring), else 0."""
+        return 1 if self.problems else 0
 
 
 def _bad(status: str | None) -> bool:
@@ -93,7 +118,8 @@ def _grown(b: Any, n: Any, growth: float) -> bool:
     return nk > 0.1 and nk > growth * bk
 
 
-def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: float = 2.0) -> RunDiff:
+def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: float = 2.0,
+                 allow_missing: bool = False) -> RunDiff:
     """Classify every cell id of ``base`` and ``new`` (parsed ``results.json`` dicts).
 
     Raises:
@@ -103,7 +129,8 @@ def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: flo
         raise ValueError(f"Cannot have ratio_growth={ratio_growth!r} < 1")
     b_cells = {c["id"]: c for c in base.get("cells") or []}
     n_cells = {c["id"]: c for c in new.get("cells") or []}
-    d = RunDiff(ratio_growth=ratio_growth)
+    d = RunDiff(ratio_growth=ratio_growth, new_incomplete=new.get("status") == "incomplete",
+                allow_missing=allow_missing)
     for cid, n in n_cells.items():
         b = b_cells.get(cid)
         if b is None:
@@ -146,6 +173,7 @@ def _fmt_status(s: str | None) -> str:
 def render_diff_text(diff: RunDiff, *, limit: int = 50) -> str:
     """Plain-text diff for a terminal or a CI log; each class lists at most ``limit`` cells."""
     lines = [f"dw-harness diff: {'REGRESSION' if diff.exit_code else 'no new failures'}",
+             *(f"  gate fails: {p}" for p in diff.problems),
              "  " + ", ".join(f"{_TITLES[k].lower()}: {len(getattr(diff, k))}" for k in RunDiff.CLASSES)
              + f", unchanged: {diff.unchanged}"]
     for k in RunDiff.CLASSES:
@@ -211,10 +239,11 @@ def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any], *
                     for k in RunDiff.CLASSES) + f'<span class="pill"><b>{diff.unchanged:,}</b> unchanged</span>'
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>dw-harness diff · '
-        f'{v}</title><style>{CSS}</style></head><body><header class="top"><h1>dw-harness diff '
+        f'{v}</title><style>{_assets.css()}</style></head><body><header class="top"><h1>dw-harness diff '
         f'<span class="verdict v-{"FAIL" if diff.exit_code else "PASS"}">{v}</span></h1></header><main>'
         f'<section class="card"><dl class="meta" style="grid-template-columns:1fr">{side(base, "base")}{side(new, "new")}</dl>'
-        f'<div class="counts">{pills}</div><p class="muted" style="font-size:12px">ratio grown = good in both runs, '
+        + "".join(f'<p class="t-fail"><b>gate fails:</b> {e(p)}</p>' for p in diff.problems)
+        + f'<div class="counts">{pills}</div><p class="muted" style="font-size:12px">ratio grown = good in both runs, '
         f'new worst ratio &gt; {diff.ratio_growth:g} × base and &gt; 0.1.</p></section>'
         + ("".join(sections) or '<section class="card"><p>No differences.</p></section>')
         + "</main></body></html>")

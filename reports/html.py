@@ -6,10 +6,10 @@ Why it looks the way it does:
   CSS/JS, system fonts, CSS charts).
 * A ``full`` sweep has 21,600 cells. Rendering their detail panels up front would make a
   100 MB page, so the record is packed once (``_pack.py``) into two JSON blobs: a compact
-  summary (~40 bytes a cell) that the browser parses at once to build the filters and the
-  grid - the first screenful synchronously, the other rows in chunks after the first paint -
-  and the per-rank detail, placed after the program and parsed only when a cell is first
-  opened (or when the page is idle). A cell's detail panel is rendered when it is opened.
+  summary that the browser decodes at once to build the filters and the grid - the first screenful synchronously, the other rows in chunks after the first paint -
+  and the per-rank detail, placed after the program and decoded only when a cell is first
+  opened (or when the page is idle). Both are gzip-compressed JSON in base64, decoded by
+  the browser's ``DecompressionStream``. A cell's detail panel is rendered when it is opened.
 * The parts that are small and useful without JavaScript (header, counts, near-miss view,
   failure signatures, self-test table) are rendered here, server side, escaped.
 """
@@ -22,10 +22,10 @@ import math
 import re
 from typing import Any, Sequence
 
-from ._assets import CSS, JS
+from . import _assets
 from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, counts_of, fmt_duration, fmt_ratio,
                       ratio_key, verdict, worst_check)
-from ._pack import dump, pack
+from ._pack import SCRIPT_TYPE, encode, pack
 
 #: log buckets of the near-miss histogram: (label, lower bound inclusive, upper bound exclusive).
 RATIO_BUCKETS: tuple[tuple[str, float, float], ...] = (
@@ -249,7 +249,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>dw-harness {v} · {sum(counts.values()):,} cells · {_e(record.get('backend'))}</title>"
-        f"<style>{CSS}</style></head><body>",
+        f"<style>{_assets.css()}</style></head><body>",
         top, "<main>", run_card,
         '<section class="card" id="matrix"><h2>Matrix</h2><div class="filters" id="filters"></div>'
         f'<div class="legend">{legend}<span>· chip text = worst error/bound ratio · click a chip for details</span></div>'
@@ -260,8 +260,8 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         _selftest(selftest) if selftest else "",
         f'<p class="foot">dw-harness · schema {_e(record.get("schema"))} · rendered from results.json</p></main>',
         '<aside id="detail" hidden></aside>',
-        f'<script type="application/json" id="dw-data">{dump(summary)}</script>',
-        f"<script>{JS}</script>",
+        f'<script type="{SCRIPT_TYPE}" id="dw-data">{encode(summary)}</script>',
+        f"<script>{_assets.js()}</script>",
         # after the program: the grid is built (and painted) while the parser is still here
-        f'<script type="application/json" id="dw-detail">{dump(detail)}</script></body></html>',
+        f'<script type="{SCRIPT_TYPE}" id="dw-detail">{encode(detail)}</script></body></html>',
     ])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from ._common import clean_text, counts_of, failing_messages
+from ._common import GOOD_STATUSES, clean_text, counts_of, failing_messages
 
 MESSAGE_LIMIT = 1_000  # characters of the message attribute (CI widgets show it on one line)
 BODY_LIMIT = 20_000  # characters of a failure body (tracebacks are clipped in the middle)
@@ -59,7 +59,7 @@ def render_junit(record: dict[str, Any]) -> str:
     totals = {
         "tests": str(len(cells)),
         "failures": str(counts.get("fail", 0)),
-        "errors": str(sum(n for s, n in counts.items() if s not in ("pass", "xfail", "fail", "skipped"))),
+        "errors": str(sum(n for s, n in counts.items() if s not in (*GOOD_STATUSES, "fail", "skipped"))),
         "skipped": str(counts.get("skipped", 0)),
         "time": f"{float(record.get('duration_s') or sum(c.get('duration_s') or 0 for c in cells)):.3f}",
     }
@@ -85,7 +85,7 @@ def render_junit(record: dict[str, Any]) -> str:
             el = ET.SubElement(tc, "failure", {"message": _one_line(c.get("first_failure") or "cell failed"),
                                                 "type": "mismatch"})
             el.text = _body(c)
-        elif status in ("error", "timeout") or status not in ("pass", "xfail", "skipped"):
+        elif status not in (*GOOD_STATUSES, "skipped"):  # error, timeout, harness_error, ...
             errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
             etype = "timeout" if status == "timeout" else (errs[0].get("type", "error") if errs else status)
             el = ET.SubElement(tc, "error", {"message": _one_line(c.get("first_failure") or status),

@@ -16,17 +16,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", type=Path, help="also write an HTML diff here")
     p.add_argument("--ratio-growth", type=float, default=2.0,
                    help="flag passing cells whose error/bound ratio grew by this factor (default 2)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="do not fail on lost coverage (cells only in base, or newly skipped)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.diff import diff_records, render_diff_html, render_diff_text
+    from harness.reports.diff import diff_records, render_diff_html, render_diff_text
 
     try:
         base, new = load(args.base).serialize(), load(args.new).serialize()
     except (OSError, ValueError) as exc:
         raise exitcodes.UsageError(f"cannot read run record: {exc}") from exc
-    d = diff_records(base, new, ratio_growth=args.ratio_growth)
+    d = diff_records(base, new, ratio_growth=args.ratio_growth, allow_missing=args.allow_missing)
     print(render_diff_text(d))
     if args.html:
         args.html.write_text(render_diff_html(d, base, new))

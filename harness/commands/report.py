@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports import write_all
+    from harness.reports import write_all
 
     try:
         record = load(args.run)

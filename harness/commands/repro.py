@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from harness import exitcodes, matrix
-from harness.backends import load_backend
+from harness import exitcodes, matrix, preflight, selection
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
+from harness.status import run_exit_code
+from harness.stream import ResultStream
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +25,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def parse_example(text: str | None) -> dict | None:
     if not text:
         return None
+    known = tuple(Example.__dataclass_fields__)
     try:
         pairs = dict(kv.split("=", 1) for kv in text.split(","))
+    except ValueError as exc:
+        raise exitcodes.UsageError(f"malformed --example {text!r}: expected KEY=VALUE[,KEY=VALUE...]") from exc
+    unknown = sorted(set(pairs) - set(known))
+    if unknown:
+        raise exitcodes.UsageError(f"unknown key(s) {', '.join(map(repr, unknown))} in --example {text!r} "
+                                   f"(known: {', '.join(known)})")
+    try:
         return Example.from_dict(pairs).serialize()
     except (ValueError, TypeError) as exc:
         raise exitcodes.UsageError(f"malformed --example {text!r}: {exc}") from exc
@@ -54,14 +63,15 @@ def detail(res: CellResult) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cell = matrix.Cell.from_id(args.cell_id)
-    load_backend(args.backend)
     example = parse_example(args.example)
-    _options.check_shardable([cell], (example or Example().serialize())["out_features"])
-    run_dir = _options.run_dir(args, prefix="repro")
-    results: list[CellResult] = []
-    opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
+    _options.check_timeout(args.cell_timeout)
+    preflight.check_run(args.backend, args.device, [cell.world_size])
+    selection.check_shardable([cell], (example or Example().serialize())["out_features"])
+    run_dir = _options.run_dir(args, prefix="repro").resolve()
+    opts = LaunchOptions(backend=args.backend, run_dir=run_dir, cell_timeout=args.cell_timeout,
                          device=args.device, example=example)
-    launch_cells(cell.world_size, [cell], opts, results.append)
-    print(detail(results[0]))
+    launch_cells(cell.world_size, [cell], opts)
+    res = ResultStream(run_dir).latest(args.backend)[cell.id]
+    print(detail(res))
     print(f"rank logs: {run_dir / 'logs'}")
-    return exitcodes.OK if results[0] else exitcodes.MISMATCH
+    return run_exit_code([res.status])

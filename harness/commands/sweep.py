@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
-from harness import compare, exitcodes, matrix
-from harness.backends import load_backend
+from harness import compare, exitcodes, matrix, preflight, selection
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions
-from harness.record import GOOD_STATUSES, STATUSES, CellResult, RunRecord, load
+from harness.record import CellResult, RunRecord, load
+from harness.status import HARNESS_ERROR, STATUSES, run_exit_code
 from harness.sweep import SweepSpec, run_sweep
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run the matrix under torchrun and gate on the result")
-    _options.add_selection(p)
+    selection.add_selection(p)
     _options.add_run(p)
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="continue an interrupted run: only cells without a result run")
+                   help="continue a run: only the cells without a verdict in its result stream run")
+    p.add_argument("--rerun-failed", action="store_true",
+                   help="with --resume: also rerun the cells whose verdict missed their expectation")
     p.add_argument("--examples", type=int, default=0, metavar="N",
                    help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
                         "shrunk to its smallest example")
@@ -30,33 +33,58 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 class Progress:
-    """One line per cell that misses its expectation, a counter for the rest."""
+    """One block per cell that misses its expectation; otherwise a counter line with the
+    counts per status, the rate and an ETA (rewritten in place on a terminal, every 10 s or
+    25 cells in a log); a line while torchrun starts or a cell runs long."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, interval: float = 10.0) -> None:
         self.quiet = quiet
         self.tty = sys.stdout.isatty()
+        self.counts: Counter = Counter()
+        self.t0 = time.monotonic()
+        self.said = self.t0
+        self.interval = interval
+        self.first_done: int | None = None
+
+    def line(self, done: int, total: int) -> str:
+        elapsed = time.monotonic() - self.t0
+        counts = ", ".join(f"{n} {s}" for s in STATUSES if (n := self.counts.get(s)))
+        ran = done - (self.first_done or 0) + 1
+        rate = ran / elapsed if elapsed > 0 else 0.0
+        eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else "done" if done >= total else ""
+        return f"[{done:>5}/{total}] {counts} · {rate:.1f} cells/s · {eta}"
 
     def __call__(self, res: CellResult, done: int, total: int) -> None:
+        self.counts[res.status] += 1
+        if self.first_done is None:
+            self.first_done = done
         if self.quiet:
             return
         if not res:
             print(f"\r[{done:>5}/{total}] {res.status.upper():7} {res.id}\n          {res.first_failure}\n"
                   f"          repro: {res.repro}", flush=True)
-        elif self.tty:
-            print(f"\r[{done:>5}/{total}] {res.status:7} {res.id[:90]:90}", end="", flush=True)
-        elif done % 25 == 0 or done == total:
-            print(f"[{done:>5}/{total}] ...", flush=True)
+        now = time.monotonic()
+        if self.tty:
+            print(f"\r{self.line(done, total)[:150]:150}", end="", flush=True)
+        elif done % 25 == 0 or done == total or now - self.said >= self.interval:
+            print(self.line(done, total), flush=True)
+        self.said = now
+
+    def waiting(self, what: str) -> None:
+        """The launcher has nothing new to say for a while: say what it is waiting for."""
+        if not self.quiet:
+            print(("\n" if self.tty else "") + f"          ... {what}", flush=True)
 
 
 def summary(record: RunRecord) -> str:
     counts = record.counts
-    lines = [f"{'module':22} " + " ".join(f"{s:>7}" for s in STATUSES)]
+    lines = [f"{'module':22} " + " ".join(f"{s:>13}" for s in STATUSES)]
     per: dict[str, Counter] = {}
     for c in record.cells:
         per.setdefault(c.axes["module"], Counter())[c.status] += 1
     for mod, cnt in per.items():
-        lines.append(f"{mod:22} " + " ".join(f"{cnt.get(s, 0):>7}" for s in STATUSES))
-    lines.append(f"{'total':22} " + " ".join(f"{counts.get(s, 0):>7}" for s in STATUSES))
+        lines.append(f"{mod:22} " + " ".join(f"{cnt.get(s, 0):>13}" for s in STATUSES))
+    lines.append(f"{'total':22} " + " ".join(f"{counts.get(s, 0):>13}" for s in STATUSES))
     bad = [c for c in record.cells if not c]
     if bad:
         lines.append("")
@@ -70,10 +98,8 @@ def summary(record: RunRecord) -> str:
 
 def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
     """Render every report from the run record alone; a report failure never loses results."""
-    try:
-        from reports import write_all
-    except ImportError:
-        return {}
+    from harness.reports import write_all
+
     try:
         return write_all(record.serialize(), run_dir)
     except Exception as exc:  # report rendering must not hide the verdict
@@ -81,43 +107,48 @@ def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
         return {}
 
 
+def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict]:
+    """The recorded selection, backend and options of the run folder ``args.resume``."""
+    try:
+        previous = load(args.resume)
+    except (OSError, ValueError) as exc:
+        raise exitcodes.UsageError(f"cannot resume {str(args.resume)!r}: no readable run record ({exc})") from exc
+    args.out = args.resume
+    args.backend = previous.backend
+    # the resumed run is the recorded selection, not whatever the defaults are now
+    sel = previous.selection
+    args.examples = int(sel.get("examples", 0))
+    cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
+                          sel.get("filter"))
+    return cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
+                   "filter": sel.get("filter")}
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.resume:
-        try:
-            previous = load(args.resume)
-        except (OSError, ValueError) as exc:
-            raise exitcodes.UsageError(f"cannot resume {str(args.resume)!r}: no readable run record ({exc})") from exc
-        args.out = args.resume
-        args.backend = previous.backend
-        # the resumed run is the recorded selection, not whatever the defaults are now
-        sel = previous.selection
-        args.examples = int(sel.get("examples", 0))
-        cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
-                              sel.get("filter"))
-        selection = {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
-                     "filter": sel.get("filter")}
-    else:
-        cells, selection = _options.select(args)
+    if args.rerun_failed and not args.resume:
+        raise exitcodes.UsageError("--rerun-failed needs --resume RUN_DIR")
+    cells, sel = _resumed_selection(args) if args.resume else selection.select(args)
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
-    selection["examples"] = args.examples
-    load_backend(args.backend)
-    _options.check_shardable(cells, Example().out_features)
+    _options.check_timeout(args.cell_timeout)
+    sel["examples"] = args.examples
+    preflight.check_run(args.backend, args.device, {c.world_size for c in cells})
+    selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args)
+    progress = Progress(args.quiet)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
-                         device=args.device, examples=args.examples)
-    spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=selection,
+                         device=args.device, examples=args.examples, on_wait=progress.waiting)
+    spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
                      tolerance=compare.policy(), argv=args.argv, options=opts, resume=bool(args.resume),
-                     on_result=Progress(args.quiet))
+                     rerun_failed=args.rerun_failed, on_result=progress)
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
           f"backend {args.backend}, run folder {run_dir}", flush=True)
     try:
         record = run_sweep(spec)
     finally:
-        # also on Ctrl-C: render what is there, marked incomplete
+        # also on Ctrl-C or a launch failure: render what is there, marked incomplete
         try:
-            partial = load(run_dir)
-            paths = write_reports(partial, run_dir)
+            paths = write_reports(load(run_dir), run_dir)
         except (OSError, ValueError):
             paths = {}
     print()
@@ -125,4 +156,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nrun record: {run_dir / 'results.json'}")
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    return exitcodes.OK if all(c.status in GOOD_STATUSES for c in record.cells) else exitcodes.MISMATCH
+    code = run_exit_code(c.status for c in record.cells)
+    if code == exitcodes.HARNESS_BUG:
+        n = sum(c.status == HARNESS_ERROR for c in record.cells)
+        print(f"dw-harness: {n} cell(s) hit a harness bug (status {HARNESS_ERROR}: not a verdict on the "
+              "backend); please report it with the traceback in the report or the rank logs", file=sys.stderr)
+    return code

@@ -1,0 +1,72 @@
+"""The result stream: concurrent writers never interleave a line, a torn line is skipped,
+readers continue from an offset; and the sweep's progress line says counts and an ETA."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+from harness.commands.sweep import Progress
+from harness.record import CellResult, RankResult
+from harness.stream import ResultStream
+
+BIG = "x" * 100_000  # far beyond an atomic write: only the lock keeps lines whole
+
+
+def _result(i: int, status: str = "pass", tb: str = "") -> CellResult:
+    err = {"type": "E", "message": "m", "traceback": tb} if tb else None
+    return CellResult(f"cell-{i}", {"module": "linear"}, "pass", status, ranks=[RankResult(0, status, [], err)])
+
+
+def _writer(run_dir: str, who: int, n: int) -> None:
+    stream = ResultStream(run_dir)
+    for i in range(n):
+        stream.append(_result(who * 1000 + i, "error", BIG), backend=f"writer{who}", launch="ws1-0")
+
+
+def test_concurrent_writers_never_interleave_a_line(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 10)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    verdicts = ResultStream(tmp_path).read()
+    assert len(verdicts) == 40
+    assert all(v.result.ranks[0].error["traceback"] == BIG for v in verdicts)
+    assert len(tmp_path.joinpath("cells.jsonl").read_text().splitlines()) == 40
+    for w in range(4):  # each writer's verdicts in its own order
+        mine = [v.result.id for v in verdicts if v.backend == f"writer{w}"]
+        assert mine == [f"cell-{w * 1000 + i}" for i in range(10)]
+
+
+def test_torn_line_is_skipped_and_read_since_continues(tmp_path: Path) -> None:
+    stream = ResultStream(tmp_path)
+    stream.append(_result(1), "b")
+    first, offset = stream.read_since(0)
+    assert [v.result.id for v in first] == ["cell-1"]
+    with open(stream.path, "a") as f:
+        f.write('{"backend": "b", "result": {"id": "cell-2"')  # a writer died mid-line
+    assert stream.read_since(offset) == ([], offset)
+    with open(stream.path, "a") as f:
+        f.write("\n")
+    stream.append(_result(3, "fail"), "b")
+    more, _ = stream.read_since(offset)
+    assert [v.result.id for v in more] == ["cell-3"]
+    stream.append(_result(1, "fail"), "b")
+    latest = stream.latest("b")
+    assert list(latest) == ["cell-1", "cell-3"] and latest["cell-1"].status == "fail"
+    assert stream.latest("other") == {}
+
+
+def test_progress_line_has_counts_rate_and_eta(capsys) -> None:
+    progress = Progress(quiet=False)
+    progress.tty = False
+    for i, status in enumerate(["pass"] * 24 + ["fail"], start=1):
+        progress(_result(i, status), i, 100)
+    out = capsys.readouterr().out
+    line = [ln for ln in out.splitlines() if ln.startswith("[   25/100]")][-1]
+    assert "24 pass, 1 fail" in line and "cells/s" in line and "ETA" in line, line
+    progress.waiting("launch ws2-0: starting 2 rank(s) (0 ready after 10 s)")
+    assert "starting 2 rank(s)" in capsys.readouterr().out

@@ -1,0 +1,90 @@
+"""The worker under a user's own launcher (multi-node): ``torchrun ... -m harness.external``.
+
+Every rank builds the same plan from the selection options (the cells of the selection at
+this world size), the ranks compare a digest of the cell ids, run them as the launcher's
+ranks would (``harness.worker.run``), and rank 0 folds the run's result stream into the run
+record and renders the reports. Put ``--out`` on a filesystem every node shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness import compare, matrix, runinfo, selection
+from harness.backends import BackendError, load_backend
+from harness.exitcodes import BAD_INPUT, UsageError
+from harness.record import CellResult, RunRecord
+from harness.stream import ResultStream
+
+
+def build_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
+    """The plan every rank derives on its own from the same options.
+
+    Raises:
+        MatrixError: no cell of the selection has this world size.
+    """
+    cells = [c for c in matrix.select(args.preset, selection.overrides(args), args.filter_expr)
+             if c.world_size == world_size]
+    if not cells:
+        raise matrix.MatrixError(f"the selection has no cell at world size {world_size}")
+    return {"run_dir": str(Path(args.out).resolve()), "launch": f"external-ws{world_size}",
+            "tasks": [{"backend": args.backend, "cell": c.id} for c in cells],
+            "device": args.device, "examples": args.examples, "collective_timeout": args.collective_timeout}
+
+
+def finish(plan: dict[str, Any], argv: list[str], started: str) -> RunRecord:
+    """Rank 0: the run record from the result stream, and the reports."""
+    from harness.reports import write_all
+
+    run_dir = Path(plan["run_dir"])
+    backend = plan["tasks"][0]["backend"]
+    latest = ResultStream(run_dir).latest(backend)
+    wanted = [t["cell"] for t in plan["tasks"]]
+    cells = [latest[i] for i in wanted if i in latest]
+    cells += [CellResult(i, matrix.Cell.from_id(i).serialize(), matrix.Cell.from_id(i).expect, "skipped",
+                         first_failure="not run: the launch ended before this cell")
+              for i in wanted if i not in latest]
+    record = RunRecord(status="complete" if len(latest.keys() & set(wanted)) == len(wanted) else "incomplete",
+                       started=started, finished=runinfo.now(), duration_s=0.0,
+                       command="python -m torch.distributed.run ... -m harness.external " + " ".join(argv),
+                       argv=argv, backend=backend, environment=runinfo.environment(plan["device"]),
+                       selection={"external": True}, tolerance=compare.policy(),
+                       world_sizes=[int(os.environ.get("WORLD_SIZE", 1))], cells=cells)
+    record.write(run_dir / "results.json")
+    write_all(record.serialize(), run_dir)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness import worker
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="harness.external", description=__doc__.splitlines()[0])
+    selection.add_selection(parser)  # the same selection options as sweep and list
+    parser.add_argument("--backend", default="harness.reference")
+    parser.add_argument("--out", default="runs/external")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--examples", type=int, default=0)
+    parser.add_argument("--collective-timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    started = runinfo.now()
+    try:
+        plan = build_plan(args, int(os.environ.get("WORLD_SIZE", 1)))
+        load_backend(args.backend)
+    except (matrix.MatrixError, BackendError, UsageError) as exc:
+        print(f"harness.external: error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    Path(plan["run_dir"]).mkdir(parents=True, exist_ok=True)
+    code = worker.run(plan)
+    if code == 0 and int(os.environ.get("RANK", 0)) == 0:
+        record = finish(plan, argv, started)
+        return 0 if all(record.cells) else 1
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""What the parent checks before it launches anything: each failure is bad input (exit 2).
+
+The one place where a run's backend and device are validated before torchrun starts (the
+sweep, repro, selftest and the pytest plugin all call ``check_run``). What cannot be seen
+from the parent - a rank that cannot import something, a rendezvous that never completes -
+is the launcher's circuit breaker's job (``harness.launch.LaunchFailure``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from harness.backends import load_backend
+from harness.exitcodes import UsageError
+
+
+def check_backend(spec: str) -> Any:
+    """Import and validate the backend in this process.
+
+    Raises:
+        BackendError: with a one-line reason.
+    """
+    return load_backend(spec)
+
+
+def check_device(device: str, world_sizes: Iterable[int]) -> None:
+    """``--device cuda`` needs CUDA, and a CUDA run needs one GPU per rank.
+
+    Raises:
+        UsageError: with a one-line reason.
+    """
+    import torch
+
+    sizes = sorted(set(world_sizes))
+    cuda = torch.cuda.is_available()
+    if device == "cuda" and not cuda:
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UsageError(f"--device cuda: CUDA is not available here (torch {torch.__version__}, {built}); "
+                         "use --device cpu or --device auto")
+    if device in ("cuda", "auto") and cuda and sizes:
+        gpus = torch.cuda.device_count()
+        if sizes[-1] > gpus:
+            raise UsageError(f"world size {sizes[-1]} needs {sizes[-1]} GPUs (one per rank) but {gpus} "
+                             "are visible; choose smaller world sizes or --device cpu")
+
+
+def check_run(backend: str, device: str, world_sizes: Iterable[int]) -> None:
+    """Everything the parent can check before a launch: the backend, the device."""
+    check_backend(backend)
+    check_device(device, world_sizes)

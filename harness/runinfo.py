@@ -1,0 +1,43 @@
+"""Facts about the run itself for the run record: when, where, with what (no torch at import)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def now() -> str:
+    """The current time as the run record writes it (ISO-8601 UTC, seconds)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    """The harness checkout's commit, when it runs from one."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: str) -> dict[str, Any]:
+    """torch, python, platform, host, device and process-group backend of this run."""
+    import torch
+
+    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
+        "pg_backend": "nccl" if cuda else "gloo",
+        "git_commit": git_commit(),
+        "cpus": os.cpu_count(),
+    }

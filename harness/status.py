@@ -1,0 +1,77 @@
+"""The cell status vocabulary, defined once.
+
+Every other place reads this table: the run record (``harness.record``), the sweep's
+summary and exit code, the pytest plugin, the reports (Python renderers, and the report's
+JavaScript through the data the page embeds) and the CSS colours the page generates. Adding
+a status is one new ``Status`` line here.
+
+Order matters: it is the column order of every table and the order of the legend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class Status:
+    """One cell status and how it counts.
+
+    Attributes:
+        name: the value stored in ``CellResult.status``.
+        label: what a reader sees (legend, pills, tables).
+        glyph: the short text on a report chip.
+        color: the report's colour for it (CSS).
+        good: the cell met its expectation (a sweep with only good cells exits 0).
+        bad: the backend or the harness went wrong (skipped cells are neither good nor bad).
+        severity: smaller is worse; summarising several cells shows the worst.
+    """
+
+    name: str
+    label: str
+    glyph: str
+    color: str
+    good: bool
+    bad: bool
+    severity: int
+
+
+TABLE: tuple[Status, ...] = (
+    Status("pass", "pass", "ok", "#1f883d", good=True, bad=False, severity=6),
+    Status("xfail", "expected error met", "xf", "#0f7b8a", good=True, bad=False, severity=5),
+    Status("fail", "fail", "\u2717", "#cf222e", good=False, bad=True, severity=1),
+    Status("error", "error", "err", "#d4570b", good=False, bad=True, severity=2),
+    Status("timeout", "timeout", "t/o", "#8250df", good=False, bad=True, severity=3),
+    # the harness itself failed on this cell (set-up or checking); never a verdict on the backend
+    Status("harness_error", "harness error", "H!", "#6e7781", good=False, bad=True, severity=0),
+    Status("skipped", "skipped", "skip", "#8c959f", good=False, bad=False, severity=4),
+)
+
+BY_NAME: dict[str, Status] = {s.name: s for s in TABLE}
+STATUSES: tuple[str, ...] = tuple(s.name for s in TABLE)
+#: statuses that meet the cell's expectation; everything else makes a sweep exit non-zero.
+GOOD_STATUSES: tuple[str, ...] = tuple(s.name for s in TABLE if s.good)
+#: statuses that mean "the backend or the harness went wrong".
+BAD_STATUSES: tuple[str, ...] = tuple(s.name for s in TABLE if s.bad)
+#: worst first.
+SEVERITY: tuple[str, ...] = tuple(s.name for s in sorted(TABLE, key=lambda s: s.severity))
+STATUS_LABELS: dict[str, str] = {s.name: s.label for s in TABLE}
+#: the one status a harness bug gets (exit 3, never counted against the backend).
+HARNESS_ERROR = "harness_error"
+
+
+def vocabulary() -> list[dict[str, Any]]:
+    """The table as plain JSON, for the report page's JavaScript."""
+    return [asdict(s) for s in TABLE]
+
+
+def run_exit_code(statuses: Iterable[str]) -> int:
+    """The exit code of a run with these cell statuses: 3 when the harness failed on any
+    cell (a harness bug), 1 when any cell missed its expectation, else 0."""
+    from harness import exitcodes
+
+    seen = set(statuses)
+    if HARNESS_ERROR in seen:
+        return exitcodes.HARNESS_BUG
+    return exitcodes.OK if seen <= set(GOOD_STATUSES) else exitcodes.MISMATCH
