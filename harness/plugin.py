@@ -132,11 +132,12 @@ class BatchRunner:
     """
 
     def __init__(self, config: pytest.Config, root: Path) -> None:
-        from harness.backends import load_backend
+        from harness.backends import probe_backend
 
         self.config = config
         self.backend = config.hook.pytest_harness_make_backend(config=config)
-        load_backend(self.backend)
+        # imported in a subprocess: a backend like te-cpu patches torch when imported
+        self.info = probe_backend(self.backend)
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.results: dict[str, Any] = {}
@@ -186,6 +187,11 @@ class BatchRunner:
                 time.sleep(0.2)
         return self.results[cell.id]
 
+    def _device(self) -> str:
+        """``--harness-device``; ``auto`` becomes the backend's only device, if it has one."""
+        device = self.config.getoption("harness_device")
+        return self.info.device if self.info.device and device == "auto" else device
+
     def _launch(self, world_size: int, cells: list[matrix.Cell]) -> None:
         from harness.launch import LaunchOptions, launch_cells
 
@@ -193,7 +199,7 @@ class BatchRunner:
         run_dir.mkdir(parents=True, exist_ok=True)
         opts = LaunchOptions(backend=self.backend, run_dir=run_dir,
                              cell_timeout=self.config.getoption("harness_cell_timeout"),
-                             device=self.config.getoption("harness_device"),
+                             device=self._device(),
                              examples=self.config.getoption("harness_examples"))
         launch_cells(world_size, list(dict.fromkeys(cells)), opts, lambda res: None)
 

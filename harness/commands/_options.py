@@ -73,3 +73,24 @@ def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:
             shard_rows(out_features, ws)
         except ValueError as exc:
             raise UsageError(f"{exc}; choose smaller world sizes") from exc
+
+
+def probe(args: argparse.Namespace) -> Any:
+    """Validate ``--backend`` without importing it here, and settle ``--device`` for it.
+
+    Returns the ``harness.backends.BackendInfo``; ``args.device`` becomes ``cpu`` for a
+    backend that computes only on CPU (``te-cpu``) when ``auto`` was asked.
+
+    Raises:
+        BackendError: the backend cannot be imported by the ranks (one line, what to install).
+        UsageError: ``--device cuda`` with a CPU-only backend.
+    """
+    from harness.backends import probe_backend
+
+    info = probe_backend(args.backend)
+    if info.device is not None and args.device != info.device:
+        if args.device != "auto":
+            raise UsageError(f"backend {args.backend!r} computes on {info.device} only: "
+                             f"use --device {info.device} (or auto), not --device {args.device}")
+        args.device = info.device
+    return info

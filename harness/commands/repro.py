@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from harness import exitcodes, matrix
-from harness.backends import load_backend
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions, launch_cells
@@ -54,7 +53,7 @@ def detail(res: CellResult) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cell = matrix.Cell.from_id(args.cell_id)
-    load_backend(args.backend)
+    _options.probe(args)
     example = parse_example(args.example)
     _options.check_shardable([cell], (example or Example().serialize())["out_features"])
     run_dir = _options.run_dir(args, prefix="repro")

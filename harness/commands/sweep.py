@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 from harness import compare, exitcodes, matrix
-from harness.backends import load_backend
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions
@@ -81,6 +80,14 @@ def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
         return {}
 
 
+def _about(info) -> str:
+    """`` (transformer_engine 2.20.2, fp32 GEMMs tf32)`` for a backend that says so."""
+    facts = [f"{info.upstream} {info.version}" if info.upstream else None,
+             f"fp32 GEMMs {info.fp32_gemm}" if info.fp32_gemm != "ieee" else None]
+    facts = [f for f in facts if f]
+    return f" ({', '.join(facts)})" if facts else ""
+
+
 def run(args: argparse.Namespace) -> int:
     if args.resume:
         try:
@@ -101,16 +108,17 @@ def run(args: argparse.Namespace) -> int:
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     selection["examples"] = args.examples
-    load_backend(args.backend)
+    info = _options.probe(args)
     _options.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=selection,
-                     tolerance=compare.policy(), argv=args.argv, options=opts, resume=bool(args.resume),
-                     on_result=Progress(args.quiet))
+                     tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
+                     resume=bool(args.resume), on_result=Progress(args.quiet),
+                     backend_info=info.serialize())
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
-          f"backend {args.backend}, run folder {run_dir}", flush=True)
+          f"backend {args.backend}{_about(info)}, run folder {run_dir}", flush=True)
     try:
         record = run_sweep(spec)
     finally:

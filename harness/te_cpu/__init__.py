@@ -3,7 +3,7 @@
 Importing this package *applies the CPU layer* to the running process - the
 ``torch.cuda`` surface TE touches (:mod:`.cuda_surface`), a CPU module standing in for the
 compiled ``transformer_engine_torch`` extension (:mod:`.extension`, GEMM numerics in
-:mod:`.gemm`) - and then imports the installed ``transformer_engine.pytorch``
+:mod:`harness.cpu_gemm`) - and then imports the installed ``transformer_engine.pytorch``
 (:mod:`.loader`). Only worker ranks and the backend probe (``harness.backends.probe_backend``,
 a subprocess) import it; the parent process, pytest and other backends never do.
 
@@ -39,12 +39,13 @@ TE_ORIGIN: str = loader.origin(_te)
 def describe() -> dict[str, Any]:
     """What a run record shows about this backend (see ``harness.backends.BackendInfo``)."""
     return {
-        "name": "te-cpu",
         "upstream": "transformer_engine",
         "version": TE_VERSION,
         "origin": TE_ORIGIN,
-        "fp32_gemm": FP32_GEMM,
-        "device": cuda_surface.DEVICE_NAME,
+        # computes on CPU tensors: ranks must use gloo on CPU, whatever GPUs the host has
+        "device_only": "cpu",
+        "te_sees": f"{cuda_surface.DEVICE_NAME}, sm_{''.join(map(str, cuda_surface.COMPUTE_CAPABILITY))}",
+        "cuda_sites_answered": len(CUDA_SITES),
     }
 
 

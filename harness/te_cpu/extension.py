@@ -8,7 +8,7 @@ is registered under that name inside a worker rank (never in the parent process)
   ``pytorch/csrc/common.h``);
 - real CPU kernels for what the non-quantized ``Linear``, ``GroupedLinear`` and
   ``ops.GroupedLinear`` paths call: ``generic_gemm`` and ``te_general_grouped_gemm``
-  (numerics in :mod:`harness.te_cpu.gemm`), plus the version and device queries TE asks;
+  (numerics in :mod:`harness.cpu_gemm`), plus the version and device queries TE asks;
 - for every other name TE's Python sources reference (``STUBBED``), a stub that raises
   :class:`MissingCpuKernel` naming the extension function and the TE function that called
   it - when *called*, never silently. A name TE never references is an ``AttributeError``,
@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.te_cpu import gemm as _gemm
+from harness import cpu_gemm as _gemm
 
 MODULE_NAME = "transformer_engine_torch"
 #: what ``get_cublasLt_version`` answers: cuBLASLt 12.9.1. Below 13.3 (130300)
@@ -206,25 +206,16 @@ def te_general_grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], tr
         raise ValueError("not implemented, D should be allocated for single output case.")
     if any(t.numel() for t in pre_gelu_out):
         raise missing("te_general_grouped_gemm", "GELU epilogue")
-    dtype = _torch_dtype(D_type)
-    offset = 0
-    for i, (a, b) in enumerate(zip(A, B)):
+    for a, b in zip(A, B):
         _require_plain("te_general_grouped_gemm", A=a, B=b)
-        shape = _gemm.output_shape(a, transa, b, transb)
-        numel = shape[0] * shape[1] if len(shape) == 2 else int(torch.Size(shape).numel())
-        if single_output:
-            out = D[0].data.reshape(-1)[offset:offset + numel].view(shape)
-            offset += numel
-        elif D is None:
-            out = torch.empty(shape, dtype=dtype, device=b.device)
-        else:
-            out = D[i]
-        has_bias = bias[i].numel() != 0
-        res = _gemm.gemm(a, transa, b, transb, out_dtype=dtype, out=out,
-                         bias=bias[i] if has_bias else None, grad=grad and has_bias,
-                         accumulate=accumulate, fp32_mode=fp32_mode())
-        if grad and has_bias:
-            bias[i].data.copy_(res.bias_grad)
+    results = _gemm.grouped_gemm(A, transa, B, transb, out_dtype=_torch_dtype(D_type),
+                                 outs=None if single_output else D,
+                                 single_output=D[0] if single_output else None, biases=bias,
+                                 grad=grad, accumulate=accumulate, fp32_mode=fp32_mode())
+    if grad:
+        for b, res in zip(bias, results):
+            if res.bias_grad is not None:
+                b.data.copy_(res.bias_grad)
     return bias
 
 

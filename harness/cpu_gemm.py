@@ -1,5 +1,10 @@
 """CPU GEMM numerics with the arithmetic TE's cuBLASLt calls promise on a GPU (CONTRACTS §5).
 
+The kernels of the ``te-cpu`` backend (``harness.te_cpu.extension`` adapts them to TE's
+binding signatures). This module lives outside ``harness.te_cpu`` on purpose: importing that
+package applies the CPU layer to ``torch``, while these numerics are plain functions that
+the tests check in-process against float64 math.
+
 TE's non-quantized GEMMs (``nvte_cublas_gemm`` / ``nvte_multi_tensor_gemm`` with
 ``CUBLAS_COMPUTE_32F``) multiply 16-bit operands exactly, accumulate in fp32 and round the
 result - after the bias epilogue and the ``beta * D`` term - once to the output dtype. This
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -153,3 +159,44 @@ def gemm(A: torch.Tensor, transa: bool, B: torch.Tensor, transb: bool, *, out_dt
         # accumulated in fp32 from the exact (widened) operand
         bias_grad.copy_(b2.to(torch.float32).sum(0).to(out_dtype))
     return GemmResult(out, bias_grad)
+
+
+def grouped_gemm(A: Sequence[torch.Tensor], transa: bool, B: Sequence[torch.Tensor], transb: bool, *,
+                 out_dtype: torch.dtype, outs: Sequence[torch.Tensor] | None = None,
+                 single_output: torch.Tensor | None = None, biases: Sequence[torch.Tensor] | None = None,
+                 grad: bool = False, accumulate: bool = False, fp32_mode: str = "ieee") -> list[GemmResult]:
+    """One :func:`gemm` per group, as TE's ``te_general_grouped_gemm`` runs them.
+
+    Args:
+        A, B: the groups' operands (a group may have no rows: its output is zeros, or
+            untouched when accumulating, and its bias gradient zeros).
+        outs: one output per group; or ``single_output``: one buffer the groups' outputs
+            fill one after another (TE's ``single_output=True``); or neither (allocated).
+        biases: per group; an empty tensor means "no bias" (TE passes ``_empty_tensor()``).
+        grad: the biases' presence asks for bias gradients instead of a bias add.
+
+    Returns:
+        Each group's output (a view into ``single_output`` when given) and bias gradient.
+
+    Raises:
+        GemmError: mismatched group counts or shapes, or a ``single_output`` of the wrong size.
+    """
+    n = len(A)
+    if len(B) != n or (outs is not None and len(outs) != n) or (biases is not None and len(biases) != n):
+        raise GemmError(f"grouped GEMM needs as many B, outputs and biases as A ({n} groups)")
+    offset = 0
+    results = []
+    for i, (a, b) in enumerate(zip(A, B)):
+        out = None if outs is None else outs[i]
+        if single_output is not None:
+            shape = output_shape(a, transa, b, transb)
+            numel = math.prod(shape)
+            flat = single_output.data.reshape(-1)
+            if offset + numel > flat.numel():
+                raise GemmError(f"single output of {flat.numel()} elements is too small for group {i}")
+            out = flat[offset:offset + numel].view(shape)
+            offset += numel
+        bias = biases[i] if biases is not None and biases[i].numel() else None
+        results.append(gemm(a, transa, b, transb, out_dtype=out_dtype, out=out, bias=bias, grad=grad,
+                            accumulate=accumulate, fp32_mode=fp32_mode))
+    return results
