@@ -21,7 +21,7 @@ from typing import Any
 
 from ._common import BAD_STATUSES
 
-_MEMBER = re.compile(r"^(weight|bias|mb)\d+\.")
+_MEMBER = re.compile(r"^(weight|bias|mb)\d*\.")
 _NUMBER = re.compile(r"\d+(\.\d+)?(e-?\d+)?")
 _FRAME = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
 

@@ -139,5 +139,5 @@ def import_te() -> ModuleType:
 
 
 def origin(te_pytorch: ModuleType) -> str:
-    """Where the imported TE package lives (the folder holding ``transformer_engine``)."""
+    """Where the imported TE package lives (its ``transformer_engine`` folder)."""
     return str(Path(te_pytorch.__file__).resolve().parent.parent)
