@@ -25,7 +25,7 @@ FP32_ENV = "DW_TE_CPU_FP32"
 FP32_GEMM: str = os.environ.get(FP32_ENV, "ieee") or "ieee"
 extension.set_fp32_mode(FP32_GEMM)  # raises on an unknown mode, before anything is patched
 
-loader.check_version()  # a missing or unsupported TE fails before torch is touched
+loader.check_version()  # a missing or unsupported TE fails before anything is patched
 CUDA_SITES = cuda_surface.apply()
 _te = loader.import_te()
 

@@ -71,7 +71,6 @@ def _factory(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
             kwargs["device"] = _on_cpu(kwargs["device"])
         return fn(*args, **kwargs)
 
-    wrapper.__te_cpu_original__ = fn  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -85,7 +84,6 @@ def _tensor_to_wrapper(to: Callable[..., torch.Tensor]) -> Callable[..., torch.T
         return to(self, *args, **kwargs)
 
     return tensor_to
-
 
 
 def _answers() -> dict[str, tuple[Any, str, str]]:
