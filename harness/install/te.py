@@ -11,7 +11,8 @@ What is installed (into the running interpreter's environment, with pip):
   ``nvidia-cudnn-frontend``, which TE imports only on debug and attention paths), and
   ``triton``: TE imports its Triton kernels at import time, and ``ops.GroupedLinear`` runs
   one (``compute_grouped_dbias``) for its bias gradient; ``harness.te_cpu`` runs it in
-  Triton's CPU interpreter (``TRITON_INTERPRET=1``). triton 3.8.0 is pinned: 3.6.0's
+  Triton's CPU interpreter (``TRITON_INTERPRET=1``). A triton >= 3.8 already installed (e.g.
+  the one a CUDA build of torch pins) is kept; otherwise 3.8.0 is installed: 3.6.0's
   interpreter fails on that kernel with numpy 2 (measurements in the README).
 
 ``missing()`` never imports TE or torch: it reads package metadata and import specs only.
@@ -37,7 +38,8 @@ DEPENDENCIES: dict[str, str] = {
     "einops": "einops",
     "triton": "triton==3.8.0",
 }
-TRITON_VERSION = "3.8.0"
+#: the oldest triton whose interpreter runs TE 2.20.2's Triton kernel on CPU (with numpy 2)
+TRITON_MIN = (3, 8)
 
 
 def _version(dist: str) -> str | None:
@@ -57,10 +59,22 @@ def missing() -> str | None:
     absent = [mod for mod in DEPENDENCIES if importlib.util.find_spec(mod) is None]
     if absent:
         return f"TransformerEngine's import-time dependencies are missing: {', '.join(absent)}"
-    triton = _version("triton")
-    if triton != TRITON_VERSION:
-        return f"triton {triton} is installed, te-cpu runs TE's Triton kernels with {TRITON_VERSION}"
+    triton = _version("triton") or "0"
+    if _release(triton) < TRITON_MIN:
+        return (f"triton {triton} is installed, te-cpu runs TE's Triton kernels with triton >= "
+                f"{'.'.join(map(str, TRITON_MIN))}")
     return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"3.8.0+git"`` -> ``(3, 8, 0)`` (the numeric release part only)."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 def _pip(*args: str) -> None:
@@ -70,10 +84,17 @@ def _pip(*args: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        raise InstallError(f"`{' '.join(cmd[2:])}` failed: {lines[-1] if lines else proc.returncode}")
+        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines
+        raise InstallError(f"`{' '.join(cmd[2:])}` failed: {errors[-1] if errors else proc.returncode}")
 
 
 def install() -> None:
-    """pip-install TE's pure wheel without its CUDA dependencies, then its import-time ones."""
-    _pip("--no-deps", TE_REQUIREMENT)
-    _pip(*DEPENDENCIES.values())
+    """pip-install TE's pure wheel without its CUDA dependencies, then whichever import-time
+    dependencies are missing (an installed triton >= 3.8 is kept)."""
+    if _version("transformer_engine") != TE_VERSION:
+        _pip("--no-deps", TE_REQUIREMENT)
+    needed = [req for mod, req in DEPENDENCIES.items() if importlib.util.find_spec(mod) is None]
+    if _release(_version("triton") or "0") < TRITON_MIN and DEPENDENCIES["triton"] not in needed:
+        needed.append(DEPENDENCIES["triton"])
+    if needed:
+        _pip(*needed)
