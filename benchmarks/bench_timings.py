@@ -42,7 +42,7 @@ def _baseline_html(commit: str, record: dict, out: Path) -> None:
     tarfile.open(fileobj=BytesIO(data)).extractall(tree)
     rec_path = tree / "record.json"
     rec_path.write_text(json.dumps(record))
-    code = ("import json, sys; from reports import render_html; "
+    code = ("import json, sys; from harness.reports import render_html; "
             f"open({str(out)!r}, 'w').write(render_html(json.load(open({str(rec_path)!r}))))")
     subprocess.run([sys.executable, "-c", code], cwd=tree, check=True, env={"PYTHONPATH": str(tree)})
 

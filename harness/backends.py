@@ -1,26 +1,51 @@
-"""Loading a backend: an import path, ``path/to/file.py``, or ``module:attribute``.
+"""Loading a backend: an alias, an import path, ``path/to/file.py``, or ``module:attribute``.
 
 A backend is anything exposing ``Linear``, ``GroupedLinear`` and ``ops.GroupedLinear``
-(CONTRACTS §1) - the reference, the pre-fix reference, a mutant, or real
-``transformer_engine.pytorch`` on a CUDA machine.
+(CONTRACTS §1) - the reference, the pre-fix reference, a mutant, real
+``transformer_engine.pytorch`` on a CUDA machine, or TE's real modules on CPU (``te-cpu``).
+
+``load_backend`` imports in the calling process: only worker ranks call it. The parent
+process validates a backend with ``probe_backend``, which imports it in a short subprocess
+with the ranks' environment - some backends patch ``torch`` when imported (``te-cpu``
+answers ``torch.cuda`` for CPU), and the parent must never see that.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
+import json
+import os
+import subprocess
 import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
+#: short names for backends that live in this repository (``--backend te-cpu``)
+ALIASES: dict[str, str] = {
+    "reference": "harness.reference",
+    "prefix": "harness.reference.prefix",
+    "te-cpu": "harness.te_cpu",
+    "te-cpu-tf32": "harness.te_cpu_tf32",
+}
+#: how fp32 GEMMs compute: IEEE fp32, or TF32 (TE on CUDA; CONTRACTS §5)
+FP32_GEMM_MODES = ("ieee", "tf32")
 
 
 class BackendError(ValueError):
     """The backend cannot be used (bad spec, import failure, missing names)."""
 
 
+def resolve(spec: str) -> str:
+    """The import target of ``spec`` (an alias resolved, anything else unchanged)."""
+    return ALIASES.get(spec, spec)
+
+
 def _import_target(spec: str) -> Any:
+    spec = resolve(spec)
     if spec.endswith(".py"):
         path = Path(spec)
         if not path.is_file():
@@ -64,3 +89,98 @@ def load_backend(spec: str) -> Any:
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} (CONTRACTS §1)")
     return backend
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What the parent knows about a backend without importing it (see ``probe_backend``)."""
+
+    spec: str  #: as the user wrote it (an alias stays an alias)
+    module: str  #: the import target it resolved to
+    origin: str | None  #: where the backend's code was imported from
+    fp32_gemm: str = "ieee"  #: ``FP32_GEMM`` of the backend (CONTRACTS §5), "ieee" if undeclared
+    version: str | None = None  #: the upstream version it runs (e.g. TE's), if any
+    upstream: str | None = None  #: the upstream package, if any (e.g. ``transformer_engine``)
+    upstream_origin: str | None = None  #: where the upstream package was imported from
+    #: the only device the backend computes on (``"cpu"`` for te-cpu), None if any
+    device: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def serialize(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BackendInfo":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def describe(spec: str, backend: Any) -> BackendInfo:
+    """``BackendInfo`` of an imported backend (called inside the probe subprocess).
+
+    A backend may declare ``FP32_GEMM`` and a ``describe() -> dict`` with ``version``,
+    ``upstream``, ``origin`` (of the upstream package) and ``device``.
+
+    Raises:
+        BackendError: ``FP32_GEMM`` is not one of ``FP32_GEMM_MODES``.
+    """
+    fp32 = getattr(backend, "FP32_GEMM", "ieee")
+    if fp32 not in FP32_GEMM_MODES:
+        raise BackendError(f"backend {spec!r} declares FP32_GEMM={fp32!r} "
+                           f"(choose from {', '.join(FP32_GEMM_MODES)})")
+    facts = dict(backend.describe()) if callable(getattr(backend, "describe", None)) else {}
+    origin = getattr(backend, "__file__", None) or getattr(sys.modules.get(getattr(backend, "__module__", "")),
+                                                           "__file__", None)
+    return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
+                       version=facts.pop("version", None), upstream=facts.pop("upstream", None),
+                       upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
+                       extra=facts)
+
+
+def probe_backend(spec: str, env: Mapping[str, str] | None = None, timeout: float = 300.0) -> BackendInfo:
+    """Import and validate ``spec`` in a subprocess with the ranks' environment.
+
+    Args:
+        spec: as ``--backend`` takes it.
+        env: the environment the ranks will get (default: this process's).
+        timeout: seconds the import may take.
+
+    Returns:
+        What the backend says about itself; the parent's ``torch`` is never touched.
+
+    Raises:
+        BackendError: the backend cannot be imported or lacks a name (one line, e.g. what
+            to install).
+    """
+    cmd = [sys.executable, "-m", "harness.backends", "--probe", spec]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ if env is None else env), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise BackendError(f"importing backend {spec!r} took longer than {timeout:g}s") from exc
+    if proc.returncode == 0:
+        try:
+            return BackendInfo.from_dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError, TypeError) as exc:
+            raise BackendError(f"probing backend {spec!r} printed no backend description") from exc
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    why = lines[-1] if lines else f"the probe exited with code {proc.returncode}"
+    raise BackendError(why.removeprefix("harness.backends: error: "))
+
+
+def _probe_main(argv: list[str] | None = None) -> int:
+    """``python -m harness.backends --probe SPEC``: import, validate, print BackendInfo JSON."""
+    parser = argparse.ArgumentParser(prog="harness.backends")
+    parser.add_argument("--probe", required=True, metavar="SPEC")
+    args = parser.parse_args(argv)
+    try:
+        info = describe(args.probe, load_backend(args.probe))
+    except BackendError as exc:
+        print(f"harness.backends: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(info.serialize()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_probe_main())

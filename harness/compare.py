@@ -17,6 +17,12 @@ fraction of a correct bf16 matmul's elements and do not scale with the reduction
 dtype for outputs, input gradients, bias gradients and ``.grad``; ``main_grad``'s (fp32) for
 a weight gradient of record that the contract says is formed in ``main_grad``'s dtype
 (fused accumulation, or a distributed weight with a ``main_grad``).
+
+A backend whose fp32 GEMMs run as TF32 (TE on CUDA, ``te-cpu-tf32``; it declares
+``FP32_GEMM = "tf32"``) rounds fp32 operands to 10 mantissa bits: in an fp32 cell every value
+its GEMMs produce - outputs, input, weight and (epilogue) bias gradients - is judged with
+TF32's ``u = 2^-11`` (CONTRACTS §5). 16-bit operands are exact in TF32, so bf16/fp16 cells,
+including their fp32 ``main_grad``, keep their ``u``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "fp32": 2.0**-24,
     "bf16": 2.0**-8,
     "fp16": 2.0**-11,
+    # fp32 operands rounded to TF32's 10 mantissa bits (round to nearest)
+    "tf32": 2.0**-11,
 }
 #: safety factor over the first-order bound (see the module docstring)
 MARGIN = 2.0
@@ -48,13 +56,20 @@ class HarnessBug(RuntimeError):
     """
 
 
-def policy() -> dict[str, Any]:
-    """The tolerance table as recorded in every run record."""
+def policy(fp32_gemm: str = "ieee") -> dict[str, Any]:
+    """The tolerance table as recorded in every run record (with the backend's fp32 GEMM)."""
     return {
         "formula": "C * u(dtype) * (roundings + sqrt(reduction)) * magnitude",
         "C": MARGIN,
         "unit_roundoff": dict(UNIT_ROUNDOFF),
+        "fp32_gemm": fp32_gemm,
     }
+
+
+def gemm_dtype(cell_dtype: str, fp32_gemm: str = "ieee") -> str:
+    """The precision of the values a backend's GEMMs produce in a cell of ``cell_dtype``:
+    ``"tf32"`` for fp32 cells of a TF32 backend, else the cell's dtype (module docstring)."""
+    return "tf32" if cell_dtype == "fp32" and fp32_gemm == "tf32" else cell_dtype
 
 
 def _fmt_index(idx: tuple[int, ...]) -> str:

@@ -138,11 +138,12 @@ class BatchRunner:
 
         self.config = config
         self.backend = config.hook.pytest_harness_make_backend(config=config)
-        self.device = config.getoption("harness_device")
         self.cell_timeout = config.getoption("harness_cell_timeout")
         if not self.cell_timeout > 0:
             raise pytest.UsageError(f"--cell-timeout must be > 0 seconds, got {self.cell_timeout:g}")
-        preflight.check_run(self.backend, self.device, {c.world_size for c in selected_cells(config)})
+        # the backend is probed in a subprocess: a backend like te-cpu patches torch when imported
+        self.info, self.device = preflight.check_run(
+            self.backend, config.getoption("harness_device"), {c.world_size for c in selected_cells(config)})
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.results: dict[str, Any] = {}

@@ -1,26 +1,44 @@
 """What the parent checks before it launches anything: each failure is bad input (exit 2).
 
 The one place where a run's backend and device are validated before torchrun starts (the
-sweep, repro, selftest and the pytest plugin all call ``check_run``). What cannot be seen
-from the parent - a rank that cannot import something, a rendezvous that never completes -
-is the launcher's circuit breaker's job (``harness.launch.LaunchFailure``).
+sweep, repro, selftest and the pytest plugin all call ``check_run``). The backend is probed
+in a subprocess with the ranks' environment (``harness.backends.probe_backend``), never
+imported here: importing some backends applies a CPU layer to ``torch`` (``te-cpu``) that
+the parent must never see. What cannot be seen from the parent - a rank that cannot import
+something, a rendezvous that never completes - is the launcher's circuit breaker's job
+(``harness.launch.LaunchFailure``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
-from harness.backends import load_backend
+from harness.backends import BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
 
-def check_backend(spec: str) -> Any:
-    """Import and validate the backend in this process.
+def check_backend(spec: str) -> BackendInfo:
+    """Import and validate the backend in a subprocess; what it says about itself.
 
     Raises:
-        BackendError: with a one-line reason.
+        BackendError: with a one-line reason (e.g. what to install).
     """
-    return load_backend(spec)
+    return probe_backend(spec)
+
+
+def settle_device(info: BackendInfo, device: str) -> str:
+    """The device a run uses: a backend that computes on one device only (``te-cpu``) turns
+    ``auto`` into that device.
+
+    Raises:
+        UsageError: an explicit ``--device`` the backend cannot use.
+    """
+    if info.device is None or device == info.device:
+        return device
+    if device != "auto":
+        raise UsageError(f"backend {info.spec!r} computes on {info.device} only: "
+                         f"use --device {info.device} (or auto), not --device {device}")
+    return info.device
 
 
 def check_device(device: str, world_sizes: Iterable[int]) -> None:
@@ -44,7 +62,13 @@ def check_device(device: str, world_sizes: Iterable[int]) -> None:
                              "are visible; choose smaller world sizes or --device cpu")
 
 
-def check_run(backend: str, device: str, world_sizes: Iterable[int]) -> None:
-    """Everything the parent can check before a launch: the backend, the device."""
-    check_backend(backend)
+def check_run(backend: str, device: str, world_sizes: Iterable[int]) -> tuple[BackendInfo, str]:
+    """Everything the parent can check before a launch: the backend, then the device.
+
+    Returns:
+        The backend's description and the device the run uses.
+    """
+    info = check_backend(backend)
+    device = settle_device(info, device)
     check_device(device, world_sizes)
+    return info, device

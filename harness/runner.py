@@ -171,8 +171,9 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
             "expected_exception", "exception", False,
             message="delay_wgrad_compute=True with a DistributedWeight must raise before any "
                     "collective (CONTRACTS §2), but the step ran")])
+    fp32_gemm = getattr(backend, "FP32_GEMM", "ieee")  # TF32 GEMMs: a coarser fp32 u (§5)
     with _owned("harness", "checks", cell):
-        checks = _checks(cell, inputs, ctx, module, consumer, gtp, step)
+        checks = _checks(cell, inputs, ctx, module, consumer, gtp, step, fp32_gemm)
     return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
 
 
@@ -227,18 +228,19 @@ def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer | N
 
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
-            consumer: Consumer, gtp: GTPGroup | None, step: _Step) -> list[Check]:
+            consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     orc = oracle.compute(inputs, ctx.rank)
+    dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
-        checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], cell.dtype))
+        checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype))
         if cell.input_grad:
-            checks.append(compare.compare_tensor(f"mb{mb}.input_grad", step.dgrads[mb], orc.dgrads[mb], cell.dtype))
+            checks.append(compare.compare_tensor(f"mb{mb}.input_grad", step.dgrads[mb], orc.dgrads[mb], dtype))
     ddp = cell.consumer == "ddp"
     record_attr = "main_grad" if ddp else "grad"
     # Weight gradient of record: formed in main_grad's dtype when fused, or for a
     # distributed weight with a main_grad (§2); otherwise in the compute dtype.
-    w_dtype = "fp32" if ddp and (cell.fused or gtp is not None) else cell.dtype
+    w_dtype = "fp32" if ddp and (cell.fused or gtp is not None) and cell.dtype != "fp32" else dtype
     for i, name in enumerate(weight_names(module)):
         shard = None
         if gtp is not None:
@@ -248,7 +250,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
         checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, w_dtype))
     for i, name in enumerate(_bias_names(module)):
         ref = oracle.record_of(orc.bgrad_sums[i], consumer.start.get(name) if ddp else None, None)
-        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, cell.dtype))
+        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, dtype))
     if ddp:
         for name, p in consumer.params.items():
             is_weight = name.startswith("weight")

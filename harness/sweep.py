@@ -32,6 +32,8 @@ class SweepSpec:
     resume: bool = False
     rerun_failed: bool = False
     on_result: Callable[[CellResult, int, int], None] = field(default=lambda r, i, n: None)
+    #: ``harness.backends.BackendInfo.serialize()``: recorded in the environment
+    backend_info: dict[str, Any] | None = None
 
 
 def to_run(spec: SweepSpec, stream: ResultStream) -> list[matrix.Cell]:
@@ -59,7 +61,9 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     record = RunRecord(
         status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,
         command=shlex.join(["python", "-m", "harness", *spec.argv]), argv=list(spec.argv),
-        backend=spec.backend, environment=runinfo.environment(spec.options.device),
+        backend=spec.backend,
+        environment={**runinfo.environment(spec.options.device),
+                     **({"backend_info": spec.backend_info} if spec.backend_info else {})},
         selection=spec.selection, tolerance=spec.tolerance,
         world_sizes=sorted({c.world_size for c in spec.cells}),
     )

@@ -126,3 +126,14 @@ def failing_messages(cell: dict[str, Any], limit: int = 5) -> list[str]:
         if len(out) >= limit:
             break
     return out[:limit]
+
+
+def backend_facts(record: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the run record says about the backend beyond its name: the upstream code it ran
+    (name, version, where it was imported from) and how its fp32 GEMMs compute."""
+    info = (record.get("environment") or {}).get("backend_info") or {}
+    upstream = " ".join(str(x) for x in (info.get("upstream"), info.get("version")) if x) or None
+    fp32 = info.get("fp32_gemm") or (record.get("tolerance") or {}).get("fp32_gemm")
+    u = {"tf32": "TF32, u = 2^-11", "ieee": "IEEE fp32, u = 2^-24"}.get(fp32, fp32)
+    return [("upstream", upstream), ("imported from", info.get("upstream_origin") or info.get("origin")),
+            ("fp32 GEMMs", u if info or fp32 else None)]

@@ -23,7 +23,7 @@ import re
 from typing import Any, Sequence
 
 from . import _assets
-from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, counts_of, fmt_duration, fmt_ratio,
+from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, fmt_duration, fmt_ratio,
                       ratio_key, verdict, worst_check)
 from ._pack import SCRIPT_TYPE, encode, pack
 
@@ -55,6 +55,7 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
     sel = record.get("selection") or {}
     items: list[tuple[str, Any]] = [
         ("backend", record.get("backend")),
+        *backend_facts(record),
         ("torch", env.get("torch")),
         ("device / process group", " / ".join(str(x) for x in (env.get("device"), env.get("pg_backend")) if x)),
         ("world sizes", ", ".join(str(w) for w in record.get("world_sizes") or []) or None),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, clean_text, counts_of, fmt_duration,
+from ._common import (BAD_STATUSES, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of, fmt_duration,
                       fmt_ratio, ratio_key, verdict)
 
 ICONS = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️"}
@@ -67,7 +67,7 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     head.append("| " + " | ".join(_md_text(STATUS_LABELS.get(s, s)) for s in counts) + " | total |\n")
     head.append("|" + "---:|" * (len(counts) + 1) + "\n")
     head.append("| " + " | ".join(f"{x:,}" for x in counts.values()) + f" | {n:,} |\n")
-    facts = [("backend", record.get("backend")), ("torch", env.get("torch")),
+    facts = [("backend", record.get("backend")), *backend_facts(record), ("torch", env.get("torch")),
              ("device", " / ".join(str(x) for x in (env.get("device"), env.get("pg_backend")) if x) or None),
              ("world sizes", ", ".join(map(str, record.get("world_sizes") or [])) or None),
              ("commit", env.get("git_commit")), ("duration", fmt_duration(record.get("duration_s")))]

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     cell = matrix.Cell.from_id(args.cell_id)
     example = parse_example(args.example)
     _options.check_timeout(args.cell_timeout)
-    preflight.check_run(args.backend, args.device, [cell.world_size])
+    _, args.device = preflight.check_run(args.backend, args.device, [cell.world_size])
     selection.check_shardable([cell], (example or Example().serialize())["out_features"])
     run_dir = _options.run_dir(args, prefix="repro").resolve()
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir, cell_timeout=args.cell_timeout,

@@ -124,6 +124,14 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
                    "filter": sel.get("filter")}
 
 
+def _about(info) -> str:
+    """`` (transformer_engine 2.20.2, fp32 GEMMs tf32)`` for a backend that says so."""
+    facts = [f"{info.upstream} {info.version}" if info.upstream else None,
+             f"fp32 GEMMs {info.fp32_gemm}" if info.fp32_gemm != "ieee" else None]
+    facts = [f for f in facts if f]
+    return f" ({', '.join(facts)})" if facts else ""
+
+
 def run(args: argparse.Namespace) -> int:
     if args.rerun_failed and not args.resume:
         raise exitcodes.UsageError("--rerun-failed needs --resume RUN_DIR")
@@ -132,17 +140,18 @@ def run(args: argparse.Namespace) -> int:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     _options.check_timeout(args.cell_timeout)
     sel["examples"] = args.examples
-    preflight.check_run(args.backend, args.device, {c.world_size for c in cells})
+    info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells})
     selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args)
     progress = Progress(args.quiet)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples, on_wait=progress.waiting)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
-                     tolerance=compare.policy(), argv=args.argv, options=opts, resume=bool(args.resume),
-                     rerun_failed=args.rerun_failed, on_result=progress)
+                     tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
+                     resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,
+                     backend_info=info.serialize())
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
-          f"backend {args.backend}, run folder {run_dir}", flush=True)
+          f"backend {args.backend}{_about(info)}, run folder {run_dir}", flush=True)
     try:
         record = run_sweep(spec)
     finally:

@@ -1,0 +1,186 @@
+"""The ``te-cpu`` backend: TransformerEngine 2.20.2's real modules on CPU, judged by the harness.
+
+Needs ``python -m harness install te`` (the README's test command runs it). Without TE these
+tests fail with that hint - they are never skipped. Importing ``harness.te_cpu`` patches
+``torch``, so this process never does: the layer runs in worker ranks (two torchrun launches
+here, world sizes 1 and 2) and in short subprocesses, and the last test checks that this
+process's ``torch.cuda`` is still the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import matrix
+from harness.backends import BackendError, probe_backend
+from harness.install import te as te_component
+from harness.launch import LaunchOptions, launch_cells
+from harness.record import CellResult
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED_BUG = "weight was removed while fuse_wgrad_accumulation=True"
+#: this process's torch.cuda before any te-cpu run (compared by identity at the end)
+_PRISTINE = {"is_available": torch.cuda.is_available, "current_device": torch.cuda.current_device,
+             "get_device_properties": torch.cuda.get_device_properties, "empty": torch.empty,
+             "to": torch.Tensor.to, "is_cuda": torch.Tensor.__dict__.get("is_cuda")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _te_installed() -> None:
+    why = te_component.missing()
+    if why is not None:
+        pytest.fail(f"te-cpu needs TransformerEngine: {why}: run `python -m harness install te`",
+                    pytrace=False)
+
+
+def _python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_probe_reports_te_version_origin_and_fp32_gemm() -> None:
+    info = probe_backend("te-cpu")
+    assert (info.module, info.upstream, info.version, info.fp32_gemm, info.device) == (
+        "harness.te_cpu", "transformer_engine", "2.20.2", "ieee", "cpu")
+    assert Path(info.upstream_origin, "pytorch", "module", "linear.py").is_file()
+    assert probe_backend("te-cpu-tf32").fp32_gemm == "tf32"
+
+
+def test_unsupported_te_version_is_bad_input_with_the_install_hint(tmp_path: Path) -> None:
+    """Another TE version first on the path: ``sweep`` exits 2 with one line saying what to
+    install, before launching anything."""
+    meta = tmp_path / "site" / "transformer_engine-9.9.9.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: transformer_engine\nVersion: 9.9.9\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--backend", "te-cpu", "--world-sizes", "1",
+                           "--modules", "linear", "--out", str(tmp_path / "run")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "9.9.9" in lines[0] and "python -m harness install te" in lines[0], lines
+    assert not (tmp_path / "run" / "logs").exists()
+    with pytest.raises(BackendError, match="found 9.9.9"):
+        probe_backend("te-cpu", env=env)
+
+
+def test_missing_kernel_and_extension_surface() -> None:
+    """In a process with the layer: a TE module whose kernel the layer lacks fails with an
+    error naming the extension function and TE's caller; the stand-in answers every name
+    TE's sources take from the extension; its enums carry the header values TE reads."""
+    proc = _python("""
+        import json, sys, torch
+        from pathlib import Path
+        import harness.te_cpu as backend
+        from harness.te_cpu import extension
+        te = sys.modules["transformer_engine.pytorch"]
+        out = {}
+        try:
+            te.LayerNorm(8)(torch.randn(4, 8))
+        except extension.MissingCpuKernel as exc:
+            out["error"] = str(exc)
+        referenced = extension.referenced_names(Path(backend.TE_ORIGIN))
+        answered = {c.__name__ for c in extension.ENUMS} | set(extension.KERNELS) | set(extension.STUBBED)
+        out["referenced"] = len(referenced)
+        out["unanswered"] = sorted(referenced - answered - {"*"})
+        tex = sys.modules["transformer_engine_torch"]
+        out["dtypes"] = {m.name: int(m) for m in tex.DType}
+        out["te_dtype_bf16"] = int(te.constants.DType.kBFloat16)
+        try:
+            getattr(tex, "flash_attention")
+        except AttributeError:
+            out["unknown_is_attribute_error"] = True
+        print(json.dumps(out))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"].startswith("transformer_engine_torch.layernorm_fwd: no CPU kernel"), out["error"]
+    assert "called from transformer_engine/pytorch/ops/basic/layer_norm.py" in out["error"]
+    assert out["referenced"] > 150 and out["unanswered"] == []
+    assert out["dtypes"] == {"kByte": 0, "kInt32": 2, "kFloat32": 4, "kFloat16": 5, "kBFloat16": 6,
+                             "kFloat8E4M3": 7, "kFloat8E5M2": 8, "kFloat4E2M1": 10}
+    assert out["te_dtype_bf16"] == 6 and out["unknown_is_attribute_error"]
+
+
+def test_tf32_backend_rounds_fp32_gemms_and_is_judged_with_tf32_roundoff() -> None:
+    """te-cpu-tf32: an fp32 cell's output differs from IEEE fp32 by TF32 rounding (visible),
+    passes with the TF32 bound, and would fail the IEEE one."""
+    proc = _python("""
+        import json
+        import harness.te_cpu_tf32 as backend
+        from harness import compare, matrix
+        from harness.runner import RankContext, run_cell
+        cell = matrix.Cell.from_id("linear-plain-hooks_off-unfused-fp32-ws1-ddp-mb1-g1-nobias-igrad-nodelay")
+        res = run_cell(backend, cell, RankContext())
+        out = [c for c in res.comparisons if c.name == "mb0.output"][0]
+        ieee_bound = out.bound_at_worst * compare.UNIT_ROUNDOFF["fp32"] / compare.UNIT_ROUNDOFF["tf32"]
+        print(json.dumps({"status": res.status, "fp32_gemm": backend.FP32_GEMM, "max_abs": out.max_abs,
+                          "ratio": out.ratio, "ieee_ratio": out.max_abs / ieee_bound}))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["fp32_gemm"] == "tf32" and out["status"] == "pass", out
+    assert out["ieee_ratio"] > 1.0, f"TF32 rounding should exceed the IEEE fp32 bound: {out}"
+
+
+def _cells(ws: int) -> dict[str, str]:
+    """cell id -> what real TE 2.20.2 does with it (CONTRACTS §6)."""
+    return {
+        f"linear-plain-hooks_offload-unfused-bf16-ws{ws}-ddp-mb2-g1-bias-igrad-nodelay": "pass",
+        f"grouped_linear-plain-hooks_identity-fused-bf16-ws{ws}-ddp-mb2-g4-bias-igrad-nodelay": "pass",
+        f"ops_grouped_linear-plain-hooks_checkpoint-unfused-fp32-ws{ws}-autograd-mb2-g4-bias-igrad-nodelay": "pass",
+        f"grouped_linear-distributed-hooks_off-fused-bf16-ws{ws}-ddp-mb2-g4-bias-igrad-nodelay": "pass",
+        # the seed: under any saved-tensor hook TE's backward reads the plain unpacked tensor
+        f"grouped_linear-distributed-hooks_offload-fused-bf16-ws{ws}-ddp-mb2-g4-bias-igrad-nodelay": SEED_BUG,
+        f"linear-distributed-hooks_identity-fused-bf16-ws{ws}-ddp-mb2-g1-bias-igrad-nodelay":
+            "GEMM requested the columnwise representation, but it is unavailable",
+    }
+
+
+@pytest.mark.parametrize("ws", [1, 2])
+def test_real_te_modules_under_torchrun(ws: int, tmp_path: Path) -> None:
+    """TE's Linear / GroupedLinear / ops.GroupedLinear on plain weights match the float64
+    oracle; with GTP weights and a saved-tensor hook the seed's bug shows in TE's own code."""
+    expected = _cells(ws)
+    results: list[CellResult] = []
+    opts = LaunchOptions(backend="te-cpu", run_dir=tmp_path, device="cpu", cell_timeout=240.0)
+    launch_cells(ws, [matrix.Cell.from_id(c) for c in expected], opts, results.append)
+    got = {r.id: r for r in results}
+    assert set(got) == set(expected)
+    for cid, want in expected.items():
+        res = got[cid]
+        if want == "pass":
+            assert res.status == "pass", f"{cid}: {res.status}: {res.first_failure}"
+            assert res.worst_ratio is not None and res.worst_ratio <= 1.0
+        else:
+            assert res.status == "error" and want in (res.first_failure or ""), f"{cid}: {res.first_failure}"
+            tb = "".join((r.error or {}).get("traceback", "") for r in res.ranks)
+            assert "site-packages/transformer_engine/pytorch/" in tb.replace("\\", "/"), tb[-2000:]
+    _assert_untouched()
+
+
+def _assert_untouched() -> None:
+    for name in ("harness.te_cpu", "harness.te_cpu_tf32", "transformer_engine", "transformer_engine_torch"):
+        assert name not in sys.modules, name
+    assert torch.cuda.is_available is _PRISTINE["is_available"]
+    assert torch.cuda.current_device is _PRISTINE["current_device"]
+    assert torch.cuda.get_device_properties is _PRISTINE["get_device_properties"]
+    assert torch.empty is _PRISTINE["empty"] and torch.Tensor.to is _PRISTINE["to"]
+    assert torch.Tensor.__dict__.get("is_cuda") is _PRISTINE["is_cuda"]
+    assert torch.zeros(1).is_cuda is False
+
+
+def test_parent_process_torch_is_untouched() -> None:
+    """After probes, subprocesses and torchrun launches of te-cpu (the launch tests check
+    it right after their launch too), this process never imported the layer or TE, and its
+    torch.cuda surface is the real one."""
+    probe_backend("te-cpu")
+    _assert_untouched()
