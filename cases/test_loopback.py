@@ -133,7 +133,7 @@ def test_launcher_refuses_rendezvous_options_of_its_own(extra):
 
 def test_launcher_rejects_a_rendezvous_option_as_bad_input_before_starting_anything():
     proc = subprocess.run([*loopback.command("--standalone", "--nproc-per-node", "1", "script.py")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == BAD_INPUT, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("harness.loopback: ") and "--standalone=True" in lines[0], proc.stderr

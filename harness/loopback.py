@@ -25,14 +25,17 @@ starts, watches and ends the ranks, after three steps:
    listeners to its address, not to the host name's.
 
 Why it is sound for the supported torch versions (``torch>=2.4``, the project's floor): each
-step uses documented behaviour that predates 2.4 and still holds in 2.13 -
-``TCPStore(master_listen_fd=...)`` on both the libuv and the legacy server, the multi-tenant
-server cache keyed by port, the static rendezvous's multi-tenant store shared with the ranks
-through ``TORCHELASTIC_USE_AGENT_STORE``, and the two ``*_SOCKET_IFNAME`` variables. It fails
-closed: were a torch release's static rendezvous to start a server of its own on the port,
-its bind to ``::``/``0.0.0.0`` would fail with EADDRINUSE (step 1's socket holds the port) and
-the launch would stop with that error; it cannot silently listen wider.
-``cases/test_loopback.py`` lists the listening sockets of a real sweep's whole process tree.
+step uses public behaviour that predates 2.4 and still holds in 2.13 - ``TCPStore``'s
+``master_listen_fd`` (served by the legacy server throughout, by the libuv server from 2.8,
+see ``start_store``), the multi-tenant server cache keyed by port, the static rendezvous's
+multi-tenant store shared with the ranks (``use_agent_store`` ->
+``TORCHELASTIC_USE_AGENT_STORE``), and the two ``*_SOCKET_IFNAME`` variables. Each way it
+could break fails loudly, never wider: were a torch release's static rendezvous to start a
+server of its own on the port, its bind to ``::``/``0.0.0.0`` would fail with EADDRINUSE
+(step 1's socket holds the port) and the launch would stop with that error; a server that
+did not serve the passed socket would leave the ranks unable to join, and the launcher's
+start-up timeout would end the launch. ``cases/test_loopback.py`` lists the listening
+sockets of a real sweep's whole process tree (run on the installed torch: 2.13 in CI).
 
 Limits: loopback is not a boundary between users of one machine. Every local process (and
 every container sharing the host's network namespace) can still reach the store, which has no
@@ -47,8 +50,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from harness.exitcodes import BAD_INPUT
 
@@ -96,6 +100,7 @@ def start_store() -> tuple[Any, int]:
     The caller must keep the store alive for the whole launch: were it collected, the
     port's multi-tenant cache entry would expire before torchrun looks it up.
     """
+    import torch
     from torch.distributed import TCPStore
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -106,9 +111,12 @@ def start_store() -> tuple[Any, int]:
     except OSError as exc:
         sock.close()
         raise LoopbackError(f"cannot listen on {LOOPBACK_HOST}: {exc}") from exc
-    # the server owns the descriptor from here on (detach: Python must not close it)
+    # libuv's server serves a passed socket only from torch 2.8 on (pytorch#150215 added the
+    # missing uv_listen; before, it never accepted a connection); older releases get the
+    # legacy server, which always has. The server owns the descriptor from here on.
     store = TCPStore(LOOPBACK_HOST, port, is_master=True, multi_tenant=True,
-                     master_listen_fd=sock.detach(), wait_for_workers=False)
+                     master_listen_fd=sock.detach(), wait_for_workers=False,
+                     use_libuv=torch.__version__ >= (2, 8))
     return store, port
 
 
