@@ -33,8 +33,8 @@ multi-tenant store shared with the ranks (``use_agent_store`` ->
 could break fails loudly, never wider: were a torch release's static rendezvous to start a
 server of its own on the port, its bind to ``::``/``0.0.0.0`` would fail with EADDRINUSE
 (step 1's socket holds the port) and the launch would stop with that error; a server that
-did not serve the passed socket would leave the ranks unable to join, and the launcher's
-start-up timeout would end the launch. ``cases/test_loopback.py`` lists the listening
+did not serve the passed socket would leave torchrun's rendezvous unanswered, and the
+harness's start-up timeout would end the launch. ``cases/test_loopback.py`` lists the listening
 sockets of a real sweep's whole process tree (run on the installed torch: 2.13 in CI).
 
 Limits: loopback is not a boundary between users of one machine. Every local process (and
