@@ -39,7 +39,7 @@ from typing import Any
 from _common import ROOT, machine, save, table
 
 sys.path.insert(0, str(ROOT))
-from harness import matrix  # noqa: E402
+from harness import loopback, matrix  # noqa: E402
 from harness.launch import LaunchOptions, launch_cells  # noqa: E402
 
 _LINE = re.compile(r"^\[rank0\] (\d+\.\d+) (start|done) ")
@@ -104,17 +104,25 @@ def fastest(run: Any, repeat: int) -> dict[str, Any]:
     return {**best, "walls_s": [res["wall_s"] for res in runs]}
 
 
-def torchrun_floor(world_size: int, reps: int) -> dict[str, Any]:
-    """torchrun whose ranks import torch, join a gloo group and leave: the least a launch costs."""
+def floor_command(world_size: int, launcher: list[str] | None = None) -> list[str]:
+    """A launch whose ranks import torch, join a gloo group and leave.
+
+    ``launcher``: the command prefix that takes torchrun's options (default: the harness's,
+    ``harness.loopback``).
+    """
     code = ("import torch, torch.distributed as d; d.init_process_group('gloo'); d.barrier(); "
             "d.destroy_process_group()")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--monitor-interval", "0.1", "--nproc-per-node", str(world_size), "--no-python",
-           sys.executable, "-c", code]
+    return [*(launcher or loopback.command()), "--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
+            "--no-python", sys.executable, "-c", code]
+
+
+def torchrun_floor(world_size: int, reps: int) -> dict[str, Any]:
+    """torchrun whose ranks import torch, join a gloo group and leave: the least a launch costs."""
     walls = []
     for _ in range(reps):
         t0 = time.time()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=300)
+        subprocess.run(floor_command(world_size), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=True, timeout=300)
         walls.append(time.time() - t0)
     return {"world_size": world_size, "reps": reps, "walls_s": [round(w, 3) for w in walls],
             "median_s": round(statistics.median(walls), 3)}

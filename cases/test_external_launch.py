@@ -8,9 +8,12 @@ import subprocess
 import sys
 
 from harness.stream import ResultStream
+from harness import loopback
 
 
 def test_worker_runs_under_external_torchrun(tmp_path):
+    # plain torchrun with its c10d rendezvous on purpose, as multi-node users run it (so this
+    # launch listens on every interface, unlike the harness's own; README "Security")
     out = tmp_path / "ext"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc-per-node", "2", "-m", "harness.external", "--preset", "smoke",
@@ -31,8 +34,8 @@ def test_worker_runs_under_external_torchrun(tmp_path):
 
 
 def test_external_selection_without_cells_at_this_world_size_is_bad_input(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-           "-m", "harness.external", "--preset", "smoke", "--out", str(tmp_path / "x")]
+    cmd = loopback.command("--nproc-per-node", "1", "-m", "harness.external", "--preset", "smoke",
+                           "--out", str(tmp_path / "x"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
     assert proc.returncode != 0
     assert "no cell at world size 1" in proc.stdout + proc.stderr

@@ -1,8 +1,9 @@
 """Launching the worker under torchrun: one launch per world size, never a hang.
 
 Each launch runs in its own process session so that a timeout or an interrupt can end the
-whole tree (torchrun and every rank) with one ``killpg``; rendezvous uses ``--standalone``,
-which binds a free port per launch, so parallel launches (pytest-xdist) cannot collide.
+whole tree (torchrun and every rank) with one ``killpg``; each launch binds a free loopback
+port for its rendezvous (``harness.loopback``), so parallel launches (pytest-xdist) cannot
+collide and nothing listens beyond loopback.
 
 The launcher watches three things while a launch runs: the run's result stream (verdicts:
 progress), each rank's own reports in ``ranks/`` (``ready``, a start-up error, a rank that
@@ -24,12 +25,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness import loopback
 from harness.matrix import Cell
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.status import HARNESS_ERROR
@@ -88,11 +89,9 @@ class LaunchOptions:
 
 
 def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--monitor-interval", "0.1",
-        "--nproc-per-node", str(world_size), "-m", "harness.worker", "--plan", str(plan_path),
-    ]
+    """torchrun on this machine, every listening socket on loopback (``harness.loopback``)."""
+    return loopback.command("--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
+                            "-m", "harness.worker", "--plan", str(plan_path))
 
 
 class _LineTail:
