@@ -54,43 +54,57 @@ def test_shard_rows_examples(rows, ws, pad_multiple, expected):
     assert shard_rows(rows, ws, pad_multiple) == expected
 
 
-@pytest.mark.parametrize(("rows", "ws", "pad_multiple"), [(1, 2, 1), (3, 4, 1), (5, 4, 1), (30, 2, 32), (0, 1, 1)])
-def test_shard_rows_rejects_padding_only_ranks(rows, ws, pad_multiple):
-    """A world in which the last rank would hold nothing but padding is a ValueError.
+@pytest.mark.parametrize(("rows", "ws"), [(1, 2), (3, 4), (5, 4)])
+def test_shard_rows_rejects_padding_only_ranks(rows, ws):
+    """Without an alignment (``pad_multiple=1``), a world in which the last rank would hold
+    nothing but padding is a ValueError.
 
-    Why: such a rank's shard carries no parameters, and the harness cannot judge it.
+    Why: padding only to divisibility, such a world means the shapes are too small for it
+    (a README choice); under Megatron's alignment it is legal (next test).
     """
     with pytest.raises(ValueError, match=rf"rank {ws - 1} would hold only padding"):
+        shard_rows(rows, ws, 1)
+
+
+@pytest.mark.parametrize(("rows", "ws", "pad_multiple", "expected"), [
+    (30, 2, 32, (64, 32)), (30, 4, 16, (64, 16)), (1, 8, 16, (128, 16)), (5, 4, 2, (8, 2))])
+def test_shard_rows_allows_padding_only_ranks_under_alignment(rows, ws, pad_multiple, expected):
+    """With an alignment (``pad_multiple > 1``) ranks holding only padding are legal.
+
+    Why: CONTRACTS §3 - Megatron pads rows to a multiple of 16·N, so at N=4 the default 30
+    rows leave ranks 2 and 3 with nothing but padding; a backend must survive that.
+    """
+    assert shard_rows(rows, ws, pad_multiple) == expected
+
+
+@pytest.mark.parametrize(("rows", "ws", "pad_multiple"), [(10, 0, 1), (10, 2, 0), (10, -1, 1), (0, 1, 1)])
+def test_shard_rows_rejects_bad_arguments(rows, ws, pad_multiple):
+    """Non-positive rows, world sizes and pad multiples are a ValueError naming them."""
+    with pytest.raises(ValueError, match=rf"rows={rows}, world_size={ws} and pad_multiple={pad_multiple} must be >= 1"):
         shard_rows(rows, ws, pad_multiple)
-
-
-@pytest.mark.parametrize(("ws", "pad_multiple"), [(0, 1), (2, 0), (-1, 1)])
-def test_shard_rows_rejects_bad_arguments(ws, pad_multiple):
-    """Non-positive world sizes and pad multiples are a ValueError naming both."""
-    with pytest.raises(ValueError, match=rf"world_size={ws} and pad_multiple={pad_multiple} must be >= 1"):
-        shard_rows(10, ws, pad_multiple)
 
 
 @settings(max_examples=40, deadline=None, database=None)
 @given(rows=st.integers(1, 300), ws=st.integers(1, 16), pad_multiple=st.integers(1, 8))
 def test_shard_rows_invariants(rows, ws, pad_multiple):
     """For any shape: padded is the least multiple of ``ws * pad_multiple`` that holds the
-    rows, every rank gets the same count, and the error fires exactly when the last rank
-    would start at or past the real rows.
+    rows, every rank gets the same count, and (without an alignment) the error fires exactly
+    when the last rank would start at or past the real rows.
 
     Why: an off-by-one here silently drops or duplicates weight rows at some world size.
     """
     unit = ws * pad_multiple
     expected_padded = -(-rows // unit) * unit
     per_rank = expected_padded // ws
-    if (ws - 1) * per_rank >= rows:
+    if pad_multiple == 1 and (ws - 1) * per_rank >= rows:
         with pytest.raises(ValueError, match="only padding"):
             shard_rows(rows, ws, pad_multiple)
         return
     padded, s = shard_rows(rows, ws, pad_multiple)
     assert (padded, s) == (expected_padded, per_rank)
     assert padded % unit == 0 and padded - rows < unit and s * ws == padded
-    assert (ws - 1) * s < rows  # the last rank holds at least one real row
+    if pad_multiple == 1:
+        assert (ws - 1) * s < rows  # the last rank holds at least one real row
 
 
 @pytest.mark.parametrize(("out_f", "ws"), [(30, 4), (30, 8), (5, 2), (6, 2), (7, 4)])

@@ -1,7 +1,7 @@
 """Tests for harness.matrix: cells, axes, presets, filters and CLI value parsing.
 
-Coverage properties of the ci preset are recomputed here from first principles (the two
-validity rules of CONTRACTS §4 / the module docstring), not from the generator's helpers.
+Coverage properties of the ci preset are recomputed here from first principles (the three
+validity rules of CONTRACTS §2/§4 / the module docstring), not from the generator's helpers.
 """
 
 from __future__ import annotations
@@ -15,24 +15,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import matrix
+from harness import matrix, weights
 from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
+#: weights that rely on main_grad: every value but the kind harness weight and plain
+NEEDS_DDP = {w for w in weights.NAMES if w not in ("distributed", "plain")}
 
 
 def valid(assign: dict) -> bool:
-    """The two validity rules, written independently of the generator."""
+    """The three validity rules, written independently of the generator."""
     if assign.get("consumer") == "autograd" and assign.get("fused") is True:
         return False
     if assign.get("module") == "linear" and assign.get("num_gemms", 1) != 1:
+        return False
+    if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
         return False
     return True
 
 
 def pair_possible(a, va, b, vb, domains) -> bool:
     """Brute force: some valid completion holds a=va and b=vb (linear forces num_gemms=1)."""
-    rest = [n for n in ("module", "fused", "consumer", "num_gemms") if n not in (a, b)]
+    rest = [n for n in ("module", "fused", "consumer", "num_gemms", "weight") if n not in (a, b)]
     for combo in itertools.product(*(domains[n] for n in rest)):
         assign = {a: va, b: vb, **dict(zip(rest, combo))}
         if assign["module"] == "linear" and "num_gemms" in rest:
@@ -75,21 +79,43 @@ def demanding(domains, **fixed) -> dict:
     return out
 
 
+LIGHT = ("gtp_async", "gtp_inplace", "gtp_cached", "gtp_nan", "gtp_pad16", "gtp_nograd")
+
+
+def full_coverage_weights(domain) -> tuple:
+    """The weights that get (b)/(c): all but gtp_mcore and the light variants - or, when
+    only those are selected, all of them."""
+    full = tuple(w for w in domain if w != "gtp_mcore" and w not in LIGHT)
+    return full or tuple(domain)
+
+
 def assert_b_and_c(cells, domains):
     ids = {c.id for c in cells}
+    full = full_coverage_weights(domains["weight"])
     for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
-                                            domains["fused"], domains["weight"],
-                                            domains["world_size"]):
+                                            domains["fused"], full, domains["world_size"]):
         want = demanding(domains, module=m, hooks=h, fused=f, weight=w, world_size=ws)
         if valid(want):
             assert Cell(**want).id in ids, f"(b) missing {Cell(**want).id}"
-        else:  # only a fused cell without a ddp consumer can be impossible
-            assert f is True and "ddp" not in domains["consumer"]
+        else:  # only a fused (or main_grad-reliant) cell without a ddp consumer can be impossible
+            assert "ddp" not in domains["consumer"] and (f is True or w in NEEDS_DDP)
     for m, dl, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
-                                         domains["fused"], domains["weight"]):
+                                         domains["fused"], full):
         want = demanding(domains, module=m, delay_wgrad=dl, fused=f, weight=w)
         if valid(want):
             assert Cell(**want).id in ids, f"(c) missing {Cell(**want).id}"
+    if full == tuple(domains["weight"]):
+        return
+    # gtp_mcore: every hook mode per module and world size; each light variant: every module
+    # at every world size (when a valid cell exists)
+    for w in domains["weight"]:
+        if w not in full:
+            for m, ws in itertools.product(domains["module"], domains["world_size"]):
+                here = [c for c in cells if (c.weight, c.module, c.world_size) == (w, m, ws)]
+                if "ddp" in domains["consumer"]:
+                    assert here, f"no {w} cell for {m} at ws{ws}"
+                    if w == "gtp_mcore":
+                        assert {c.hooks for c in here} >= set(domains["hooks"]), (w, m, ws)
 
 
 # --- cells ------------------------------------------------------------------------------
@@ -102,6 +128,8 @@ def cells(draw):
     d["num_gemms"] = 1 if d["module"] == "linear" else draw(st.integers(1, 16))
     if d["consumer"] == "autograd":
         d["fused"] = False
+        if d["weight"] in NEEDS_DDP:
+            d["consumer"] = "ddp"
     return Cell(**d)
 
 
@@ -150,6 +178,10 @@ def test_constraints_on_construction():
         Cell(**{**base, "fused": True})
     with pytest.raises(MatrixError, match="module='linear' requires num_gemms=1"):
         Cell(**{**base, "module": "linear"})
+    for w in sorted(NEEDS_DDP):
+        with pytest.raises(MatrixError, match="relies on main_grad .* requires consumer='ddp'"):
+            Cell(**{**base, "weight": w})
+        Cell(**{**base, "weight": w, "consumer": "ddp"})
     with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):
         Cell(**{**base, "dtype": "fp64"})
     with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):
@@ -161,9 +193,10 @@ def test_constraints_on_construction():
 
 
 def test_expect_error_exactly_for_delay_and_distributed():
-    full = select("full")
+    full = select("full", {"weight": list(weights.NAMES)})
     for c in full:
-        assert (c.expect == "error") == (c.delay_wgrad and c.weight == "distributed"), c.id
+        assert (c.expect == "error") == (c.delay_wgrad and c.weight != "plain"), c.id
+        assert c.distributed == (c.weight != "plain")
     assert any(c.expect == "error" for c in full) and any(c.expect == "pass" for c in full)
 
 
@@ -193,21 +226,28 @@ def test_axis_is_immutable_composable_and_validated():
 # --- presets ----------------------------------------------------------------------------
 
 def test_full_size_is_product_minus_invalid():
+    """``full`` is the whole valid product; its weight domain defaults to the kind weight,
+    plain and the two strictest implementers (the single-behaviour variants are opt-in)."""
     full = select("full")
     assert len(full) == len({c.id for c in full})
+    assert {c.weight for c in full} == {"distributed", "plain", "gtp_mcore", "gtp_nograd"}
     # linear cells exist only with num_gemms=1, which is in the default domain
+    domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
     expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
-                   for combo in itertools.product(*DEFAULTS.values()))
-    assert len(full) == expected == 21600
+                   for combo in itertools.product(*domains.values()))
+    assert len(full) == expected == 36000
     assert all(valid(c.serialize()) for c in full)
+    assert len(select("full", {"weight": ["distributed", "plain"]})) == 21600
 
 
 def test_ci_default_coverage_and_size():
     t = time.perf_counter()
     ci = select("ci")
     assert time.perf_counter() - t < 0.5
-    assert 200 <= len(ci) <= 300
+    assert 200 <= len(ci) <= 320  # within ~1.5x of the 208 cells before the weight variants
     assert len({c.id for c in ci}) == len(ci)
+    assert {c.weight for c in ci} == set(weights.DEFAULT_NAMES)
+    assert "megatron" not in weights.DEFAULT_NAMES
     assert_pairwise(ci, DEFAULTS)
     assert_b_and_c(ci, DEFAULTS)
     # impossible pairs really are absent
@@ -227,7 +267,7 @@ def test_ci_is_deterministic_and_ordered():
 def test_ci_world_size_override_adds_ws8():
     domains = {**DEFAULTS, "world_size": (1, 2, 4, 8)}
     ci = select("ci", {"world_size": [1, 2, 4, 8]})
-    assert any(c.world_size == 8 for c in ci) and 200 <= len(ci) <= 320
+    assert any(c.world_size == 8 for c in ci) and 200 <= len(ci) <= 420
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
     # (c) uses the largest world size
@@ -248,8 +288,9 @@ def small_domain(name, values):
 def test_ci_coverage_under_random_overrides(overrides):
     domains = {**DEFAULTS, **{k: tuple(v) for k, v in overrides.items()}}
     ci = select("ci", overrides)
-    if not ci:  # only when nothing is valid: autograd-only consumer and fused-only
-        assert domains["consumer"] == ("autograd",) and domains["fused"] == (True,)
+    if not ci:  # only when nothing is valid with an autograd-only consumer
+        assert domains["consumer"] == ("autograd",)
+        assert domains["fused"] == (True,) or set(domains["weight"]) <= NEEDS_DDP
         return
     for c in ci:
         for n in AXIS_NAMES:
@@ -358,7 +399,7 @@ def test_describe_and_digest():
     ci = select("ci")
     text = matrix.describe(ci)
     lines = text.splitlines()
-    errors = sum(c.delay_wgrad and c.weight == "distributed" for c in ci)
+    errors = sum(c.delay_wgrad and c.distributed for c in ci)
     assert lines[0] == f"{len(ci)} cells ({errors} expected to raise)" and errors > 0
     assert len(lines) == 1 + len(AXIS_NAMES)
     ws_line = next(line for line in lines if line.strip().startswith("world_size:"))

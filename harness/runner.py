@@ -15,7 +15,8 @@ import torch
 
 from harness import compare, oracle
 from harness.consumer import Consumer
-from harness.gtp import GTPGroup, inject_gtp, weight_names
+from harness.attach import attach_weight
+from harness.gtp import GTPGroup, weight_names
 from harness.hooks import forward_executions, run_forward
 from harness.inputs import DTYPES, CellInputs, Example, make_inputs
 from harness.matrix import Cell
@@ -94,9 +95,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
                          cell.num_gemms, cell.bias)
     module = build_module(backend, cell, example, ctx.device)
     _load_full(module, inputs)
-    gtp: GTPGroup | None = None
-    if cell.weight == "distributed":
-        gtp = inject_gtp(module, group=ctx.group)
+    gtp = attach_weight(module, cell.weight, ctx.group)
     sharded = set(weight_names(module)) if gtp else set()
     consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
     step = _Step()

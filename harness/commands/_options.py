@@ -66,10 +66,10 @@ def run_dir(args: argparse.Namespace, prefix: str = "run") -> Path:
 
 
 def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:
-    from harness.gtp import shard_rows
+    from harness.weights import KINDS, shard_rows
 
-    for ws in sorted({c.world_size for c in cells if c.weight == "distributed"}):
+    for weight, ws in sorted({(c.weight, c.world_size) for c in cells if c.distributed}):
         try:
-            shard_rows(out_features, ws)
+            shard_rows(out_features, ws, KINDS[weight].pad_multiple)
         except ValueError as exc:
-            raise UsageError(f"{exc}; choose smaller world sizes") from exc
+            raise UsageError(f"weight {weight}: {exc}; choose smaller world sizes") from exc
