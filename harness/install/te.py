@@ -1,16 +1,79 @@
-"""Component ``te``: placeholder, filled in by its feature branch."""
+"""Component ``te``: TransformerEngine's real PyTorch code, for the ``te-cpu`` backend.
+
+What is installed (into the running interpreter's environment, with pip):
+
+- ``transformer-engine==2.20.2``, the pure wheel (py3-none-any, ~1.2 MB), with ``--no-deps``:
+  its declared extras would pull ``transformer-engine-cu12`` (729 MB of CUDA binaries) and
+  the ``transformer-engine-torch`` sdist (which needs CUDA to build) - ``harness.te_cpu``
+  stands in for both on CPU.
+- TE's import-time dependencies: ``pydantic``, ``onnx``, ``onnxscript``, ``einops`` (TE's
+  own ``install_requires`` for PyTorch, less ``nvdlfw-inspect`` and
+  ``nvidia-cudnn-frontend``, which TE imports only on debug and attention paths), and
+  ``triton``: TE imports its Triton kernels at import time, and ``ops.GroupedLinear`` runs
+  one (``compute_grouped_dbias``) for its bias gradient; ``harness.te_cpu`` runs it in
+  Triton's CPU interpreter (``TRITON_INTERPRET=1``). triton 3.8.0 is pinned: 3.6.0's
+  interpreter fails on that kernel with numpy 2 (measurements in the README).
+
+``missing()`` never imports TE or torch: it reads package metadata and import specs only.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import subprocess
+import sys
+
 NAME = "te"
-SUMMARY = "(not yet available)"
+SUMMARY = "TransformerEngine 2.20.2's PyTorch modules on CPU (backend te-cpu)"
+
+TE_REQUIREMENT = "transformer-engine==2.20.2"
+TE_VERSION = "2.20.2"
+#: import name -> pip requirement, for TE's import-time dependencies
+DEPENDENCIES: dict[str, str] = {
+    "pydantic": "pydantic>=2",
+    "onnx": "onnx",
+    "onnxscript": "onnxscript",
+    "einops": "einops",
+    "triton": "triton==3.8.0",
+}
+TRITON_VERSION = "3.8.0"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def missing() -> str | None:
-    return "component te is not implemented yet"
+    """None when te-cpu can import TE here, else one line saying what is missing."""
+    te = _version("transformer_engine")
+    if te is None:
+        return f"{TE_REQUIREMENT} is not installed"
+    if te != TE_VERSION:
+        return f"transformer-engine {te} is installed, te-cpu needs {TE_VERSION}"
+    absent = [mod for mod in DEPENDENCIES if importlib.util.find_spec(mod) is None]
+    if absent:
+        return f"TransformerEngine's import-time dependencies are missing: {', '.join(absent)}"
+    triton = _version("triton")
+    if triton != TRITON_VERSION:
+        return f"triton {triton} is installed, te-cpu runs TE's Triton kernels with {TRITON_VERSION}"
+    return None
+
+
+def _pip(*args: str) -> None:
+    from harness.install import InstallError
+
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        raise InstallError(f"`{' '.join(cmd[2:])}` failed: {lines[-1] if lines else proc.returncode}")
 
 
 def install() -> None:
-    from harness.install import InstallError
-
-    raise InstallError("component te is not implemented yet")
+    """pip-install TE's pure wheel without its CUDA dependencies, then its import-time ones."""
+    _pip("--no-deps", TE_REQUIREMENT)
+    _pip(*DEPENDENCIES.values())

@@ -1,0 +1,51 @@
+"""Backend ``te-cpu``: TransformerEngine's real PyTorch modules, running on CPU.
+
+Importing this package *applies the CPU layer* to the running process - the
+``torch.cuda`` surface TE touches (:mod:`.cuda_surface`), a CPU module standing in for the
+compiled ``transformer_engine_torch`` extension (:mod:`.extension`, GEMM numerics in
+:mod:`.gemm`) - and then imports the installed ``transformer_engine.pytorch``
+(:mod:`.loader`). Only worker ranks and the backend probe (``harness.backends.probe_backend``,
+a subprocess) import it; the parent process, pytest and other backends never do.
+
+The backend exposes TE's own classes: ``Linear``, ``GroupedLinear`` and ``ops`` (with
+``ops.GroupedLinear``), nothing wrapped. ``FP32_GEMM`` says how fp32 GEMMs compute:
+``"ieee"`` by default, ``"tf32"`` when ``DW_TE_CPU_FP32=tf32`` is set at import (the
+``te-cpu-tf32`` backend, :mod:`harness.te_cpu_tf32`, does that) - TE's fp32 GEMMs are TF32
+on CUDA, and the run's fp32 tolerance follows this value (CONTRACTS §5).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from harness.te_cpu import cuda_surface, extension, loader
+
+FP32_ENV = "DW_TE_CPU_FP32"
+FP32_GEMM: str = os.environ.get(FP32_ENV, "ieee") or "ieee"
+extension.set_fp32_mode(FP32_GEMM)  # raises on an unknown mode, before anything is patched
+
+loader.check_version()  # a missing or unsupported TE fails before torch is touched
+CUDA_SITES = cuda_surface.apply()
+_te = loader.import_te()
+
+Linear = _te.Linear
+GroupedLinear = _te.GroupedLinear
+ops = _te.ops
+TE_VERSION: str = loader.installed_version() or "unknown"
+TE_ORIGIN: str = loader.origin(_te)
+
+
+def describe() -> dict[str, Any]:
+    """What a run record shows about this backend (see ``harness.backends.BackendInfo``)."""
+    return {
+        "name": "te-cpu",
+        "upstream": "transformer_engine",
+        "version": TE_VERSION,
+        "origin": TE_ORIGIN,
+        "fp32_gemm": FP32_GEMM,
+        "device": cuda_surface.DEVICE_NAME,
+    }
+
+
+__all__ = ["Linear", "GroupedLinear", "ops", "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]

@@ -1,0 +1,151 @@
+"""The ``torch.cuda`` surface TE touches, answered for CPU - inside a worker rank only.
+
+TE's modules assume a GPU: they refuse to build without ``torch.cuda.is_available()``,
+reject inputs that are not ``is_cuda``, allocate scratch tensors with ``device="cuda"`` and
+size workspaces from the device's properties. Here the CPU plays the CUDA device: each site
+below is answered so that TE's own Python code runs unchanged on CPU tensors.
+
+``apply()`` patches the listed attributes in place (process-wide, once). It is called only by
+``harness.te_cpu`` - which only worker ranks and the backend probe import - so the parent
+process, pytest and other backends never see a patched ``torch``. Anything not listed is left
+alone: a CUDA API TE reaches on another path fails as it would on a CPU build of torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+#: the device TE is told it runs on: an sm_90 (Hopper) part, TE's main production target;
+#: on the non-quantized GEMM paths this only sizes workspaces and keeps grouped GEMMs on
+#: their per-group path together with ``extension.CUBLASLT_VERSION``
+DEVICE_NAME = "te-cpu (CPU standing in for CUDA device 0)"
+COMPUTE_CAPABILITY = (9, 0)
+MULTI_PROCESSOR_COUNT = 132
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attribute of ``torch`` that the layer answers, and the TE code that needs it."""
+
+    target: str  #: dotted name under ``torch``, e.g. ``cuda.is_available``
+    answer: str  #: what it returns here
+    needed_by: str  #: the TE site(s) that reach it (TE 2.20.2)
+
+
+def _is_cuda(self: torch.Tensor) -> bool:
+    return self.device.type in ("cpu", "cuda")
+
+
+def _tensor_cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
+                 memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+    return self if memory_format is torch.preserve_format else self.contiguous(memory_format=memory_format)
+
+
+def _device_properties(device: Any = None) -> SimpleNamespace:
+    major, minor = COMPUTE_CAPABILITY
+    return SimpleNamespace(name=DEVICE_NAME, major=major, minor=minor,
+                           multi_processor_count=MULTI_PROCESSOR_COUNT, total_memory=0)
+
+
+def _on_cpu(device: Any) -> Any:
+    """A device argument that names CUDA (``"cuda"``, ``"cuda:0"``, ``torch.device``, or an
+    int, which torch reads as a CUDA index) mapped to the CPU; anything else unchanged."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cpu")
+    if isinstance(device, str) and device.split(":")[0] == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+def _factory(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    wrapper.__te_cpu_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _tensor_to_wrapper(to: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(to)
+    def tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        if args and not isinstance(args[0], (torch.dtype, torch.Tensor)):
+            args = (_on_cpu(args[0]), *args[1:])
+        return to(self, *args, **kwargs)
+
+    return tensor_to
+
+
+
+def _answers() -> dict[str, tuple[Any, str, str]]:
+    """target -> (replacement, answer, the TE 2.20.2 sites that reach it on these paths)."""
+    device_arg = "a CUDA device argument -> CPU"
+    return {
+        "cuda.is_available": (lambda: True, "True",
+                              "module/base.py TransformerEngineBaseModule.__init__ (refuses to build without CUDA)"),
+        "cuda.current_device": (lambda: 0, "0",
+                                "utils.py get_device_compute_capability, get_sm_count; "
+                                "cpp_extensions/gemm.py get_cublas_workspace_size_bytes"),
+        "cuda.get_device_properties": (_device_properties,
+                                       f"sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}, "
+                                       f"{MULTI_PROCESSOR_COUNT} SMs",
+                                       "utils.py _get_device_compute_capability, get_sm_count; "
+                                       "cpp_extensions/gemm.py get_cublas_workspace_size_bytes"),
+        "cuda.is_current_stream_capturing": (lambda: False, "False",
+                                             "quantization.py FP8GlobalStateManager.fp8_graph_capturing"),
+        "Tensor.is_cuda": (property(_is_cuda), "True for CPU tensors",
+                           "module/base.py prepare_forward (rejects inputs not on CUDA)"),
+        "Tensor.cuda": (_tensor_cuda, "the tensor itself", "utils.py _empty_tensor"),
+        "Tensor.to": (_tensor_to_wrapper(torch.Tensor.to), device_arg,
+                      "module/linear.py, module/grouped_linear.py __init__ (device='cuda:0' from "
+                      "utils.canonicalize_device)"),
+        "empty": (_factory(torch.empty), device_arg,
+                  "module/base.py get_dummy_wgrad, cpp_extensions/gemm.py general_grouped_gemm "
+                  "(bias-gradient buffers) use device='cuda'; the modules' parameters use 'cuda:0'"),
+        "zeros": (_factory(torch.zeros), device_arg,
+                  "ops/basic/grouped_linear.py reset_parameters (device='cuda:0')"),
+        "tensor": (_factory(torch.tensor), device_arg,
+                   "module/grouped_linear.py _GroupedLinear.forward (m_splits on the module's device)"),
+    }
+
+
+_APPLIED: list[Site] = []
+
+
+def _owner(target: str) -> tuple[Any, str]:
+    parts = target.split(".")
+    obj: Any = torch
+    for p in parts[:-1]:
+        obj = getattr(obj, p)
+    return obj, parts[-1]
+
+
+def apply() -> list[Site]:
+    """Answer every listed site (idempotent); returns the sites answered."""
+    if _APPLIED:
+        return list(_APPLIED)
+    for target, (replacement, answer, needed_by) in _answers().items():
+        owner, attr = _owner(target)
+        setattr(owner, attr, replacement)
+        _APPLIED.append(Site(target, answer, needed_by))
+    return list(_APPLIED)
+
+
+def sites() -> list[Site]:
+    """The sites this layer answers (applied or not), for documentation and reports."""
+    return [Site(t, a, n) for t, (_, a, n) in _answers().items()]
+
+
+def is_applied() -> bool:
+    return bool(_APPLIED)
