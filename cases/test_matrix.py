@@ -31,12 +31,15 @@ def valid(assign: dict) -> bool:
         return False
     if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
         return False
+    if assign.get("weight") == "megatron" and assign.get("world_size", 2) < 2:
+        return False
     return True
 
 
 def pair_possible(a, va, b, vb, domains) -> bool:
     """Brute force: some valid completion holds a=va and b=vb (linear forces num_gemms=1)."""
-    rest = [n for n in ("module", "fused", "consumer", "num_gemms", "weight") if n not in (a, b)]
+    rest = [n for n in ("module", "fused", "consumer", "num_gemms", "weight", "world_size")
+            if n not in (a, b)]
     for combo in itertools.product(*(domains[n] for n in rest)):
         assign = {a: va, b: vb, **dict(zip(rest, combo))}
         if assign["module"] == "linear" and "num_gemms" in rest:
@@ -97,6 +100,8 @@ def assert_b_and_c(cells, domains):
         want = demanding(domains, module=m, hooks=h, fused=f, weight=w, world_size=ws)
         if valid(want):
             assert Cell(**want).id in ids, f"(b) missing {Cell(**want).id}"
+        elif w == "megatron" and ws < 2:  # Megatron never builds a GTP group of one
+            continue
         else:  # only a fused (or main_grad-reliant) cell without a ddp consumer can be impossible
             assert "ddp" not in domains["consumer"] and (f is True or w in NEEDS_DDP)
     for m, dl, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
@@ -181,7 +186,9 @@ def test_constraints_on_construction():
     for w in sorted(NEEDS_DDP):
         with pytest.raises(MatrixError, match="relies on main_grad .* requires consumer='ddp'"):
             Cell(**{**base, "weight": w})
-        Cell(**{**base, "weight": w, "consumer": "ddp"})
+        Cell(**{**base, "weight": w, "consumer": "ddp", "world_size": 2})
+    with pytest.raises(MatrixError, match="weight='megatron' requires world_size >= 2"):
+        Cell(**{**base, "weight": "megatron", "consumer": "ddp"})
     with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):
         Cell(**{**base, "dtype": "fp64"})
     with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):
@@ -409,3 +416,23 @@ def test_describe_and_digest():
     assert len(matrix.ids_digest([])) == 64
     assert math.isclose(sum(int(p.split("=")[1]) for p in lines[1].split(": ")[1].split(", ")),
                         len(ci))
+
+
+@pytest.mark.parametrize("chosen", [("megatron",), ("megatron", "distributed", "plain"),
+                                    ("gtp_mcore", "gtp_nan"), ("megatron", "gtp_async")])
+def test_ci_with_chosen_weights(chosen):
+    """``--weights`` with Megatron's class or only variants: every pair and the (b)/(c)
+    blocks are covered (variants alone get full coverage), never a megatron cell at ws1."""
+    domains = {**DEFAULTS, "weight": chosen}
+    ci = select("ci", {"weight": list(chosen)})
+    assert {c.weight for c in ci} == set(chosen)
+    assert not any(c.weight == "megatron" and c.world_size == 1 for c in ci)
+    assert all(valid(c.serialize()) for c in ci)
+    assert_pairwise(ci, domains)
+    assert_b_and_c(ci, domains)
+
+
+def test_megatron_ci_size():
+    """``sweep --preset ci --weights megatron``: ws 2 and 4 only, hooks x fused x module each."""
+    ci = select("ci", {"weight": ["megatron"]})
+    assert {c.world_size for c in ci} == {2, 4} and 60 <= len(ci) <= 90

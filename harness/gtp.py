@@ -168,9 +168,8 @@ class GTPGroup:
         self.next: GTPGroup | None = None
         #: padded, scaled wgrads of finalizes not yet reduced: read when delivered
         self._pending: list[list[torch.Tensor]] = []
-        # shared materialization buffers: two slots, the older one stale (NaN)
-        self._slots: list[list[torch.Tensor]] = []
-        self._turn = 0
+        # shared buffers: what the last materialize lent, made stale (NaN) by the next one
+        self._lent: list[torch.Tensor] = []
 
     # ---- collectives -------------------------------------------------------------------
     def _all_gather(self, flat: torch.Tensor) -> torch.Tensor:
@@ -227,17 +226,13 @@ class GTPGroup:
         return out[0] if len(out) == 1 else out
 
     def _borrow(self, gathered: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Copies in a shared buffer valid until the next materialize: the previous call's
-        buffer is filled with NaN now, so a copy kept across this call reads NaN."""
-        if not self._slots:
-            self._slots = [[torch.empty_like(g) for g in gathered] for _ in range(2)]
-        current, previous = self._slots[self._turn % 2], self._slots[(self._turn + 1) % 2]
-        self._turn += 1
-        for stale in previous:
+        """Copies valid until the next materialize: the buffers lent by the previous call are
+        filled with NaN now, and never lent again, so a copy kept across this call reads
+        NaN for the rest of its life (however many calls a microbatch makes)."""
+        for stale in self._lent:
             stale.fill_(_NAN)
-        for buf, g in zip(current, gathered):
-            buf.copy_(g)
-        return [buf.detach() for buf in current]  # fresh tensor objects over the shared storage
+        self._lent = [g.clone() for g in gathered]
+        return [buf.detach() for buf in self._lent]  # the caller's objects, our storage
 
     def live_forward_gathers(self) -> int:
         """How many tensors handed out by forward-materialize are still alive."""

@@ -9,11 +9,12 @@ A cell fixes one value on each of twelve axes, in this order::
     module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
     bias, input_grad, delay_wgrad
 
-Three combinations are invalid and never generated: ``consumer='autograd'`` with
+Four combinations are invalid and never generated: ``consumer='autograd'`` with
 ``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4), ``module='linear'``
 with ``num_gemms != 1``, and a weight that relies on ``main_grad`` (Megatron's class and
 the harness weight's Megatron behaviours, :mod:`harness.weights`) with
-``consumer='autograd'`` (CONTRACTS §2). A ``linear`` cell always has ``num_gemms=1``, even
+``consumer='autograd'`` (CONTRACTS §2); and Megatron's class at world size 1, which it never
+builds. A ``linear`` cell always has ``num_gemms=1``, even
 when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
 valid but *expected to raise* (CONTRACTS §2).
 
@@ -97,6 +98,8 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("weight", "consumer", lambda w, c: c == "ddp" or not weights.KINDS[w].needs_ddp,
      "this weight relies on main_grad (Megatron's GTP runs only under its DDP) and requires "
      "consumer='ddp'"),
+    ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
+     "weight='megatron' requires world_size >= 2 (Megatron never builds a GTP group of one)"),
 )
 
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["Behaviour", "WeightKind", "KINDS", "NAMES", "DEFAULT_NAMES", "FULL_NAMES",
-           "shard_rows", "shardable", "MEGATRON_PAD"]
+           "shard_rows", "shardable", "unavailable", "MEGATRON_PAD"]
 
 #: Megatron-Core's ``GTP_CONFIG.pad_for_alignment`` default: rows pad to a multiple of 16·N
 MEGATRON_PAD = 16
@@ -34,8 +34,11 @@ class Behaviour:
             previous chain member returns ``None`` and ``main_grad`` is updated only when
             that previous weight finalizes (Megatron's ``async_reduction=True``).
         inplace_scale: finalize scales the caller's wgrad tensors in place by ``1/N``.
-        shared_buffers: materializations are borrowed from per-group buffers that stay valid
-            only until the next materialize, after which the harness fills them with NaN.
+        shared_buffers: materializations are borrowed from the group's buffers and stay valid
+            only until the next materialize, which fills them with NaN for good - the
+            strictest reading of "valid until the next materialize" (Megatron's cache is
+            keyed by shape, so there a kept copy goes stale only when a same-shaped weight
+            is gathered next; a cell has no such weight).
         nan_fill: ``grad_buffer()`` and the placeholder a synchronous finalize returns are
             "uninitialised": NaN-filled, so any read shows.
         copies_require_grad: gathered copies carry the parameter's ``requires_grad``
@@ -70,6 +73,10 @@ class WeightKind:
             ``gtp_mcore`` gets ``"hooks"``.
         needs_ddp: only valid with the ``ddp`` consumer (the value relies on ``main_grad``,
             as Megatron's GTP does: it is only used under Megatron's DDP, CONTRACTS §2).
+        min_world_size: the smallest GTP group the implementer supports. Megatron never
+            builds a GTP group of one (``wrap_module_params_gtp`` returns early), and its
+            prefetch and asynchronous reduce-scatter read cache buffers that TE's
+            collectives do not write at world size 1 (they return their input instead).
     """
 
     name: str
@@ -78,6 +85,7 @@ class WeightKind:
     behaviour: Behaviour | None = None
     coverage: str = "full"
     needs_ddp: bool = False
+    min_world_size: int = 1
 
     @property
     def distributed(self) -> bool:
@@ -122,7 +130,7 @@ _KINDS = (
     WeightKind("gtp_mcore", "every Megatron behaviour at once (async, in-place, shared buffers, "
                "NaN, 16*N padding)", behaviour=_MCORE, coverage="hooks", needs_ddp=True),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
-               "install megatron)", implementer="megatron", needs_ddp=True),
+               "install megatron)", implementer="megatron", needs_ddp=True, min_world_size=2),
 )
 
 KINDS: dict[str, WeightKind] = {k.name: k for k in _KINDS}
@@ -172,3 +180,19 @@ def shardable(weight: str, rows: int, world_size: int) -> bool:
         return True
     except ValueError:
         return False
+
+
+def unavailable(names: set[str] | list[str] | tuple[str, ...]) -> str | None:
+    """One line saying what the weights ``names`` need that is not installed, or None.
+
+    Reads package metadata only (no torch, no Megatron import), so the CLI and pytest can
+    refuse a selection up front instead of failing every cell in the ranks.
+    """
+    if any(KINDS[n].implementer == "megatron" for n in names):
+        from harness.install import megatron
+
+        why = megatron.missing()
+        if why is not None:
+            return (f"weight 'megatron' needs Megatron-Core's GTP weight: {why} "
+                    f"(run `python -m harness install megatron`)")
+    return None

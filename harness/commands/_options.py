@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness import matrix
+from harness import matrix, weights
 from harness.exitcodes import UsageError
 
 
@@ -36,6 +36,9 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     if not cells:
         raise UsageError(f"the selection is empty (preset={args.preset!r}, overrides={ov}, "
                          f"filter={args.filter_expr!r})")
+    why = weights.unavailable({c.weight for c in cells})
+    if why is not None:
+        raise UsageError(why)
     return cells, {"preset": args.preset, "overrides": {k: list(v) for k, v in ov.items()},
                    "filter": args.filter_expr}
 
