@@ -436,3 +436,18 @@ def test_megatron_ci_size():
     """``sweep --preset ci --weights megatron``: ws 2 and 4 only, hooks x fused x module each."""
     ci = select("ci", {"weight": ["megatron"]})
     assert {c.world_size for c in ci} == {2, 4} and 60 <= len(ci) <= 90
+
+
+def test_seed_preset_is_the_production_combination():
+    """``--preset seed``: Megatron's weight, fused bf16 GroupedLinear experts, offloading
+    hooks plus a hooks-off control, at every world size Megatron allows; restricting an axis
+    away from the seed's value keeps the user's values."""
+    seed = select("seed")
+    assert {(c.hooks, c.world_size) for c in seed} == {("offload", 2), ("off", 2), ("offload", 4), ("off", 4)}
+    for c in seed:
+        assert (c.module, c.weight, c.fused, c.dtype, c.consumer, c.delay_wgrad) == (
+            "grouped_linear", "megatron", True, "bf16", "ddp", False)
+        assert c.num_gemms == 4 and c.microbatches == 2
+    mcore = select("seed", {"weight": ["gtp_mcore"], "dtype": ["fp32"]})
+    assert {c.weight for c in mcore} == {"gtp_mcore"} and {c.dtype for c in mcore} == {"fp32"}
+    assert {c.world_size for c in mcore} == {1, 2, 4}

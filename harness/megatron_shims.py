@@ -16,8 +16,8 @@ Megatron's class - never in the parent process or pytest's. Each answer is exact
   views trips autograd's view check); a c10d collective is never differentiable, so its
   input is detached.
 
-Anything already answered (by ``harness.te_cpu`` or a real CUDA build) is left alone, and
-on a CUDA build of torch :func:`apply` does nothing.
+Anything already answered (by ``harness.te_cpu``) is left alone, and with a real GPU
+:func:`apply` does nothing.
 """
 
 from __future__ import annotations
@@ -152,12 +152,12 @@ def apply() -> list[Site]:
     """Answer the sites above that this torch leaves unanswered (idempotent).
 
     Returns:
-        The sites answered here (empty on a CUDA build of torch).
+        The sites answered here (empty with a real GPU).
 
     Raises:
         RuntimeError: an answer already in place (not this module's) cannot serve Megatron.
     """
-    if _APPLIED or torch.backends.cuda.is_built():
+    if _APPLIED or torch.cuda.device_count() > 0:
         return list(_APPLIED)
     answers: dict[str, tuple[Any, str, Any]] = {
         "cuda.Event": (torch.cuda, "Event", CpuEvent),
