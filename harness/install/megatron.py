@@ -3,7 +3,7 @@
 The harness needs one file of Megatron-Core -
 ``megatron/core/tensor_parallel/generalized_tensor_parallelism.py`` and the few pure-Python
 modules it imports - and TransformerEngine, which that file imports (component ``te``,
-installed first when missing).
+installed first when no TE is installed; an installed one, e.g. on a GPU machine, is kept).
 
 On Python >= 3.12 this is ``pip install --no-deps megatron-core==0.19.2``. The 0.19.2 wheel is
 tagged ``cp312`` and declares ``Requires-Python >=3.12`` only because of one compiled helper
@@ -68,10 +68,19 @@ def missing() -> str | None:
         return f"megatron-core {version} is installed, the harness needs {VERSION}"
     if gtp_source() is None:
         return f"megatron-core {version} has no {GTP_FILE}"
-    from harness.install import component
+    if not _te_installed():
+        return "Megatron's GTP module imports TransformerEngine, which is not installed"
+    return None
 
-    te = component("te").missing()
-    return f"Megatron's GTP module imports TransformerEngine: {te}" if te else None
+
+def _te_installed() -> bool:
+    """Any TransformerEngine: on CPU ``harness.te_cpu`` checks it is the version it serves;
+    on a GPU machine Megatron's GTP module checks its own minimum (2.19)."""
+    try:
+        importlib.metadata.version("transformer_engine")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def _run(*args: str) -> None:
@@ -127,12 +136,12 @@ def repack_pure(wheel: Path, out_dir: Path) -> Path:
 
 
 def install() -> None:
-    """Install TE if missing, then Megatron-Core 0.19.2 (repackaged below Python 3.12)."""
+    """Install TE (component ``te``) when no TE is installed at all - an existing one, e.g.
+    a GPU build, is left alone - then Megatron-Core 0.19.2 (repackaged below Python 3.12)."""
     from harness.install import InstallError, component
 
-    te = component("te")
-    if te.missing():
-        te.install()
+    if not _te_installed():
+        component("te").install()
     if sys.version_info >= (3, 12):
         _run("install", "--quiet", "--no-deps", REQUIREMENT)
         return
