@@ -89,8 +89,11 @@ def _maker(kind: weights.WeightKind, group: Any) -> Maker:
     if kind.implementer == "megatron":
         from harness import megatron_gtp
 
+        if group is None and not dist.is_initialized():
+            raise ValueError("Megatron's GTP weight needs a process group (torch.distributed "
+                             "is not initialized)")
         megatron_gtp.reset_state()
-        pg = group if group is not None or not dist.is_initialized() else dist.group.WORLD
+        pg = group if group is not None else dist.group.WORLD
         return lambda m: megatron_gtp.inject(m, pg)
     return lambda m: gtp.inject_gtp(m, group=group, behaviour=kind.behaviour)
 

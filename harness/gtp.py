@@ -166,7 +166,8 @@ class GTPGroup:
         self.joined = False
         self.prev: GTPGroup | None = None
         self.next: GTPGroup | None = None
-        #: padded, scaled wgrads of finalizes not yet reduced: read when delivered
+        #: wgrads of finalizes not yet reduced: the caller's own tensors (scaled and padded at
+        #: delivery) or, when scaled in place, what the reduction will read (see finalize)
         self._pending: list[list[torch.Tensor]] = []
         # shared buffers: what the last materialize lent, made stale (NaN) by the next one
         self._lent: list[torch.Tensor] = []
