@@ -326,7 +326,7 @@ def test_smoke():
 
 
 def test_unknown_preset_and_axis():
-    with pytest.raises(MatrixError, match=r"Unknown preset 'nightly' \(presets: ci, full, smoke\)"):
+    with pytest.raises(MatrixError, match=r"Unknown preset 'nightly' \(presets: ci, full, smoke, seed\)"):
         select("nightly")
     with pytest.raises(MatrixError, match=r"Unknown axis 'dtypes' \(axes: module, weight"):
         select("ci", {"dtypes": ["bf16"]})

@@ -254,7 +254,8 @@ class Mutant:
         description: one line: what the backend does wrong.
         backend: a backend module (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``).
         min_world_size: the smallest world size at which the fault changes anything the
-            contract observes (at ws=1 a shard is the full weight).
+            contract observes (at ws=1 a shard is the full weight - unless the weight pads
+            to an alignment, as Megatron's does).
         modules: the cell ``module`` values whose classes deviate; the others are the
             reference's own classes and must pass.
         evidence: what a kill about this fault looks like (see the module docstring).
@@ -303,12 +304,12 @@ def _build() -> dict[str, Mutant]:
         _fault("full-shape-dummy",
                "fused: the dummy gradient returned to autograd has the full (gathered) "
                "shape instead of the shard's",
-               _FullShapeDummy, min_world_size=2,
+               _FullShapeDummy,
                evidence=("text:invalid gradient", "text:expected shape compatible with")),
         _fault("unfused-finalize-dropped",
                "unfused: finalize's return value is ignored and autograd receives the local, "
                "unreduced full wgrad",
-               _UnfusedFinalizeDropped, min_world_size=2,
+               _UnfusedFinalizeDropped,
                evidence=("text:invalid gradient", "check:weight*.grad", "check:weight*.main_grad")),
         _fault("ops-double-add",
                "ops GroupedLinear accumulates a distributed weight's wgrad into main_grad "
