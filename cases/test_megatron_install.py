@@ -120,3 +120,16 @@ def test_shims_answer_megatrons_sites_in_a_rank(tmp_path):
     for target in ("cuda.Event", "cuda.Stream", "cuda.current_stream", "cuda.stream",
                    "distributed._coalescing_manager", "distributed.all_gather_into_tensor"):
         assert target in line
+
+
+def test_selection_needing_megatron_is_refused_when_it_is_missing(monkeypatch, capsys):
+    """``--weights megatron`` without megatron-core is bad input (exit 2) naming the install
+    command; harness-only weights need nothing."""
+    from harness import cli, weights
+
+    monkeypatch.setattr(component, "_version", lambda: None)
+    why = weights.unavailable({"megatron", "plain"})
+    assert why and "python -m harness install megatron" in why
+    assert weights.unavailable({"gtp_mcore", "distributed"}) is None
+    assert cli.main(["list", "--weights", "megatron"]) == 2
+    assert "python -m harness install megatron" in capsys.readouterr().err
