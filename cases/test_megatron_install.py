@@ -67,10 +67,16 @@ def test_repack_pure_drops_the_compiled_helper_and_retags(tmp_path):
 
 
 def test_component_reports_what_is_missing(monkeypatch):
-    """``missing()`` names the absent distribution or a wrong version, reading metadata only."""
-    monkeypatch.setattr(component, "_version", lambda: None)
+    """``missing()`` names the absent distribution, a wrong version or absent TE, reading
+    metadata only."""
+    from harness import weights
+
+    assert component.missing() is None  # the suite runs with `python -m harness install megatron`
+    monkeypatch.setattr(weights, "te_installed", lambda: False)
+    assert "imports TransformerEngine, which is not installed" in component.missing()
+    monkeypatch.setattr(weights, "_megatron_version", lambda: None)
     assert component.missing() == "megatron-core==0.19.2 is not installed"
-    monkeypatch.setattr(component, "_version", lambda: "0.18.0")
+    monkeypatch.setattr(weights, "_megatron_version", lambda: "0.18.0")
     assert "megatron-core 0.18.0 is installed, the harness needs 0.19.2" == component.missing()
 
 
@@ -127,7 +133,7 @@ def test_selection_needing_megatron_is_refused_when_it_is_missing(monkeypatch, c
     command; harness-only weights need nothing."""
     from harness import cli, weights
 
-    monkeypatch.setattr(component, "_version", lambda: None)
+    monkeypatch.setattr(weights, "_megatron_version", lambda: None)
     why = weights.unavailable({"megatron", "plain"})
     assert why and "python -m harness install megatron" in why
     assert weights.unavailable({"gtp_mcore", "distributed"}) is None

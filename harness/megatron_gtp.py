@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from harness import weights
 from harness.gtp import CallLog, weight_names
 
 __all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "reset_state", "GTP_MODULE"]
@@ -77,9 +78,7 @@ def load() -> types.ModuleType:
     """
     if GTP_MODULE in sys.modules:
         return sys.modules[GTP_MODULE]
-    from harness.install import megatron as component
-
-    why = component.missing()
+    why = weights.megatron_missing()
     if why is not None:
         raise MegatronUnavailable(f"{why}: {INSTALL_HINT}")
     if torch.cuda.device_count() == 0:  # no real GPU (harness.te_cpu answers is_available)
@@ -91,7 +90,7 @@ def load() -> types.ModuleType:
 
         megatron_shims.apply()
     if "megatron" not in sys.modules:
-        source = component.gtp_source()
+        source = weights.megatron_gtp_source()
         _register_parents(source.parents[3])
         importlib.import_module("megatron.core.parallel_state")  # first: breaks utils' import cycle
     gtp = importlib.import_module(GTP_MODULE)

@@ -13,14 +13,21 @@ stay free of torch; :mod:`harness.attach` turns a value into weights inside a ra
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["Behaviour", "WeightKind", "KINDS", "NAMES", "DEFAULT_NAMES", "FULL_NAMES",
-           "shard_rows", "shardable", "unavailable", "MEGATRON_PAD"]
+           "shard_rows", "shardable", "unavailable", "megatron_missing", "megatron_gtp_source", "te_installed",
+           "MEGATRON_PAD", "MEGATRON_VERSION"]
 
 #: Megatron-Core's ``GTP_CONFIG.pad_for_alignment`` default: rows pad to a multiple of 16·N
 MEGATRON_PAD = 16
+#: the megatron-core release whose GTPShardedParam the ``megatron`` value runs
+MEGATRON_VERSION = "0.19.2"
+MEGATRON_DISTRIBUTION = "megatron-core"
+MEGATRON_GTP_FILE = "megatron/core/tensor_parallel/generalized_tensor_parallelism.py"
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,48 @@ def shardable(weight: str, rows: int, world_size: int) -> bool:
         return False
 
 
+def _megatron_version() -> str | None:
+    try:
+        return importlib.metadata.version(MEGATRON_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def megatron_gtp_source() -> Path | None:
+    """Where the installed megatron-core's GTP module source is, or None."""
+    try:
+        dist = importlib.metadata.distribution(MEGATRON_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(dist.locate_file(MEGATRON_GTP_FILE))
+    return path if path.is_file() else None
+
+
+def te_installed() -> bool:
+    """Any TransformerEngine: on CPU ``harness.te_cpu`` checks it is the version it serves;
+    on a GPU machine Megatron's GTP module checks its own minimum (2.19)."""
+    try:
+        importlib.metadata.version("transformer_engine")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def megatron_missing() -> str | None:
+    """None when Megatron's GTP module can be loaded here, else one line saying what is
+    missing. Reads package metadata and paths only (no torch, no Megatron import)."""
+    version = _megatron_version()
+    if version is None:
+        return f"megatron-core=={MEGATRON_VERSION} is not installed"
+    if version != MEGATRON_VERSION:
+        return f"megatron-core {version} is installed, the harness needs {MEGATRON_VERSION}"
+    if megatron_gtp_source() is None:
+        return f"megatron-core {version} has no {MEGATRON_GTP_FILE}"
+    if not te_installed():
+        return "Megatron's GTP module imports TransformerEngine, which is not installed"
+    return None
+
+
 def unavailable(names: set[str] | list[str] | tuple[str, ...]) -> str | None:
     """One line saying what the weights ``names`` need that is not installed, or None.
 
@@ -189,9 +238,7 @@ def unavailable(names: set[str] | list[str] | tuple[str, ...]) -> str | None:
     refuse a selection up front instead of failing every cell in the ranks.
     """
     if any(KINDS[n].implementer == "megatron" for n in names):
-        from harness.install import megatron
-
-        why = megatron.missing()
+        why = megatron_missing()
         if why is not None:
             return (f"weight 'megatron' needs Megatron-Core's GTP weight: {why} "
                     f"(run `python -m harness install megatron`)")

@@ -15,7 +15,9 @@ Python sources run on 3.11. On an older Python the wheel is downloaded for 3.12 
 as for any package. No Megatron dependency is installed: GTP needs only torch, numpy and
 packaging, which the harness already has.
 
-``missing()`` never imports torch or Megatron: it reads package metadata and file paths.
+``missing()`` never imports torch or Megatron: it reads package metadata and file paths
+(:func:`harness.weights.megatron_missing`, which the CLI and pytest use to refuse a
+selection up front).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import importlib.metadata
 import io
 import subprocess
 import sys
@@ -31,56 +32,20 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from harness import weights
+
 NAME = "megatron"
 SUMMARY = "Megatron-Core 0.19.2's GTPShardedParam (weight 'megatron'; needs te)"
 
-VERSION = "0.19.2"
+VERSION = weights.MEGATRON_VERSION
 REQUIREMENT = f"megatron-core=={VERSION}"
-DISTRIBUTION = "megatron-core"
-GTP_FILE = "megatron/core/tensor_parallel/generalized_tensor_parallelism.py"
 #: the platform tags the cp312 wheel is published for (its Python sources are the same)
 WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 
 
-def _version() -> str | None:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def gtp_source() -> Path | None:
-    """Where the installed GTP module's source is, or None."""
-    try:
-        dist = importlib.metadata.distribution(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    path = Path(dist.locate_file(GTP_FILE))
-    return path if path.is_file() else None
-
-
 def missing() -> str | None:
     """None when the harness can load Megatron's GTP module here, else what is missing."""
-    version = _version()
-    if version is None:
-        return f"{REQUIREMENT} is not installed"
-    if version != VERSION:
-        return f"megatron-core {version} is installed, the harness needs {VERSION}"
-    if gtp_source() is None:
-        return f"megatron-core {version} has no {GTP_FILE}"
-    if not _te_installed():
-        return "Megatron's GTP module imports TransformerEngine, which is not installed"
-    return None
-
-
-def _te_installed() -> bool:
-    """Any TransformerEngine: on CPU ``harness.te_cpu`` checks it is the version it serves;
-    on a GPU machine Megatron's GTP module checks its own minimum (2.19)."""
-    try:
-        importlib.metadata.version("transformer_engine")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
+    return weights.megatron_missing()
 
 
 def _run(*args: str) -> None:
@@ -140,7 +105,7 @@ def install() -> None:
     a GPU build, is left alone - then Megatron-Core 0.19.2 (repackaged below Python 3.12)."""
     from harness.install import InstallError, component
 
-    if not _te_installed():
+    if not weights.te_installed():
         component("te").install()
     if sys.version_info >= (3, 12):
         _run("install", "--quiet", "--no-deps", REQUIREMENT)
