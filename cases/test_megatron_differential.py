@@ -15,6 +15,7 @@ without Megatron installed; this proves the stand-in is Megatron, call by call. 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,13 @@ TIMEOUT_S = 300.0
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_gtp_mcore_is_bitwise_megatron(world_size):
+def test_gtp_mcore_is_bitwise_megatron(world_size, tmp_path):
     why = component.missing()
     assert why is None, f"Megatron's class is not installed ({why}): run `python -m harness install megatron`"
-    result = run_torchrun(SCRIPT, world_size, timeout_s=TIMEOUT_S)
+    result = run_torchrun(SCRIPT, world_size, timeout_s=TIMEOUT_S, args=(str(tmp_path),))
     context = f"rc={result.returncode}\nstderr:\n{result.stderr[-4000:]}"
-    by_rank = {r["rank"]: r for r in result.records if "configs" in r}
+    records = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
+    by_rank = {r["rank"]: r for r in records}
     assert sorted(by_rank) == list(range(world_size)), context
     for rank, rec in sorted(by_rank.items()):
         assert rec["error"] is None, f"rank {rank} raised:\n{rec['error']}"
