@@ -20,7 +20,7 @@ import harness.reference as reference
 from fixtures.modules import attach_main_grad, build, load_full
 from fixtures.process_group import fake_world
 from fixtures.tensors import seeded
-from harness.gtp import CallLog, GTPWeight, inject_gtp, shard_rows, weight_names
+from harness.gtp import Behaviour, CallLog, GTPWeight, inject_gtp, reset_chain, shard_rows, weight_names
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -54,43 +54,57 @@ def test_shard_rows_examples(rows, ws, pad_multiple, expected):
     assert shard_rows(rows, ws, pad_multiple) == expected
 
 
-@pytest.mark.parametrize(("rows", "ws", "pad_multiple"), [(1, 2, 1), (3, 4, 1), (5, 4, 1), (30, 2, 32), (0, 1, 1)])
-def test_shard_rows_rejects_padding_only_ranks(rows, ws, pad_multiple):
-    """A world in which the last rank would hold nothing but padding is a ValueError.
+@pytest.mark.parametrize(("rows", "ws"), [(1, 2), (3, 4), (5, 4)])
+def test_shard_rows_rejects_padding_only_ranks(rows, ws):
+    """Without an alignment (``pad_multiple=1``), a world in which the last rank would hold
+    nothing but padding is a ValueError.
 
-    Why: such a rank's shard carries no parameters, and the harness cannot judge it.
+    Why: padding only to divisibility, such a world means the shapes are too small for it
+    (a README choice); under Megatron's alignment it is legal (next test).
     """
     with pytest.raises(ValueError, match=rf"rank {ws - 1} would hold only padding"):
+        shard_rows(rows, ws, 1)
+
+
+@pytest.mark.parametrize(("rows", "ws", "pad_multiple", "expected"), [
+    (30, 2, 32, (64, 32)), (30, 4, 16, (64, 16)), (1, 8, 16, (128, 16)), (5, 4, 2, (8, 2))])
+def test_shard_rows_allows_padding_only_ranks_under_alignment(rows, ws, pad_multiple, expected):
+    """With an alignment (``pad_multiple > 1``) ranks holding only padding are legal.
+
+    Why: CONTRACTS §3 - Megatron pads rows to a multiple of 16·N, so at N=4 the default 30
+    rows leave ranks 2 and 3 with nothing but padding; a backend must survive that.
+    """
+    assert shard_rows(rows, ws, pad_multiple) == expected
+
+
+@pytest.mark.parametrize(("rows", "ws", "pad_multiple"), [(10, 0, 1), (10, 2, 0), (10, -1, 1), (0, 1, 1)])
+def test_shard_rows_rejects_bad_arguments(rows, ws, pad_multiple):
+    """Non-positive rows, world sizes and pad multiples are a ValueError naming them."""
+    with pytest.raises(ValueError, match=rf"rows={rows}, world_size={ws} and pad_multiple={pad_multiple} must be >= 1"):
         shard_rows(rows, ws, pad_multiple)
-
-
-@pytest.mark.parametrize(("ws", "pad_multiple"), [(0, 1), (2, 0), (-1, 1)])
-def test_shard_rows_rejects_bad_arguments(ws, pad_multiple):
-    """Non-positive world sizes and pad multiples are a ValueError naming both."""
-    with pytest.raises(ValueError, match=rf"world_size={ws} and pad_multiple={pad_multiple} must be >= 1"):
-        shard_rows(10, ws, pad_multiple)
 
 
 @settings(max_examples=40, deadline=None, database=None)
 @given(rows=st.integers(1, 300), ws=st.integers(1, 16), pad_multiple=st.integers(1, 8))
 def test_shard_rows_invariants(rows, ws, pad_multiple):
     """For any shape: padded is the least multiple of ``ws * pad_multiple`` that holds the
-    rows, every rank gets the same count, and the error fires exactly when the last rank
-    would start at or past the real rows.
+    rows, every rank gets the same count, and (without an alignment) the error fires exactly
+    when the last rank would start at or past the real rows.
 
     Why: an off-by-one here silently drops or duplicates weight rows at some world size.
     """
     unit = ws * pad_multiple
     expected_padded = -(-rows // unit) * unit
     per_rank = expected_padded // ws
-    if (ws - 1) * per_rank >= rows:
+    if pad_multiple == 1 and (ws - 1) * per_rank >= rows:
         with pytest.raises(ValueError, match="only padding"):
             shard_rows(rows, ws, pad_multiple)
         return
     padded, s = shard_rows(rows, ws, pad_multiple)
     assert (padded, s) == (expected_padded, per_rank)
     assert padded % unit == 0 and padded - rows < unit and s * ws == padded
-    assert (ws - 1) * s < rows  # the last rank holds at least one real row
+    if pad_multiple == 1:
+        assert (ws - 1) * s < rows  # the last rank holds at least one real row
 
 
 @pytest.mark.parametrize(("out_f", "ws"), [(30, 4), (30, 8), (5, 2), (6, 2), (7, 4)])
@@ -355,3 +369,137 @@ def test_module_step_logs_protocol_on_leader(in_process_ws1):
         ("grad_buffer", 0), ("grad_buffer", 1), ("grad_buffer", 2), ("finalize", 0),
     ]
     assert math.prod(gtp.logical_shape) == 20
+
+
+# ---- the Megatron behaviours (CONTRACTS §2 "what an implementer may do", each selectable) -
+
+def _chained_pair(n: int = 2, behaviour: Behaviour | None = None):
+    """A chain head (a Linear) and a GroupedLinear after it, both asynchronous, both with a
+    seeded main_grad, joined in first-forward order."""
+    behaviour = behaviour or Behaviour(async_finalize=True)
+    reset_chain()
+    head = build(reference, "linear", 1, 4, 5, bias=False, dtype=torch.float32, fused=False, delay=False)
+    head_gtp = inject_gtp(head, behaviour=behaviour)
+    module, full = _grouped(n=n, out_f=5)
+    gtp = inject_gtp(module, behaviour=behaviour)
+    attach_main_grad(head, 7)
+    starts = attach_main_grad(module, 8)
+    head.weight.materialize_group_for_forward()
+    module.weight0.materialize_group_for_forward()
+    return head, head_gtp, module, gtp, starts
+
+
+def test_async_finalize_delivers_when_the_previous_chain_weight_finalizes(in_process_ws1):
+    """Asynchronous: the later chain weight's finalize returns None (a tuple of Nones for a
+    list) and leaves ``main_grad`` and the flag alone; the reduction - reading the wgrads
+    *then* - lands when the previous weight (the chain head) finalizes, which itself is
+    synchronous and returns its placeholder.
+
+    Why: CONTRACTS §2 - Megatron's ``async_reduction=True`` delivers along the prefetch
+    chain (backward runs in reverse forward order); a backend that reads ``main_grad`` or
+    reuses its wgrads right after finalize must see what it would see with Megatron.
+    """
+    head, head_gtp, module, gtp, starts = _chained_pair()
+    assert (head_gtp.prev, head_gtp.next, gtp.prev, gtp.next) == (None, gtp, head_gtp, None)
+    wgrads = [seeded((5, 4), torch.float32, 60 + i) for i in range(2)]
+    module.weight0.materialize_group_for_backward(nvtx_label="bwd")  # keyword arguments accepted
+    assert module.weight0.finalize_group_grads(wgrads, nvtx_label="rs") == (None, None)
+    for name in ("weight0", "weight1"):
+        p = getattr(module, name)
+        assert torch.equal(p.main_grad, starts[name]) and p.grad_added_to_main_grad is False
+    wgrads[1].mul_(2.0)  # read at delivery, as Megatron's reduce-scatter reads without padding
+    dummy = head.weight.finalize_group_grads(torch.zeros(5, 4))
+    assert isinstance(dummy, torch.Tensor) and dummy.shape == head.weight.shape
+    for i, name in enumerate(("weight0", "weight1")):
+        p = getattr(module, name)
+        assert torch.equal(p.main_grad, starts[name] + wgrads[i]) and p.grad_added_to_main_grad is True
+
+
+def test_reset_chain_starts_a_new_model(in_process_ws1):
+    """After :func:`reset_chain` a new group never links to a group of the previous model.
+
+    Why: the chain is process-global (as Megatron's ``_chain_state``); without a reset a
+    cell's weight would wait on the previous cell's weight to deliver its gradient.
+    """
+    _, _, _, old, _ = _chained_pair()
+    reset_chain()
+    module, _ = _grouped(n=1)
+    fresh = inject_gtp(module, behaviour=Behaviour(async_finalize=True))
+    module.weight0.materialize_group_for_forward()
+    assert fresh.prev is None and old.next is None
+
+
+def test_shared_buffers_go_stale_at_the_next_materialize(in_process_ws1):
+    """Shared buffers: each materialize returns correct copies (fresh tensor objects), and
+    the previous call's copies read NaN once the next materialize - forward or backward -
+    has run.
+
+    Why: CONTRACTS §2 - materializations may be borrowed from a cache "valid until the next
+    materialize"; a copy kept across a later materialize must show.
+    """
+    module, full = _grouped(n=2, out_f=5)
+    gtp = inject_gtp(module, behaviour=Behaviour(shared_buffers=True))
+    fwd = module.weight0.materialize_group_for_forward()
+    assert all(torch.equal(w.detach(), f) for w, f in zip(fwd, full))
+    bwd = module.weight0.materialize_group_for_backward()
+    assert all(torch.equal(w.detach(), f) for w, f in zip(bwd, full))
+    assert all(torch.isnan(w).all() for w in fwd), "the forward copies outlived the next materialize"
+    again = module.weight0.materialize_group_for_forward()
+    assert all(torch.isnan(w).all() for w in bwd + fwd), "a stale copy became valid again"
+    assert all(torch.equal(w.detach(), f) for w, f in zip(again, full))
+    assert again[0] is not fwd[0] and all(w.requires_grad for w in again)
+    del fwd, again
+    assert gtp.live_forward_gathers() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_fill_grad_buffer_and_placeholder(dtype, in_process_ws1):
+    """NaN fill: every ``grad_buffer()`` call hands out NaN (uninitialised memory), and a
+    synchronous finalize returns a NaN placeholder of ``main_grad``'s shape in the
+    parameter's dtype - while ``main_grad`` gets exactly the reduced wgrad.
+
+    Why: CONTRACTS §2 - Megatron's buffers and placeholders are uninitialised; NaN makes a
+    backend that reads them (accumulates, or adds the placeholder) fail visibly.
+    """
+    module, _ = _grouped(n=2, out_f=5, dtype=dtype)
+    inject_gtp(module, behaviour=Behaviour(nan_fill=True, pad_multiple=16))
+    starts = attach_main_grad(module, 3)
+    buf = module.weight1.grad_buffer()
+    assert buf.shape == (5, 4) and buf.dtype == torch.float32 and torch.isnan(buf).all()
+    buf.zero_()
+    assert torch.isnan(module.weight1.grad_buffer()).all()
+    wgrads = [seeded((5, 4), torch.float32, 40 + i) for i in range(2)]
+    out = module.weight0.finalize_group_grads(wgrads)
+    for i, name in enumerate(("weight0", "weight1")):
+        p = getattr(module, name)
+        assert p.shape == (16, 4) and out[i].shape == p.main_grad.shape and out[i].dtype == dtype
+        assert torch.isnan(out[i]).all()
+        expected = starts[name].clone()
+        expected[:5] += wgrads[i]
+        assert torch.equal(p.main_grad, expected)
+
+
+def test_copies_without_requires_grad(in_process_ws1):
+    """``copies_require_grad=False``: gathered copies never require grad, whatever the
+    parameter says (TE PR #3517's implementer)."""
+    module, _ = _grouped(n=2)
+    inject_gtp(module, behaviour=Behaviour(copies_require_grad=False))
+    assert module.weight0.requires_grad
+    for fn in (module.weight0.materialize_group_for_forward, module.weight0.materialize_group_for_backward):
+        assert not any(w.requires_grad for w in fn())
+
+
+def test_inplace_scale_at_ws1_leaves_wgrads_alone(in_process_ws1):
+    """In-place scaling multiplies by 1/N only when N > 1 (as Megatron's pre-scale): at
+    N = 1 the caller's wgrads are untouched and still delivered.
+
+    Why: a spurious ``mul_(1.0)`` is harmless, but a scale at N = 1 by anything else is a
+    bug; N > 1 is proven against Megatron's class in the differential test.
+    """
+    module, _ = _grouped(n=1)
+    inject_gtp(module, behaviour=Behaviour(inplace_scale=True))
+    starts = attach_main_grad(module, 5)
+    wg = seeded((5, 4), torch.float32, 33)
+    keep = wg.clone()
+    module.weight0.finalize_group_grads(wg)
+    assert torch.equal(wg, keep) and torch.equal(module.weight0.main_grad, starts["weight0"] + keep)

@@ -1,7 +1,7 @@
 """Tests for harness.matrix: cells, axes, presets, filters and CLI value parsing.
 
-Coverage properties of the ci preset are recomputed here from first principles (the two
-validity rules of CONTRACTS §4 / the module docstring), not from the generator's helpers.
+Coverage properties of the ci preset are recomputed here from first principles (the three
+validity rules of CONTRACTS §2/§4 / the module docstring), not from the generator's helpers.
 """
 
 from __future__ import annotations
@@ -14,24 +14,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import matrix
+from harness import matrix, weights
 from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
+#: weights that rely on main_grad: every value but the kind harness weight and plain
+NEEDS_DDP = {w for w in weights.NAMES if w not in ("distributed", "plain")}
 
 
 def valid(assign: dict) -> bool:
-    """The two validity rules, written independently of the generator."""
+    """The three validity rules, written independently of the generator."""
     if assign.get("consumer") == "autograd" and assign.get("fused") is True:
         return False
     if assign.get("module") == "linear" and assign.get("num_gemms", 1) != 1:
+        return False
+    if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
+        return False
+    if assign.get("weight") == "megatron" and assign.get("world_size", 2) < 2:
         return False
     return True
 
 
 def pair_possible(a, va, b, vb, domains) -> bool:
     """Brute force: some valid completion holds a=va and b=vb (linear forces num_gemms=1)."""
-    rest = [n for n in ("module", "fused", "consumer", "num_gemms") if n not in (a, b)]
+    rest = [n for n in ("module", "fused", "consumer", "num_gemms", "weight", "world_size")
+            if n not in (a, b)]
     for combo in itertools.product(*(domains[n] for n in rest)):
         assign = {a: va, b: vb, **dict(zip(rest, combo))}
         if assign["module"] == "linear" and "num_gemms" in rest:
@@ -74,21 +81,45 @@ def demanding(domains, **fixed) -> dict:
     return out
 
 
+LIGHT = ("gtp_async", "gtp_inplace", "gtp_cached", "gtp_nan", "gtp_pad16", "gtp_nograd")
+
+
+def full_coverage_weights(domain) -> tuple:
+    """The weights that get (b)/(c): all but gtp_mcore and the light variants - or, when
+    only those are selected, all of them."""
+    full = tuple(w for w in domain if w != "gtp_mcore" and w not in LIGHT)
+    return full or tuple(domain)
+
+
 def assert_b_and_c(cells, domains):
     ids = {c.id for c in cells}
+    full = full_coverage_weights(domains["weight"])
     for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
-                                            domains["fused"], domains["weight"],
-                                            domains["world_size"]):
+                                            domains["fused"], full, domains["world_size"]):
         want = demanding(domains, module=m, hooks=h, fused=f, weight=w, world_size=ws)
         if valid(want):
             assert Cell(**want).id in ids, f"(b) missing {Cell(**want).id}"
-        else:  # only a fused cell without a ddp consumer can be impossible
-            assert f is True and "ddp" not in domains["consumer"]
+        elif w == "megatron" and ws < 2:  # Megatron never builds a GTP group of one
+            continue
+        else:  # only a fused (or main_grad-reliant) cell without a ddp consumer can be impossible
+            assert "ddp" not in domains["consumer"] and (f is True or w in NEEDS_DDP)
     for m, dl, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
-                                         domains["fused"], domains["weight"]):
+                                         domains["fused"], full):
         want = demanding(domains, module=m, delay_wgrad=dl, fused=f, weight=w)
         if valid(want):
             assert Cell(**want).id in ids, f"(c) missing {Cell(**want).id}"
+    if full == tuple(domains["weight"]):
+        return
+    # gtp_mcore: every hook mode per module and world size; each light variant: every module
+    # at every world size (when a valid cell exists)
+    for w in domains["weight"]:
+        if w not in full:
+            for m, ws in itertools.product(domains["module"], domains["world_size"]):
+                here = [c for c in cells if (c.weight, c.module, c.world_size) == (w, m, ws)]
+                if "ddp" in domains["consumer"]:
+                    assert here, f"no {w} cell for {m} at ws{ws}"
+                    if w == "gtp_mcore":
+                        assert {c.hooks for c in here} >= set(domains["hooks"]), (w, m, ws)
 
 
 # --- cells ------------------------------------------------------------------------------
@@ -101,6 +132,8 @@ def cells(draw):
     d["num_gemms"] = 1 if d["module"] == "linear" else draw(st.integers(1, 16))
     if d["consumer"] == "autograd":
         d["fused"] = False
+        if d["weight"] in NEEDS_DDP:
+            d["consumer"] = "ddp"
     return Cell(**d)
 
 
@@ -149,6 +182,12 @@ def test_constraints_on_construction():
         Cell(**{**base, "fused": True})
     with pytest.raises(MatrixError, match="module='linear' requires num_gemms=1"):
         Cell(**{**base, "module": "linear"})
+    for w in sorted(NEEDS_DDP):
+        with pytest.raises(MatrixError, match="relies on main_grad .* requires consumer='ddp'"):
+            Cell(**{**base, "weight": w})
+        Cell(**{**base, "weight": w, "consumer": "ddp", "world_size": 2})
+    with pytest.raises(MatrixError, match="weight='megatron' requires world_size >= 2"):
+        Cell(**{**base, "weight": "megatron", "consumer": "ddp"})
     with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):
         Cell(**{**base, "dtype": "fp64"})
     with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):
@@ -160,9 +199,10 @@ def test_constraints_on_construction():
 
 
 def test_expect_error_exactly_for_delay_and_distributed():
-    full = select("full")
+    full = select("full", {"weight": list(weights.NAMES)})
     for c in full:
-        assert (c.expect == "error") == (c.delay_wgrad and c.weight == "distributed"), c.id
+        assert (c.expect == "error") == (c.delay_wgrad and c.weight != "plain"), c.id
+        assert c.distributed == (c.weight != "plain")
     assert any(c.expect == "error" for c in full) and any(c.expect == "pass" for c in full)
 
 
@@ -192,19 +232,26 @@ def test_axis_is_immutable_composable_and_validated():
 # --- presets ----------------------------------------------------------------------------
 
 def test_full_size_is_product_minus_invalid():
+    """``full`` is the whole valid product; its weight domain defaults to the kind weight,
+    plain and the two strictest implementers (the single-behaviour variants are opt-in)."""
     full = select("full")
     assert len(full) == len({c.id for c in full})
+    assert {c.weight for c in full} == {"distributed", "plain", "gtp_mcore", "gtp_nograd"}
     # linear cells exist only with num_gemms=1, which is in the default domain
+    domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
     expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
-                   for combo in itertools.product(*DEFAULTS.values()))
-    assert len(full) == expected == 21600
+                   for combo in itertools.product(*domains.values()))
+    assert len(full) == expected == 36000
     assert all(valid(c.serialize()) for c in full)
+    assert len(select("full", {"weight": ["distributed", "plain"]})) == 21600
 
 
 def test_ci_default_coverage_and_size():
     ci = select("ci")  # (how fast: benchmarks/bench_timings.py)
-    assert 200 <= len(ci) <= 300
+    assert 200 <= len(ci) <= 320  # within ~1.5x of the 208 cells before the weight variants
     assert len({c.id for c in ci}) == len(ci)
+    assert {c.weight for c in ci} == set(weights.DEFAULT_NAMES)
+    assert "megatron" not in weights.DEFAULT_NAMES
     assert_pairwise(ci, DEFAULTS)
     assert_b_and_c(ci, DEFAULTS)
     # impossible pairs really are absent
@@ -224,7 +271,7 @@ def test_ci_is_deterministic_and_ordered():
 def test_ci_world_size_override_adds_ws8():
     domains = {**DEFAULTS, "world_size": (1, 2, 4, 8)}
     ci = select("ci", {"world_size": [1, 2, 4, 8]})
-    assert any(c.world_size == 8 for c in ci) and 200 <= len(ci) <= 320
+    assert any(c.world_size == 8 for c in ci) and 200 <= len(ci) <= 420
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
     # (c) uses the largest world size
@@ -245,8 +292,9 @@ def small_domain(name, values):
 def test_ci_coverage_under_random_overrides(overrides):
     domains = {**DEFAULTS, **{k: tuple(v) for k, v in overrides.items()}}
     ci = select("ci", overrides)
-    if not ci:  # only when nothing is valid: autograd-only consumer and fused-only
-        assert domains["consumer"] == ("autograd",) and domains["fused"] == (True,)
+    if not ci:  # only when nothing is valid with an autograd-only consumer
+        assert domains["consumer"] == ("autograd",)
+        assert domains["fused"] == (True,) or set(domains["weight"]) <= NEEDS_DDP
         return
     for c in ci:
         for n in AXIS_NAMES:
@@ -275,7 +323,7 @@ def test_smoke():
 
 
 def test_unknown_preset_and_axis():
-    with pytest.raises(MatrixError, match=r"Unknown preset 'nightly' \(presets: ci, full, smoke\)"):
+    with pytest.raises(MatrixError, match=r"Unknown preset 'nightly' \(presets: ci, full, smoke, seed\)"):
         select("nightly")
     with pytest.raises(MatrixError, match=r"Unknown axis 'dtypes' \(axes: module, weight"):
         select("ci", {"dtypes": ["bf16"]})
@@ -355,7 +403,7 @@ def test_describe_and_digest():
     ci = select("ci")
     text = matrix.describe(ci)
     lines = text.splitlines()
-    errors = sum(c.delay_wgrad and c.weight == "distributed" for c in ci)
+    errors = sum(c.delay_wgrad and c.distributed for c in ci)
     assert lines[0] == f"{len(ci)} cells ({errors} expected to raise)" and errors > 0
     assert len(lines) == 1 + len(AXIS_NAMES)
     ws_line = next(line for line in lines if line.strip().startswith("world_size:"))
@@ -365,3 +413,38 @@ def test_describe_and_digest():
     assert len(matrix.ids_digest([])) == 64
     assert math.isclose(sum(int(p.split("=")[1]) for p in lines[1].split(": ")[1].split(", ")),
                         len(ci))
+
+
+@pytest.mark.parametrize("chosen", [("megatron",), ("megatron", "distributed", "plain"),
+                                    ("gtp_mcore", "gtp_nan"), ("megatron", "gtp_async")])
+def test_ci_with_chosen_weights(chosen):
+    """``--weights`` with Megatron's class or only variants: every pair and the (b)/(c)
+    blocks are covered (variants alone get full coverage), never a megatron cell at ws1."""
+    domains = {**DEFAULTS, "weight": chosen}
+    ci = select("ci", {"weight": list(chosen)})
+    assert {c.weight for c in ci} == set(chosen)
+    assert not any(c.weight == "megatron" and c.world_size == 1 for c in ci)
+    assert all(valid(c.serialize()) for c in ci)
+    assert_pairwise(ci, domains)
+    assert_b_and_c(ci, domains)
+
+
+def test_megatron_ci_size():
+    """``sweep --preset ci --weights megatron``: ws 2 and 4 only, hooks x fused x module each."""
+    ci = select("ci", {"weight": ["megatron"]})
+    assert {c.world_size for c in ci} == {2, 4} and 60 <= len(ci) <= 90
+
+
+def test_seed_preset_is_the_production_combination():
+    """``--preset seed``: Megatron's weight, fused bf16 GroupedLinear experts, offloading
+    hooks plus a hooks-off control, at every world size Megatron allows; restricting an axis
+    away from the seed's value keeps the user's values."""
+    seed = select("seed")
+    assert {(c.hooks, c.world_size) for c in seed} == {("offload", 2), ("off", 2), ("offload", 4), ("off", 4)}
+    for c in seed:
+        assert (c.module, c.weight, c.fused, c.dtype, c.consumer, c.delay_wgrad) == (
+            "grouped_linear", "megatron", True, "bf16", "ddp", False)
+        assert c.num_gemms == 4 and c.microbatches == 2
+    mcore = select("seed", {"weight": ["gtp_mcore"], "dtype": ["fp32"]})
+    assert {c.weight for c in mcore} == {"gtp_mcore"} and {c.dtype for c in mcore} == {"fp32"}
+    assert {c.world_size for c in mcore} == {1, 2, 4}

@@ -11,9 +11,11 @@ world (``world_size`` domain ``(1,)``). The second set is needed because ``ci`` 
 delayed-wgrad cells with a plain weight at the largest world size only (plus one unfused
 ws=2 cell), so ``dw-fused-hook-skipped`` has no killing cell among the ws=1 cells of ``ci``.
 
-``full-shape-dummy`` and ``unfused-finalize-dropped`` change nothing at ws=1 (a shard is the
-whole weight): a test below proves they survive here, and ``test_selftest_multirank``
-proves they die at world size 2 under torchrun.
+``full-shape-dummy`` and ``unfused-finalize-dropped`` change nothing at ws=1 where a shard is
+the whole weight; under Megatron's alignment (``gtp_pad16``, ``gtp_mcore``: rows padded to
+16·N) a ws=1 shard is padded and they die there too. A test below proves they die at ws=1
+exactly in the padded cells, and ``test_selftest_multirank`` proves they die at world size 2
+under torchrun.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import types
 
 import pytest
 
-from harness import matrix
+from harness import matrix, weights
 from harness.reference import _core, _modules, mutants, ops
 from harness.reference import Linear as RefLinear
 from harness.runner import RankContext, run_cell
@@ -70,20 +72,34 @@ def test_mutant_killed_about_its_fault(name):
                             for c, r in killed[:3]))
 
 
-def test_ws1_survivors_are_exactly_the_ws2_faults():
-    """min_world_size is honest: the mutants that need ws>=2 really do survive at ws=1."""
-    for m in mutants.MUTANTS.values():
-        if m.min_world_size == 1:
-            continue
-        bad = [c.id for c, r in _run(m.backend, CELLS).items() if r.status not in GOOD]
-        assert not bad, f"{m.name} claims min_world_size={m.min_world_size} but dies at ws=1: {bad[:3]}"
+def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
+    """The faults that hand autograd a full-shape gradient die at ws=1 exactly in the cells
+    whose weight pads (a ws=1 shard is then not the whole weight) - and, for the local wgrad
+    handed to autograd, where finalize is asynchronous (nothing has marked the weight yet, so
+    the DDP hook adds it to main_grad) - and survive the others."""
+    for name in ("full-shape-dummy", "unfused-finalize-dropped"):
+        m = mutants.MUTANTS[name]
+        results = _run(m.backend, CELLS)
+        died = {c.id for c, r in results.items() if r.status not in GOOD}
+        kinds = {c.id: weights.KINDS[c.weight] for c in results}
+        if name == "full-shape-dummy":
+            want = {c.id for c in results if c.fused and c.expect == "pass"
+                    and c.distributed and kinds[c.id].pad_multiple > 1}
+        else:
+            want = {c.id for c in results if not c.fused and c.expect == "pass" and c.distributed
+                    and (kinds[c.id].pad_multiple > 1 or kinds[c.id].chained)}
+        assert died == want and died, (name, sorted(died ^ want)[:4])
 
 
 def test_catalog_matches_bugs_md():
+    """BUGS.md's ten classes in order, then the four only a Megatron-like implementer exposes
+    (issue 12)."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
         "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
         "per-member-materialize", "dw-fused-hook-skipped", "delay-with-dw-accepted",
+        "wgrads-reused-after-finalize", "main-grad-read-after-finalize", "materialized-copy-kept",
+        "requires-grad-from-copies",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description

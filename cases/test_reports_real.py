@@ -105,7 +105,7 @@ def _bad(record: dict[str, Any]) -> list[dict[str, Any]]:
 def _hooked_distributed(record: dict[str, Any]) -> set[str]:
     """The cells the pre-fix backend breaks: hooked, distributed weight, expected to pass."""
     return {c["id"] for c in record["cells"]
-            if c["axes"]["weight"] == "distributed" and c["axes"]["hooks"] != "off"
+            if c["axes"]["weight"] != "plain" and c["axes"]["hooks"] != "off"
             and c["axes"]["module"] in ("linear", "grouped_linear") and c["expect"] == "pass"}
 
 

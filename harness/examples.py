@@ -12,23 +12,15 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness.gtp import shard_rows
 from harness.inputs import Example
 from harness.matrix import Cell
 from harness.record import CellResult
-
-
-def _shardable(out_features: int, world_size: int) -> bool:
-    try:
-        shard_rows(out_features, world_size)
-        return True
-    except ValueError:
-        return False
+from harness.weights import shardable
 
 
 def strategy(cell: Cell) -> st.SearchStrategy[Example]:
     """Small shapes (including one-row and empty inputs) the cell's world size can shard."""
-    outs = [o for o in range(1, 49) if cell.weight == "plain" or _shardable(o, cell.world_size)]
+    outs = [o for o in range(1, 49) if shardable(cell.weight, o, cell.world_size)]
     return st.builds(
         Example,
         in_features=st.integers(1, 40),

@@ -9,11 +9,17 @@ A cell fixes one value on each of twelve axes, in this order::
     module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
     bias, input_grad, delay_wgrad
 
-Two combinations are invalid and never generated: ``consumer='autograd'`` with
-``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4) and
-``module='linear'`` with ``num_gemms != 1``. A ``linear`` cell always has ``num_gemms=1``,
-even when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
+Four combinations are invalid and never generated: ``consumer='autograd'`` with
+``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4), ``module='linear'``
+with ``num_gemms != 1``, and a weight that relies on ``main_grad`` (Megatron's class and
+the harness weight's Megatron behaviours, :mod:`harness.weights`) with
+``consumer='autograd'`` (CONTRACTS §2); and Megatron's class at world size 1, which it never
+builds. A ``linear`` cell always has ``num_gemms=1``, even
+when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
 valid but *expected to raise* (CONTRACTS §2).
+
+The ``weight`` axis's default domain is every value that needs nothing installed;
+``megatron`` (Megatron-Core's real class) is selected explicitly (``--weights megatron``).
 """
 
 from __future__ import annotations
@@ -27,14 +33,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness import weights
+
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "PRESETS", "Axis", "Cell", "MatrixError",
-    "describe", "ids_digest", "parse_values", "plan", "product", "select",
+    "SEED", "describe", "ids_digest", "parse_values", "plan", "product", "select",
 ]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "module": ("linear", "grouped_linear", "ops_grouped_linear"),
-    "weight": ("distributed", "plain"),
+    "weight": weights.NAMES,
     "hooks": ("off", "identity", "offload", "save_on_cpu", "checkpoint"),
     "dtype": ("fp32", "bf16", "fp16"),
     "consumer": ("ddp", "autograd"),
@@ -42,7 +50,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 _BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad")
 _INT_AXES = ("world_size", "microbatches", "num_gemms")
 _DEFAULTS: dict[str, tuple[Any, ...]] = {
-    "module": _CHOICES["module"], "weight": _CHOICES["weight"], "hooks": _CHOICES["hooks"],
+    "module": _CHOICES["module"], "weight": weights.DEFAULT_NAMES, "hooks": _CHOICES["hooks"],
     "fused": (True, False), "dtype": _CHOICES["dtype"], "world_size": (1, 2, 4),
     "consumer": _CHOICES["consumer"], "microbatches": (1, 2), "num_gemms": (1, 4),
     "bias": (True, False), "input_grad": (True, False), "delay_wgrad": (False, True),
@@ -54,7 +62,11 @@ AXIS_OPTIONS: dict[str, str] = {
     "--microbatches": "microbatches", "--num-gemms": "num_gemms", "--bias": "bias",
     "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad",
 }
-PRESETS: tuple[str, ...] = ("ci", "full", "smoke")
+PRESETS: tuple[str, ...] = ("ci", "full", "smoke", "seed")
+#: the seed's production combination (issue 12): Megatron's GTP-sharded bf16 experts in a
+#: fused TE GroupedLinear under fine-grained activation offloading
+SEED: dict[str, Any] = {"module": "grouped_linear", "weight": "megatron", "fused": True,
+                        "dtype": "bf16", "consumer": "ddp", "delay_wgrad": False}
 
 
 class MatrixError(ValueError):
@@ -79,14 +91,19 @@ def _check_value(name: str, value: Any) -> None:
         raise MatrixError(f"{name} must be an int >= 1, got {name}={value!r}")
 
 
-# Constraints between two axes: (axis a, axis b, ok(value_a, value_b), reason). The pairs
-# are disjoint, so a partial assignment can be completed exactly when each pair can be
-# (see _feasible); keep it that way or replace _feasible with a search.
+# Constraints between two axes: (axis a, axis b, ok(value_a, value_b), reason). _feasible
+# decides exactly whether a partial assignment completes, by searching each connected
+# group of constrained axes (a handful of values each).
 _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("consumer", "fused", lambda c, f: not (c == "autograd" and f),
      "consumer='autograd' requires fused=False (no main_grad to fuse into)"),
     ("module", "num_gemms", lambda m, g: m != "linear" or g == 1,
      "module='linear' requires num_gemms=1"),
+    ("weight", "consumer", lambda w, c: c == "ddp" or not weights.KINDS[w].needs_ddp,
+     "this weight relies on main_grad (Megatron's GTP runs only under its DDP) and requires "
+     "consumer='ddp'"),
+    ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
+     "weight='megatron' requires world_size >= 2 (Megatron never builds a GTP group of one)"),
 )
 
 
@@ -187,9 +204,14 @@ class Cell:
                 f"{'delay' if self.delay_wgrad else 'nodelay'}")
 
     @property
+    def distributed(self) -> bool:
+        """Whether the cell's weights are DistributedWeights (any value but ``plain``)."""
+        return weights.KINDS[self.weight].distributed
+
+    @property
     def expect(self) -> str:
         """``"error"`` when the backend must raise by contract (CONTRACTS §2), else ``"pass"``."""
-        return "error" if self.delay_wgrad and self.weight == "distributed" else "pass"
+        return "error" if self.delay_wgrad and self.distributed else "pass"
 
     @property
     def seed(self) -> int:
@@ -270,11 +292,33 @@ def _options(name: str, assign: Assignment, domains: Domains) -> tuple[Any, ...]
     return base
 
 
+def _components() -> list[tuple[list[str], list[tuple[str, str, Callable[[Any, Any], bool], str]]]]:
+    """Constrained axes grouped by shared constraints (in axis order), with their constraints."""
+    groups: list[tuple[set[str], list]] = []
+    for con in _CONSTRAINTS:
+        axes = {con[0], con[1]}
+        joined = [g for g in groups if g[0] & axes]
+        for g in joined:
+            groups.remove(g)
+            axes |= g[0]
+        groups.append((axes, [c for g in joined for c in g[1]] + [con]))
+    order = {n: i for i, n in enumerate(AXIS_NAMES)}
+    return [(sorted(axes, key=order.__getitem__), cons) for axes, cons in groups]
+
+
+_COMPONENTS = _components()
+
+
 def _feasible(assign: Assignment, domains: Domains) -> bool:
-    """True when the partial assignment extends to a valid cell (exact: constraints are disjoint)."""
-    for a, b, ok, _ in _CONSTRAINTS:
-        if not any(ok(va, vb) for va in _options(a, assign, domains)
-                   for vb in _options(b, {**assign, a: va}, domains)):
+    """True when the partial assignment extends to a valid cell (exact: a search per
+    connected group of constrained axes; groups share no axis, so they are independent)."""
+    for axes, cons in _COMPONENTS:
+        def extend(i: int, partial: Assignment) -> bool:
+            if i == len(axes):
+                return all(ok(partial[a], partial[b]) for a, b, ok, _ in cons)
+            return any(extend(i + 1, {**partial, axes[i]: v})
+                       for v in _options(axes[i], partial, domains))
+        if not extend(0, dict(assign)):
             return False
     return True
 
@@ -337,24 +381,45 @@ def _pairs(cell: Cell) -> Iterable[tuple[tuple[str, Any], tuple[str, Any]]]:
     return itertools.combinations(items, 2)
 
 
+def _weight_tiers(domain: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The domain's weights by ``coverage`` (:class:`harness.weights.WeightKind`); when no
+    value asks for full coverage (the user picked variants), every value gets it."""
+    tiers = {t: tuple(w for w in domain if weights.KINDS[w].coverage == t)
+             for t in ("full", "hooks", "light")}
+    return tiers if tiers["full"] else {"full": domain, "hooks": (), "light": ()}
+
+
 def _ci(domains: Domains) -> list[Cell]:
-    """Covering design: (b) hooks x fused x weight per module and world size, (c) delayed
-    wgrad per module, then (a) a greedy all-pairs pass over what (b) and (c) left uncovered.
+    """Covering design: (b) hooks x fused x weight per module and world size and (c)
+    delayed wgrad per module, both over the weights with full coverage; (h) per weight
+    with hooks coverage, every hook mode per module and world size, fused alternating; (v)
+    per light weight, each module at each world size with hooks and fused rotating; then
+    (a) a greedy all-pairs pass over what they left uncovered.
     """
+    tiers = _weight_tiers(domains["weight"])
     cells: dict[Cell, None] = {}
+
+    def add(**fixed: Any) -> None:
+        cell = _complete(fixed, domains)
+        if cell is not None:
+            cells.setdefault(cell)
+
     for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
-                                            domains["fused"], domains["weight"],
+                                            domains["fused"], tiers["full"],
                                             domains["world_size"]):
-        cell = _complete({"module": m, "hooks": h, "fused": f, "weight": w,
-                          "world_size": ws}, domains)
-        if cell is not None:
-            cells.setdefault(cell)
+        add(module=m, hooks=h, fused=f, weight=w, world_size=ws)
     for m, d, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
-                                        domains["fused"], domains["weight"]):
-        cell = _complete({"module": m, "delay_wgrad": d, "fused": f, "weight": w,
-                          "world_size": max(domains["world_size"])}, domains)
-        if cell is not None:
-            cells.setdefault(cell)
+                                        domains["fused"], tiers["full"]):
+        add(module=m, delay_wgrad=d, fused=f, weight=w, world_size=max(domains["world_size"]))
+    hooks, fused = domains["hooks"], domains["fused"]
+    for w in tiers["hooks"]:
+        for i, (m, ws, h) in enumerate(itertools.product(domains["module"],
+                                                         domains["world_size"], hooks)):
+            add(module=m, weight=w, world_size=ws, hooks=h, fused=fused[i % len(fused)])
+    for vi, w in enumerate(tiers["light"]):
+        for i, (m, ws) in enumerate(itertools.product(domains["module"], domains["world_size"])):
+            add(module=m, weight=w, world_size=ws, hooks=hooks[(i + vi) % len(hooks)],
+                fused=fused[i % len(fused)])
 
     # (a) AETG-style greedy: start each new cell from the first uncovered pair, then give
     # every other axis the feasible value that covers the most still-uncovered pairs.
@@ -399,6 +464,20 @@ def _smoke(domains: Domains) -> list[Cell]:
     cells: dict[Cell, None] = {}
     for m, h in itertools.product(domains["module"], hooks):
         cell = _complete({"module": m, "hooks": h, "world_size": ws}, domains)
+        if cell is not None:
+            cells.setdefault(cell)
+    return list(cells)
+
+
+def _seed(domains: Domains) -> list[Cell]:
+    """The seed's combination (:data:`SEED`) under offloading hooks, with hooks off as the
+    control, at every world size of the domain (the most demanding values elsewhere). An
+    axis the user restricted away from the seed's value keeps the user's values."""
+    fixed = {k: v for k, v in SEED.items() if v in domains[k]}
+    cells: dict[Cell, None] = {}
+    for h, ws in itertools.product([h for h in ("offload", "off") if h in domains["hooks"]],
+                                   domains["world_size"]):
+        cell = _complete({**fixed, "hooks": h, "world_size": ws}, domains)
         if cell is not None:
             cells.setdefault(cell)
     return list(cells)
@@ -469,8 +548,10 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     """Select the cells to run, identically on every rank.
 
     Args:
-        preset: ``"ci"`` (covering design, see :func:`_ci`), ``"full"`` (whole product)
-            or ``"smoke"`` (a handful of demanding cells).
+        preset: ``"ci"`` (covering design, see :func:`_ci`), ``"full"`` (whole product;
+            its weight domain defaults to ``weights.FULL_NAMES``), ``"smoke"`` (a handful
+            of demanding cells) or ``"seed"`` (the seed's production combination, weight
+            ``megatron`` unless overridden, see :data:`SEED`).
         overrides: axis name -> values (or an :class:`Axis`) that replace its default domain,
             e.g. ``{"world_size": [1, 2, 4, 8]}``.
         filter_expr: a boolean expression over axis names, e.g.
@@ -486,11 +567,14 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     if preset not in PRESETS:
         raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
     pred = _compile_filter(filter_expr) if filter_expr is not None else None
+    if preset in ("full", "seed") and "weight" not in (overrides or {}):
+        default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
+        overrides = {**(overrides or {}), "weight": default}
     domains = _domains(overrides)
     if preset == "full":
         cells = product(Axis(n, v) for n, v in domains.items())
     else:
-        cells = _ci(domains) if preset == "ci" else _smoke(domains)
+        cells = {"ci": _ci, "smoke": _smoke, "seed": _seed}[preset](domains)
     if pred is not None:
         cells = [c for c in cells if pred(c)]
     return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness import matrix
+from harness import matrix, weights
 from harness.status import HARNESS_ERROR
 
 _BATCHES_KEY = pytest.StashKey["BatchRunner"]()
@@ -83,9 +83,13 @@ def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
         if text is not None:
             overrides[axis] = matrix.parse_values(axis, text)
     try:
-        return matrix.select(config.getoption("harness_preset"), overrides, config.getoption("harness_filter"))
+        cells = matrix.select(config.getoption("harness_preset"), overrides, config.getoption("harness_filter"))
     except matrix.MatrixError as exc:
         raise pytest.UsageError(str(exc)) from exc
+    why = weights.unavailable({c.weight for c in cells})
+    if why is not None:
+        raise pytest.UsageError(why)
+    return cells
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

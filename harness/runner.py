@@ -19,7 +19,8 @@ import torch
 
 from harness import compare, oracle
 from harness.consumer import Consumer
-from harness.gtp import GTPGroup, inject_gtp, weight_names
+from harness.attach import attach_weight
+from harness.gtp import GTPGroup, weight_names
 from harness.hooks import forward_executions, run_forward
 from harness.inputs import DTYPES, CellInputs, Example, make_inputs
 from harness.matrix import Cell
@@ -146,8 +147,7 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
             module = build_module(backend, cell, example, ctx.device)
         with _owned("harness", "set-up", cell):
             _load_full(module, inputs)
-            if cell.weight == "distributed":
-                gtp = inject_gtp(module, group=ctx.group)
+            gtp = attach_weight(module, cell.weight, ctx.group)
             sharded = set(weight_names(module)) if gtp else set()
             consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
         with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):

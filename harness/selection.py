@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness import matrix
+from harness import matrix, weights
 from harness.exitcodes import UsageError
 
 
@@ -33,7 +33,7 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     """The selected cells and the selection as the run record stores it.
 
     Raises:
-        UsageError: the selection is empty.
+        UsageError: the selection is empty, or needs a weight whose package is not installed.
         MatrixError: an unknown preset, axis value or a malformed filter.
     """
     ov = overrides(args)
@@ -41,20 +41,23 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     if not cells:
         raise UsageError(f"the selection is empty (preset={args.preset!r}, overrides={ov}, "
                          f"filter={args.filter_expr!r})")
+    why = weights.unavailable({c.weight for c in cells})
+    if why is not None:
+        raise UsageError(why)
     return cells, {"preset": args.preset, "overrides": {k: list(v) for k, v in ov.items()},
                    "filter": args.filter_expr}
 
 
 def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:
-    """Every distributed cell's world size can shard ``out_features`` rows.
+    """Every distributed cell's world size can shard ``out_features`` rows with its weight's
+    padding (a weight that pads to 16·N may leave a rank with only padding: that is legal).
 
     Raises:
-        UsageError: some world size would leave a rank with only padding rows.
+        UsageError: some world size would leave a rank with only padding rows where the
+            weight does not allow it.
     """
-    from harness.gtp import shard_rows
-
-    for ws in sorted({c.world_size for c in cells if c.weight == "distributed"}):
+    for weight, ws in sorted({(c.weight, c.world_size) for c in cells if c.distributed}):
         try:
-            shard_rows(out_features, ws)
+            weights.shard_rows(out_features, ws, weights.KINDS[weight].pad_multiple)
         except ValueError as exc:
-            raise UsageError(f"{exc}; choose smaller world sizes") from exc
+            raise UsageError(f"weight {weight}: {exc}; choose smaller world sizes") from exc

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from harness.reference import _dw, _modules, ops, prefix
-from harness.reference._core import GemmCall, ReferenceImpl
+from harness.reference._core import GemmCall, ReferenceImpl, wgrad_gemm
 from harness.reference.ops import OpsImpl
 
 __all__ = ["MUTANTS", "Mutant", "evidence_found", "get", "names"]
@@ -144,6 +144,69 @@ class _DelayWithDwAccepted:
         return _dw.check_distributed_group(weights)  # Fault: the delay guard is missing.
 
 
+# ---- faults only a Megatron-like implementer exposes (CONTRACTS §2 "what an implementer
+# may do"): with the harness weight's kind defaults each of these passes every check.
+
+class _WgradsReusedAfterFinalize:
+    """Unfused: when finalize returns nothing, the backend hands autograd the wgrads it gave
+    finalize - which an asynchronous finalize has consumed (scaled in place, reduced later)."""
+
+    def deliver_finalized(self, finalized: list[torch.Tensor],
+                          local: list[torch.Tensor]) -> list[torch.Tensor]:
+        # Fault: "no return value, so the wgrads are still ours to deliver".
+        return [mine if got is None else got for got, mine in zip(finalized, local)]
+
+
+class _MainGradReadAfterFinalize:
+    """Reads ``main_grad`` right after finalize to check the reduction landed and, finding it
+    unchanged, accumulates its local wgrad itself (an asynchronous finalize delivers later)."""
+
+    def distributed_wgrads(self, call: GemmCall, weights: Sequence[Any],
+                           grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                           compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        before = [getattr(w, "main_grad", None) for w in weights]
+        before = [None if b is None else b.clone() for b in before]
+        grads = super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
+        for w, old, go, x in zip(weights, before, grad_outs, inps):
+            if old is not None and torch.equal(w.main_grad, old):  # Fault: read right after finalize
+                local = wgrad_gemm(go, x, w.main_grad.dtype)
+                rows = min(local.shape[0], w.main_grad.shape[0])
+                w.main_grad[:rows].add_(local[:rows])
+        return grads
+
+
+class _MaterializedCopyKept:
+    """Caches the first backward's materialized weights on the module and computes later
+    microbatches' dgrad with them (still calling materialize, so the call counts are right)."""
+
+    def backward_gemm_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
+                              distributed: bool) -> list[torch.Tensor]:
+        fresh = super().backward_gemm_weights(ctx, call, weights, distributed)
+        if not distributed:
+            return fresh
+        kept = call.module.__dict__.get("_kept_backward_weights")
+        if kept is None:
+            call.module.__dict__["_kept_backward_weights"] = kept = fresh
+        return list(kept)  # Fault: a copy kept across later materializations
+
+
+class _RequiresGradFromCopies:
+    """Decides "do the weights need a gradient?" from the gathered copies' ``requires_grad``
+    (TE's GroupedLinear before PR #3517): copies without it silently get no wgrad."""
+
+    def forward_weights(self, call: GemmCall, weights: Sequence[Any]) -> list[torch.Tensor]:
+        copies = super().forward_weights(call, weights)
+        call.copies_require_grad = all(c.requires_grad for c in copies)  # Fault
+        return copies
+
+    def distributed_wgrads(self, call: GemmCall, weights: Sequence[Any],
+                           grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                           compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        if not getattr(call, "copies_require_grad", True):
+            return [None for _ in weights]  # no wgrad GEMM, no finalize
+        return super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
+
+
 # ---- building backends ------------------------------------------------------------------
 
 def _camel(name: str) -> str:
@@ -191,7 +254,8 @@ class Mutant:
         description: one line: what the backend does wrong.
         backend: a backend module (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``).
         min_world_size: the smallest world size at which the fault changes anything the
-            contract observes (at ws=1 a shard is the full weight).
+            contract observes (at ws=1 a shard is the full weight - unless the weight pads
+            to an alignment, as Megatron's does).
         modules: the cell ``module`` values whose classes deviate; the others are the
             reference's own classes and must pass.
         evidence: what a kill about this fault looks like (see the module docstring).
@@ -240,12 +304,12 @@ def _build() -> dict[str, Mutant]:
         _fault("full-shape-dummy",
                "fused: the dummy gradient returned to autograd has the full (gathered) "
                "shape instead of the shard's",
-               _FullShapeDummy, min_world_size=2,
+               _FullShapeDummy,
                evidence=("text:invalid gradient", "text:expected shape compatible with")),
         _fault("unfused-finalize-dropped",
                "unfused: finalize's return value is ignored and autograd receives the local, "
                "unreduced full wgrad",
-               _UnfusedFinalizeDropped, min_world_size=2,
+               _UnfusedFinalizeDropped,
                evidence=("text:invalid gradient", "check:weight*.grad", "check:weight*.main_grad")),
         _fault("ops-double-add",
                "ops GroupedLinear accumulates a distributed weight's wgrad into main_grad "
@@ -270,6 +334,24 @@ def _build() -> dict[str, Mutant]:
                "delay_wgrad_compute=True with a distributed weight is not rejected up front; "
                "the delayed wgrad is finalized later in backward_dw()",
                _DelayWithDwAccepted, evidence=("check:expected_exception",)),
+        # killed only by the harness weight's Megatron behaviours (gtp_* values)
+        _fault("wgrads-reused-after-finalize",
+               "unfused: when finalize returns None (asynchronous), autograd gets the wgrads "
+               "finalize consumed instead",
+               _WgradsReusedAfterFinalize,
+               evidence=("check:weight*.main_grad", "text:invalid gradient")),
+        _fault("main-grad-read-after-finalize",
+               "reads main_grad right after finalize and, finding it not yet updated "
+               "(asynchronous), accumulates its local wgrad into it",
+               _MainGradReadAfterFinalize, evidence=("check:weight*.main_grad",)),
+        _fault("materialized-copy-kept",
+               "computes later microbatches' dgrad with the first backward's materialized "
+               "weights, kept across later materializations",
+               _MaterializedCopyKept, evidence=("check:mb*.input_grad",)),
+        _fault("requires-grad-from-copies",
+               "decides whether the weights need a gradient from the gathered copies' "
+               "requires_grad, so copies without it get no wgrad and no finalize",
+               _RequiresGradFromCopies, evidence=("check:leader.finalize_calls",)),
     ]
     return {m.name: m for m in mutants}
 

@@ -1,0 +1,42 @@
+"""The seed's production combination reproduces its failure: ``sweep --preset seed``.
+
+TE's real ``GroupedLinear`` (backend ``harness.te_cpu``) x Megatron-Core's real
+``GTPShardedParam`` x bf16 x 4 experts x fused wgrad under offloading-style saved-tensor
+hooks fails in backward with TE 2.20.2's ``weight was removed while
+fuse_wgrad_accumulation=True`` (CONTRACTS §6, fix: TE PR #3545); the same cell without hooks
+passes. Labelling it as a known defect is the ledger's job (CONTRACTS §7): this test only
+proves the combination runs and reproduces. Needs ``python -m harness install megatron``.
+
+Why: the seed was seen with exactly these real classes; a harness that cannot reproduce it
+with them cannot claim to catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.install import megatron as component
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED_MESSAGE = "weight was removed while fuse_wgrad_accumulation=True"
+
+
+def test_seed_preset_reproduces_on_te_and_megatron(tmp_path: Path):
+    why = component.missing()
+    assert why is None, f"Megatron's class is not installed ({why}): run `python -m harness install megatron`"
+    out = tmp_path / "seed"
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--preset", "seed", "--world-sizes", "2",
+                           "--backend", "harness.te_cpu", "--out", str(out), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    context = f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    cells = {c["axes"]["hooks"]: c for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert set(cells) == {"offload", "off"}, context
+    for c in cells.values():
+        assert (c["axes"]["module"], c["axes"]["weight"], c["axes"]["dtype"], c["axes"]["fused"],
+                c["axes"]["num_gemms"]) == ("grouped_linear", "megatron", "bf16", True, 4)
+    hooked = cells["offload"]
+    assert hooked["status"] != "pass" and SEED_MESSAGE in (hooked["first_failure"] or ""), context
+    assert cells["off"]["status"] == "pass", f"the control without hooks failed: {cells['off']['first_failure']}"
