@@ -171,3 +171,15 @@ def test_pytest_collects_one_test_per_selected_cell():
                            "--world-sizes", "1,2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     ids = [line for line in proc.stdout.splitlines() if "::test_cell[" in line]
     assert ids == [f"cases/test_cells.py::test_cell[{c.id}]" for c in matrix.select("ci", {"world_size": (1, 2)})]
+
+
+def test_list_into_a_closed_pipe_is_no_internal_error():
+    """``list ... | head``: the reader closing the pipe early is not a harness bug (exit 0,
+    nothing on stderr), not the "internal error" of exit 3."""
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "list", "--preset", "full"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "internal error" not in err and "Traceback" not in err, err

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchFailure as exc:
         print(f"dw-harness: error: {exc}", file=sys.stderr)
         return exitcodes.HARNESS_BUG
+    except BrokenPipeError:
+        # the reader went away (``list ... | head``): nothing is wrong with the run; stop
+        # quietly, and keep Python's exit-time flush from raising again on the closed pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exitcodes.OK
     except KeyboardInterrupt:
         print("dw-harness: interrupted; the run record written so far is marked incomplete", file=sys.stderr)
         return exitcodes.INTERRUPTED
