@@ -3,12 +3,12 @@ folded from the same result stream, and the same exit codes as ``sweep``."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 from harness.stream import ResultStream
 from harness import loopback
+from harness import recordfile
 
 
 def test_worker_runs_under_external_torchrun(tmp_path):
@@ -21,7 +21,7 @@ def test_worker_runs_under_external_torchrun(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
     # the pre-fix backend fails cells: rank 0 exits 1, as sweep would, and torchrun with it
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads((out / "results.json").read_text())
+    record = recordfile.read(out)
     assert record["status"] == "complete"
     statuses = {c["id"]: c["status"] for c in record["cells"]}
     assert len(statuses) == 6 and all("-ws2-" in i for i in statuses)

@@ -33,6 +33,7 @@ import pytest
 from filelock import FileLock
 
 from harness.stream import ResultStream
+from harness import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",
@@ -99,7 +100,7 @@ def fault_runs(request, tmp_path_factory) -> dict[str, Run]:
     for mode in modes:
         meta = json.loads((root / f"{mode}.meta.json").read_text())
         runs[mode] = Run(root / mode, meta["returncode"], meta["stderr"],
-                         json.loads((root / mode / "results.json").read_text()), meta["resumed"])
+                         recordfile.read(root / mode), meta["resumed"])
     yield runs
     for mode in modes:
         _end_survivors(root / mode)
@@ -137,10 +138,10 @@ def _run_concurrently(root: Path, modes: list[str]) -> None:
 def _resume(run_dir: Path, env: dict[str, str]) -> dict:
     """``sweep --resume`` on a finished run folder: what it ran and how it exited."""
     before = len(ResultStream(run_dir).read())
-    launches = len(json.loads((run_dir / "results.json").read_text())["launches"])
+    launches = len(recordfile.read(run_dir)["launches"])
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
-    record = json.loads((run_dir / "results.json").read_text())
+    record = recordfile.read(run_dir)
     return {"returncode": proc.returncode, "new_verdicts": len(ResultStream(run_dir).read()) - before,
             "new_launches": len(record["launches"]) - launches, "status": record["status"],
             "stderr": proc.stderr[-2000:]}
@@ -298,7 +299,7 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
             proc.wait()
             _end_survivors(run_dir)
     assert proc.returncode == 130, err[-3000:]
-    record = json.loads((run_dir / "results.json").read_text())
+    record = recordfile.read(run_dir)
     assert record["status"] == "incomplete"
     done = [c["id"] for c in record["cells"] if c["status"] != "skipped"]
     assert len(done) == 2 and all(c["status"] == "pass" for c in record["cells"] if c["id"] in done)
@@ -313,7 +314,7 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     added = [v.result.id for v in ResultStream(run_dir).read()][len(before):]
     assert len(added) == N_CELLS - 2 and not set(added) & set(done), added
-    record = json.loads((run_dir / "results.json").read_text())
+    record = recordfile.read(run_dir)
     assert record["status"] == "complete"
     assert [c["status"] for c in record["cells"]] == ["pass"] * N_CELLS
     assert_nothing_left(run_dir, record)

@@ -1,4 +1,4 @@
-"""``python -m harness`` / ``dw-harness``: list, sweep, repro, report, diff, selftest, install.
+"""``python -m harness`` / ``dw-harness``: list, sweep, merge, repro, report, diff, selftest, install.
 
 ``main`` takes argv and returns the exit code; every command lives in its own module under
 ``harness/commands`` and maps its outcome to ``harness.exitcodes``.
@@ -18,12 +18,12 @@ from harness.matrix import MatrixError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.commands import diff, install, list_cmd, repro, report, selftest, sweep
+    from harness.commands import diff, install, list_cmd, merge, repro, report, selftest, sweep
 
     parser = argparse.ArgumentParser(prog="dw-harness", description="Verification harness for "
                                      "distributed-weight autograd (TE Linear/GroupedLinear + GTP).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (list_cmd, sweep, repro, report, diff, selftest, install):
+    for mod in (list_cmd, sweep, merge, repro, report, diff, selftest, install):
         mod.add_parser(sub)
     return parser
 
