@@ -39,7 +39,7 @@ from harness.packing import Lane
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
-from harness.verdict import cell_status, repro_command
+from harness.verdict import cell_status, merge, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
 #: rank statuses that mean "this rank failed the cell in flight"
@@ -329,10 +329,34 @@ class _Launch:
                 return f"{line} ({how})" if rank is not None else line
         return f"{why} ({how})"
 
-    def lost(self, ls: _LaneState, status: str, why: str, dead_rank: int | None) -> tuple[str, CellResult]:
-        """The verdict of the lane's task in flight from what each of its ranks reported or left
-        in its log, appended to the result stream at once (the launcher is one of its writers).
-        Ranks are the cell's own (0 .. k-1); ``dead_rank`` is a launch rank."""
+    def settle(self, ls: _LaneState) -> list[tuple[str, CellResult]]:
+        """Verdicts the lane's first rank never appended although every rank of the lane had
+        reported a good result (the launch ended between the ranks' exchange and the
+        append): the launcher merges the reports itself, so that a fault in the lane's
+        *next* cell is blamed on that cell."""
+        out = []
+        while not ls.finished:
+            i = ls.current
+            task = self.tasks[i]
+            reps = self.reports.get(i, {})
+            examples = self.opts.examples if task.examples is None else task.examples
+            if examples or any(g not in reps or reps[g]["result"]["status"] in _FAILED for g in ls.lane.ranks):
+                break
+            res = merge(task.cell, [RankResult.from_dict(reps[g]["result"]) for g in ls.lane.ranks],
+                        time.monotonic() - self.since(ls), task.backend, self.opts.example)
+            self._advance(ls)
+            self.stream.append(res, task.backend, self.name)
+            out.append((task.backend, res))
+        return out
+
+    def lost(self, ls: _LaneState, status: str, why: str, dead_rank: int | None) -> list[tuple[str, CellResult]]:
+        """The verdict of the lane's task in flight from what each of its ranks reported or
+        left in its log (after ``settle``: a cell every rank finished is not lost), appended
+        to the result stream at once (the launcher is one of its writers). Ranks are the
+        cell's own (0 .. k-1); ``dead_rank`` is a launch rank."""
+        settled = self.settle(ls)
+        if ls.finished:
+            return settled
         i = ls.current
         task = self.tasks[i]
         cell = task.cell
@@ -365,7 +389,7 @@ class _Launch:
         res = CellResult(cell.id, cell.serialize(), cell.expect, verdict, round(duration, 3), None,
                          first, repro_command(cell.id, task.backend), ranks, self.opts.example)
         self.stream.append(res, task.backend, self.name)
-        return task.backend, res
+        return [*settled, (task.backend, res)]
 
     def close(self) -> None:
         self._log.close()
@@ -496,7 +520,9 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
             active = launch.active()
             blamed = [ls for ls in active if rank in ls.lane.ranks] or active
             for ls in blamed:
-                on_result(*launch.lost(ls, "error", f"launch exited with code {proc.returncode}: {why}", culprit))
+                for backend, res in launch.lost(ls, "error", f"launch exited with code {proc.returncode}: {why}",
+                                                culprit):
+                    on_result(backend, res)
             return _Outcome(f"launch ended early: {why}")
         else:
             for ls in launch.active():
@@ -532,15 +558,17 @@ def _lane_failed(launch: _Launch, ls: _LaneState, proc: subprocess.Popen, opts: 
         kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
         if _drained(launch, ls, on_result):
             return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
-        on_result(*launch.lost(ls, "error", f"peers did not finish within {opts.peer_grace:g}s of a rank's "
-                               "failure (stuck in a collective); launch ended", None))
+        for backend, res in launch.lost(ls, "error", f"peers did not finish within {opts.peer_grace:g}s of a "
+                                        "rank's failure (stuck in a collective); launch ended", None):
+            on_result(backend, res)
         return _Outcome("ended after a rank failed and its peers hung")
     if now - since > opts.cell_timeout + (opts.startup_timeout if since == launch.t0 else 0.0):
         kill_tree(proc)
         if _drained(launch, ls, on_result):
             return _Outcome("ended at the cell timeout; the cell's verdict arrived meanwhile")
-        on_result(*launch.lost(ls, "timeout", f"no result within the per-cell timeout of "
-                               f"{opts.cell_timeout:g}s; launch ended", None))
+        for backend, res in launch.lost(ls, "timeout", f"no result within the per-cell timeout of "
+                                        f"{opts.cell_timeout:g}s; launch ended", None):
+            on_result(backend, res)
         return _Outcome("ended after a cell timed out")
     return None
 

@@ -91,7 +91,8 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
     unknown = sorted(set(by_id) - {c.id for c in cells})
     if unknown:
         raise UsageError(f"a shard has cells outside its selection: {unknown[:3]}")
-    merged = [by_id.get(c.id) or unrun(c, "not run: no shard has a verdict for this cell") for c in cells]
+    merged = [by_id[c.id] if c.id in by_id else unrun(c, "not run: no shard has a verdict for this cell")
+              for c in cells]
     complete = all(rec.status == "complete" for _, rec in runs) and len(by_id) == len(cells)
     failures = [f"shard {rec.selection['shard']['index']}: {rec.failure}" for _, rec in runs if rec.failure]
     return RunRecord(

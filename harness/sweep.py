@@ -104,8 +104,10 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         latest = {**before, **{v.result.id: v.result for v in verdicts if v.backend == spec.backend}}
         cells = [latest[c.id] for c in spec.cells if c.id in latest]
         if final and len(cells) < total:
-            cells = [latest.get(c.id) or unrun(c, "not run: the sweep ended before this cell "
-                                                "(sweep --resume runs it)") for c in spec.cells]
+            # not ``latest.get(c.id) or ...``: a failing CellResult is falsy (``__bool__``)
+            cells = [latest[c.id] if c.id in latest else
+                     unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
+                     for c in spec.cells]
         record.cells = cells
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir)
