@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.runs import assert_nothing_left, end_survivors, run_once
+from fixtures.runs import assert_nothing_left, end_survivors, interrupt_when, run_once
 from harness.stream import ResultStream
 from harness import recordfile
 
@@ -214,19 +214,8 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     env = _env(tmp_path / "fired", "hang", cell=3)
     proc = subprocess.Popen(_sweep_cmd(run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while len(ResultStream(run_dir).read()) < 2:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no two results within 90 s"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)  # a hang guard: ending the launch takes seconds
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            end_survivors(run_dir)
+    err = interrupt_when(proc, lambda: len(ResultStream(run_dir).read()) >= 2, signal.SIGINT, run_dir,
+                         "no two results")
     assert proc.returncode == 130, err[-3000:]
     record = recordfile.read(run_dir)
     assert record["status"] == "incomplete"

@@ -8,20 +8,22 @@ module it builds after the 8 ws4 ones and one ws2 one), once.
 What must hold: the faulty cell (read from the first launch's plan) is recorded with its
 own ranks (0 and 1 of the cell) and the culprit named by its rank in the cell; every other
 cell passes; no cell has two verdicts (the other lane's verdicts from the faulty launch are
-kept, not rerun); the cells left run in a fresh launch; nothing of the run survives.
+kept, not rerun); the cells left run in a fresh launch; nothing of the run survives. And a
+SIGTERM to the sweep (a CI cancel) ends it as Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fixtures.runs import assert_nothing_left, end_survivors, run_once
+from fixtures.runs import assert_nothing_left, end_survivors, interrupt_when, run_once
 from harness import recordfile
 from harness.stream import ResultStream
 
@@ -121,3 +123,25 @@ def test_resume_after_a_packed_fault_runs_nothing(packed_runs):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert len(ResultStream(run_dir).read()) == before
+
+
+def test_sigterm_ends_the_sweep_like_ctrl_c(tmp_path):
+    """A CI cancel (SIGTERM to the sweep) ends the launch's whole tree and leaves an
+    incomplete record, exit 130 - not ranks running on in their own session."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "DW_FAULT": "gate", "DW_FAULT_GATE": str(gate), "DW_FAULT_CELL": str(WS4_CELLS + 2),
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", *SELECTION, "--backend", "fixtures/faults.py",
+                             "--out", str(run_dir), "--quiet"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # every rank waits at its second ws2 cell
+    err = interrupt_when(proc, lambda: len(list(gate.glob("rank*"))) == 4, signal.SIGTERM, run_dir,
+                         "the ranks never reached the gate")
+    assert proc.returncode == 130, err[-3000:]
+    record = recordfile.read(run_dir)
+    assert record["status"] == "incomplete"
+    statuses = [c["status"] for c in record["cells"]]
+    assert statuses.count("pass") >= WS4_CELLS and "skipped" in statuses, statuses
+    assert_nothing_left(run_dir, record)
