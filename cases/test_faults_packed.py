@@ -3,7 +3,9 @@
 A 16-cell selection at world sizes 4 and 2 packs into one launch of 4 ranks: the ws4 cells
 on every rank, then the ws2 cells on two lanes, ranks {0, 1} and {2, 3}, side by side.
 ``fixtures/faults.py`` makes launch rank 3 raise, hang or die in its second ws2 cell (the
-module it builds after the 8 ws4 ones and one ws2 one), once.
+module it builds after the 8 ws4 ones and one ws2 one), once - and only after launch ranks 0
+and 1 (the other lane) have built their second ws2 module too, so that lane's first ws2 cell
+is known to have finished beside the fault, however loaded the machine.
 
 What must hold: the faulty cell (read from the first launch's plan) is recorded with its
 own ranks (0 and 1 of the cell) and the culprit named by its rank in the cell; every other
@@ -38,7 +40,10 @@ FAULTS = {"raise": (), "hang": ("--cell-timeout", "10"), "die": ()}
 
 
 def _sweep(root: Path, mode: str) -> subprocess.Popen:
+    sync = root / f"{mode}-sync"
+    sync.mkdir()
     env = {**os.environ, "DW_FAULT": mode, "DW_FAULT_RANK": str(FAULT_RANK),
+           "DW_FAULT_SYNC": str(sync), "DW_FAULT_PEERS": "0,1",
            "DW_FAULT_CELL": str(WS4_CELLS + 2), "DW_FAULT_ONCE": str(root / f"{mode}-fired"),
            "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "harness", "sweep", *SELECTION, "--backend", "fixtures/faults.py",
