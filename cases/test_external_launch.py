@@ -1,14 +1,15 @@
 """The worker under a user's own torchrun (how multi-node users run it): same verdicts,
-folded from the same result stream, and the same exit codes as ``sweep``."""
+folded from the same result stream, and the same exit codes as ``sweep``; it packs the
+cells of smaller world sizes onto sub-groups and takes ``--shard``."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 from harness.stream import ResultStream
 from harness import loopback
+from harness import recordfile
 
 
 def test_worker_runs_under_external_torchrun(tmp_path):
@@ -21,7 +22,7 @@ def test_worker_runs_under_external_torchrun(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
     # the pre-fix backend fails cells: rank 0 exits 1, as sweep would, and torchrun with it
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads((out / "results.json").read_text())
+    record = recordfile.read(out)
     assert record["status"] == "complete"
     statuses = {c["id"]: c["status"] for c in record["cells"]}
     assert len(statuses) == 6 and all("-ws2-" in i for i in statuses)
@@ -39,3 +40,19 @@ def test_external_selection_without_cells_at_this_world_size_is_bad_input(tmp_pa
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
     assert proc.returncode != 0
     assert "no cell at world size 1" in proc.stdout + proc.stderr
+
+
+def test_external_packs_smaller_world_sizes_and_takes_a_shard(tmp_path):
+    # 2 ranks run the shard's ws2 cells on both and its ws1 cells on two sub-groups of one
+    out = tmp_path / "packed"
+    cmd = loopback.command("--nproc-per-node", "2", "-m", "harness.external", "--modules", "linear",
+                           "--world-sizes", "1,2", "--dtypes", "bf16", "--hooks", "off,identity",
+                           "--shard", "1/2", "--out", str(out))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = recordfile.read(out)
+    assert record["status"] == "complete" and record["selection"]["shard"] == {"index": 1, "count": 2}
+    assert {c["axes"]["world_size"] for c in record["cells"]} == {1, 2}
+    assert all(c["status"] in ("pass", "xfail") for c in record["cells"])
+    logs = (out / "logs" / "external-ws2" / "rank1.log").read_text()
+    assert "lane [1]" in logs and "lane [0, 1]" in logs, logs[-2000:]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
+from fixtures.runs import assert_nothing_left, end_survivors, interrupt_when, run_once
 from harness.stream import ResultStream
+from harness import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",
@@ -67,14 +67,6 @@ def _sweep_cmd(run_dir: Path, *extra: str) -> list[str]:
             "--out", str(run_dir), "--quiet", *extra]
 
 
-def _end_survivors(run_dir: Path) -> None:
-    for pid, _ in _survivors(run_dir):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def fault_runs(request, tmp_path_factory) -> dict[str, Run]:
     """One sweep per fault mode the selected tests need, run concurrently (they mostly wait:
@@ -87,22 +79,15 @@ def fault_runs(request, tmp_path_factory) -> dict[str, Run]:
     wanted = {_MODE_OF_TEST.get(item.originalname) or item.callspec.params.get("mode")
               for item in here if item.originalname in _MODE_OF_TEST or hasattr(item, "callspec")}
     modes = [m for m in FAULTS if m in wanted]
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent / f"faults-{run_id}" if run_id else base / "faults"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / "lock")):
-        if not (root / "done").exists():
-            _run_concurrently(root, modes)
-            (root / "done").write_text("done")
+    root = run_once(tmp_path_factory, "faults", lambda root: _run_concurrently(root, modes))
     runs = {}
     for mode in modes:
         meta = json.loads((root / f"{mode}.meta.json").read_text())
         runs[mode] = Run(root / mode, meta["returncode"], meta["stderr"],
-                         json.loads((root / mode / "results.json").read_text()), meta["resumed"])
+                         recordfile.read(root / mode), meta["resumed"])
     yield runs
     for mode in modes:
-        _end_survivors(root / mode)
+        end_survivors(root / mode)
 
 
 def _run_concurrently(root: Path, modes: list[str]) -> None:
@@ -129,7 +114,7 @@ def _run_concurrently(root: Path, modes: list[str]) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-                _end_survivors(root / mode)
+                end_survivors(root / mode)
             err.close()
     assert finished == set(procs), f"fault sweeps still running after 600 s: {set(procs) - finished}"
 
@@ -137,10 +122,10 @@ def _run_concurrently(root: Path, modes: list[str]) -> None:
 def _resume(run_dir: Path, env: dict[str, str]) -> dict:
     """``sweep --resume`` on a finished run folder: what it ran and how it exited."""
     before = len(ResultStream(run_dir).read())
-    launches = len(json.loads((run_dir / "results.json").read_text())["launches"])
+    launches = len(recordfile.read(run_dir)["launches"])
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
-    record = json.loads((run_dir / "results.json").read_text())
+    record = recordfile.read(run_dir)
     return {"returncode": proc.returncode, "new_verdicts": len(ResultStream(run_dir).read()) - before,
             "new_launches": len(record["launches"]) - launches, "status": record["status"],
             "stderr": proc.stderr[-2000:]}
@@ -152,61 +137,6 @@ def assert_in_stream_and_resume_runs_nothing(run: Run) -> None:
     assert {c["id"]: c["status"] for c in run.record["cells"]} == {i: r.status for i, r in latest.items()}
     assert run.resumed["new_verdicts"] == 0 and run.resumed["new_launches"] == 0, run.resumed
     assert run.resumed["returncode"] == run.returncode and run.resumed["status"] == "complete", run.resumed
-
-
-def _survivors(run_dir: Path) -> list[tuple[int, str]]:
-    """Live processes whose command line mentions the run folder (torchrun, the ranks)."""
-    needle = str(run_dir).encode()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if needle in cmdline:
-            out.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
-    return out
-
-
-def _listening_ports() -> set[int]:
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def _store_ports(run_dir: Path) -> set[int]:
-    """The c10d store ports of every launch, as each rank logged them on start-up."""
-    ports = set()
-    for log in run_dir.glob("logs/*/rank*.log"):
-        for m in re.finditer(r"up: .*store=[^:\s]+:(\d+)", log.read_text(errors="replace")):
-            ports.add(int(m.group(1)))
-    return ports
-
-
-def assert_nothing_left(run_dir: Path, record: dict) -> None:
-    """No process of the run remains, no store port listens, every launch kept its logs."""
-    deadline = time.monotonic() + 5.0          # a SIGKILLed process can take a moment to go
-    while (left := _survivors(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes of the run outlived the sweep: {left}"
-    ports = _store_ports(run_dir)
-    assert ports, "no rank logged its rendezvous store port"
-    assert not ports & _listening_ports(), f"rendezvous store port(s) still listening: {ports & _listening_ports()}"
-    for launch in record["launches"]:
-        log_dir = run_dir / launch["log_dir"]
-        assert (log_dir / "torchrun.log").exists(), launch
-        for r in range(launch["world_size"]):
-            assert (log_dir / f"rank{r}.log").exists(), (launch["log_dir"], r)
 
 
 def _cells(record: dict) -> list[dict]:
@@ -284,21 +214,10 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     env = _env(tmp_path / "fired", "hang", cell=3)
     proc = subprocess.Popen(_sweep_cmd(run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while len(ResultStream(run_dir).read()) < 2:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no two results within 90 s"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)  # a hang guard: ending the launch takes seconds
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            _end_survivors(run_dir)
+    err = interrupt_when(proc, lambda: len(ResultStream(run_dir).read()) >= 2, signal.SIGINT, run_dir,
+                         "no two results")
     assert proc.returncode == 130, err[-3000:]
-    record = json.loads((run_dir / "results.json").read_text())
+    record = recordfile.read(run_dir)
     assert record["status"] == "incomplete"
     done = [c["id"] for c in record["cells"] if c["status"] != "skipped"]
     assert len(done) == 2 and all(c["status"] == "pass" for c in record["cells"] if c["id"] in done)
@@ -313,7 +232,7 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     added = [v.result.id for v in ResultStream(run_dir).read()][len(before):]
     assert len(added) == N_CELLS - 2 and not set(added) & set(done), added
-    record = json.loads((run_dir / "results.json").read_text())
+    record = recordfile.read(run_dir)
     assert record["status"] == "complete"
     assert [c["status"] for c in record["cells"]] == ["pass"] * N_CELLS
     assert_nothing_left(run_dir, record)

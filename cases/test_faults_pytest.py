@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
+from fixtures.runs import run_once
 from harness import matrix
 from harness.stream import ResultStream
 
@@ -43,14 +43,9 @@ def _cells() -> list[matrix.Cell]:
 
 @pytest.fixture(scope="module")
 def pytest_runs(tmp_path_factory) -> dict[str, dict]:
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent / f"pytest-faults-{run_id}" if run_id else base / "pytest-faults"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / "lock")):
-        if not (root / "done.json").exists():
-            (root / "done.json").write_text(json.dumps(_run_all(root)))
-    return json.loads((root / "done.json").read_text())
+    root = run_once(tmp_path_factory, "pytest-faults",
+                    lambda root: (root / "runs.json").write_text(json.dumps(_run_all(root))))
+    return json.loads((root / "runs.json").read_text())
 
 
 def _run_all(root: Path) -> dict[str, dict]:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
+from harness import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",
@@ -42,7 +42,7 @@ def test_rank_that_cannot_start_ends_the_run_after_two_launches(tmp_path):
     assert err[-1].startswith("dw-harness: error: no cell could start: 2 launch(es)"), err
     assert "[rank 0] BackendError" in err[-1] or "[rank 1] BackendError" in err[-1], err[-1]
     assert "dw_harness_dependency_missing_in_the_ranks" in err[-1], err[-1]
-    record = json.loads((out / "results.json").read_text())
+    record = recordfile.read(out)
     assert len(record["launches"]) == 2, record["launches"]
     assert all(l["note"].startswith("could not start: ") for l in record["launches"])
     assert record["status"] == "incomplete" and record["failure"] == err[-1][len("dw-harness: error: "):]
@@ -68,7 +68,7 @@ def test_planted_harness_bug_exits_3_and_is_never_a_backend_verdict(tmp_path):
     proc = _sweep(out, *SMALL, "--backend", "fixtures/harness_bug.py")
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "harness bug" in proc.stderr
-    record = json.loads((out / "results.json").read_text())
+    record = recordfile.read(out)
     assert record["status"] == "complete"
     assert {c["status"] for c in record["cells"]} == {HARNESS_ERROR}
     for cell in record["cells"]:
@@ -85,7 +85,7 @@ def test_backend_constructor_that_raises_gets_a_backend_verdict(tmp_path):
            "DW_FAULT_ONCE": str(tmp_path / "fired")}  # its peer waits in the forward: relaunched
     proc = _sweep(out, *SMALL, "--backend", "fixtures/faults.py", env=env)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
-    record = json.loads((out / "results.json").read_text())
+    record = recordfile.read(out)
     statuses = [c["status"] for c in record["cells"]]
     assert statuses[1] == "error" and statuses.count("pass") == len(statuses) - 1, statuses
     rank0 = record["cells"][1]["ranks"][0]

@@ -13,12 +13,12 @@ with them cannot claim to catch it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from harness.install import megatron as component
+from harness import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_MESSAGE = "weight was removed while fuse_wgrad_accumulation=True"
@@ -32,7 +32,7 @@ def test_seed_preset_reproduces_on_te_and_megatron(tmp_path: Path):
                            "--backend", "harness.te_cpu", "--out", str(out), "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     context = f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    cells = {c["axes"]["hooks"]: c for c in json.loads((out / "results.json").read_text())["cells"]}
+    cells = {c["axes"]["hooks"]: c for c in recordfile.read(out)["cells"]}
     assert set(cells) == {"offload", "off"}, context
     for c in cells.values():
         assert (c["axes"]["module"], c["axes"]["weight"], c["axes"]["dtype"], c["axes"]["fused"],

@@ -43,6 +43,7 @@ from fixtures import report_records as H  # noqa: E402
 from harness.reports import _common  # noqa: E402
 from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
 from harness.reports.diff import diff_records  # noqa: E402
+from harness import recordfile
 
 
 def _sweep_all(root: Path) -> dict[str, Any]:
@@ -93,9 +94,9 @@ def _dir(runs: dict[str, Any], name: str) -> Path:
 
 
 def _record(runs: dict[str, Any], name: str) -> dict[str, Any]:
-    path = _dir(runs, name) / "results.json"
-    assert path.exists(), f"the {name} sweep wrote no results.json (rc {runs[name]['rc']}):\n{runs[name]['out']}"
-    return json.loads(path.read_text())
+    path = recordfile.path_in(_dir(runs, name))
+    assert path.exists(), f"the {name} sweep wrote no run record (rc {runs[name]['rc']}):\n{runs[name]['out']}"
+    return recordfile.read(path)
 
 
 def _bad(record: dict[str, Any]) -> list[dict[str, Any]]:

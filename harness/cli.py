@@ -1,4 +1,4 @@
-"""``python -m harness`` / ``dw-harness``: list, sweep, repro, report, diff, selftest, install.
+"""``python -m harness`` / ``dw-harness``: list, sweep, merge, repro, report, diff, selftest, install.
 
 ``main`` takes argv and returns the exit code; every command lives in its own module under
 ``harness/commands`` and maps its outcome to ``harness.exitcodes``.
@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
+from typing import Any
 
 from harness import exitcodes
 from harness.backends import BackendError
@@ -18,12 +21,12 @@ from harness.matrix import MatrixError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.commands import diff, install, list_cmd, repro, report, selftest, sweep
+    from harness.commands import diff, install, list_cmd, merge, repro, report, selftest, sweep
 
     parser = argparse.ArgumentParser(prog="dw-harness", description="Verification harness for "
                                      "distributed-weight autograd (TE Linear/GroupedLinear + GTP).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (list_cmd, sweep, repro, report, diff, selftest, install):
+    for mod in (list_cmd, sweep, merge, repro, report, diff, selftest, install):
         mod.add_parser(sub)
     return parser
 
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
         return int(exc.code or 0)
     args.argv = argv
+    previous = _sigterm_interrupts()
     try:
         return int(args.func(args))
     except (MatrixError, BackendError, exitcodes.UsageError) as exc:
@@ -57,6 +61,23 @@ def main(argv: list[str] | None = None) -> int:
         print("dw-harness: internal error (a harness bug, not a verdict on the backend); "
               "please report it with the traceback above", file=sys.stderr)
         return exitcodes.HARNESS_BUG
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_interrupts() -> Any:
+    """SIGTERM (a CI cancel, ``kill``) ends a command as Ctrl-C does: the launch's process
+    tree is ended (its ranks run in a session of their own and would outlive a plain
+    SIGTERM death) and the record is written, marked incomplete. Returns the handler to
+    restore (None off the main thread, where no handler can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)
 
 
 if __name__ == "__main__":

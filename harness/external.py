@@ -1,9 +1,11 @@
 """The worker under a user's own launcher (multi-node): ``torchrun ... -m harness.external``.
 
-Every rank builds the same plan from the selection options (the cells of the selection at
-this world size), the ranks compare a digest of the cell ids, run them as the launcher's
-ranks would (``harness.worker.run``), and rank 0 folds the run's result stream into the run
-record and renders the reports. Put ``--out`` on a filesystem every node shares.
+Every rank builds the same plan from the selection options: the cells of the selection (or
+of its ``--shard K/N``) whose world size divides this launch's, packed onto sub-groups
+(``harness.packing``; ``--packing off``: only the cells of exactly this world size). The
+ranks compare a digest of the cell ids, run them as the launcher's ranks would
+(``harness.worker.run``), and rank 0 folds the run's result stream into the run record and
+renders the reports. Put ``--out`` on a filesystem every node shares.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import compare, matrix, runinfo, selection
+from harness import compare, matrix, packing, runinfo, selection
 from harness.backends import BackendError, load_backend
 from harness.exitcodes import BAD_INPUT, UsageError
 from harness.record import CellResult, RunRecord
@@ -25,14 +27,18 @@ def build_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
     """The plan every rank derives on its own from the same options.
 
     Raises:
-        MatrixError: no cell of the selection has this world size.
+        MatrixError: no cell of the selection fits this world size.
+        UsageError: a bad ``--shard``, or a weight that is not installed.
     """
-    cells = [c for c in matrix.select(args.preset, selection.overrides(args), args.filter_expr)
-             if c.world_size == world_size]
+    cells, sel = selection.select(args)
+    fits = (lambda k: world_size % k == 0) if args.packing == "on" else (lambda k: k == world_size)
+    cells = [c for c in cells if fits(c.world_size)]
     if not cells:
         raise matrix.MatrixError(f"the selection has no cell at world size {world_size}")
     return {"run_dir": str(Path(args.out).resolve()), "launch": f"external-ws{world_size}",
             "tasks": [{"backend": args.backend, "cell": c.id} for c in cells],
+            "lanes": [lane.serialize() for lane in packing.pack(cells, world_size)],
+            "selection": {**sel, "examples": args.examples},
             "device": args.device, "examples": args.examples, "collective_timeout": args.collective_timeout}
 
 
@@ -52,9 +58,9 @@ def finish(plan: dict[str, Any], argv: list[str], started: str) -> RunRecord:
                        started=started, finished=runinfo.now(), duration_s=0.0,
                        command="python -m torch.distributed.run ... -m harness.external " + " ".join(argv),
                        argv=argv, backend=backend, environment=runinfo.environment(plan["device"]),
-                       selection={"external": True}, tolerance=compare.policy(),
-                       world_sizes=[int(os.environ.get("WORLD_SIZE", 1))], cells=cells)
-    record.write(run_dir / "results.json")
+                       selection={**plan["selection"], "external": True}, tolerance=compare.policy(),
+                       world_sizes=sorted({c.axes["world_size"] for c in cells}), cells=cells)
+    record.write(run_dir)
     write_all(record.serialize(), run_dir)
     return record
 
@@ -70,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--examples", type=int, default=0)
     parser.add_argument("--collective-timeout", type=float, default=300.0)
+    parser.add_argument("--packing", choices=("on", "off"), default="on",
+                        help="on: also the cells of every world size dividing this launch's, on sub-groups")
     args = parser.parse_args(argv)
     started = runinfo.now()
     try:

@@ -1,4 +1,4 @@
-"""Launching the worker under torchrun: one launch per world size, never a hang.
+"""Launching the worker under torchrun: few launches (sub-group packing), never a hang.
 
 Each launch runs in its own process session so that a timeout or an interrupt can end the
 whole tree (torchrun and every rank) with one ``killpg``; each launch binds a free loopback
@@ -11,7 +11,10 @@ failed while its peers may be stuck in a collective), and the process itself (a 
 ends torchrun). When a launch stops making progress - a peer stuck after a failure, a cell
 past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each rank's
 faulthandler writes its stacks into its log), appends the cell in flight to the result
-stream with every rank's evidence, and starts a fresh launch for the cells left.
+stream with every rank's evidence, and starts a fresh launch for the cells left. A launch
+of W ranks runs its cells on lanes (``harness.packing``: disjoint sub-groups, one cell in
+flight each); all of this is tracked per lane, so a fault is blamed on its lane's cell and
+the other lanes' verdicts stand.
 
 A launch that ends before every rank is ready ran no cell: it is a launch failure, retried
 once (``LaunchOptions.start_attempts``); then ``LaunchFailure`` ends the run, naming the first
@@ -30,12 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness import loopback
+from harness import loopback, packing
 from harness.matrix import Cell
+from harness.packing import Lane
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
-from harness.verdict import cell_status, repro_command
+from harness.verdict import cell_status, merge, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
 #: rank statuses that mean "this rank failed the cell in flight"
@@ -186,28 +190,66 @@ def _last_error_line(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-class _Launch:
-    """One torchrun launch and what is known about the task in flight."""
+@dataclass
+class _LaneState:
+    """A lane of a launch (``harness.packing``) and how far it got."""
 
-    def __init__(self, world_size: int, tasks: list[Task], opts: LaunchOptions, name: str) -> None:
-        self.world_size = world_size
+    lane: Lane
+    done: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= len(self.lane.tasks)
+
+    @property
+    def current(self) -> int:
+        """The launch's index of the task in flight."""
+        return self.lane.tasks[self.done]
+
+
+class _Launch:
+    """One torchrun launch of ``width`` ranks, its lanes, and what is known about the
+    tasks in flight (one per lane)."""
+
+    def __init__(self, width: int, tasks: list[Task], opts: LaunchOptions, name: str, lanes: list[Lane]) -> None:
+        self.world_size = width
         self.tasks = tasks
         self.opts = opts
         self.name = name
+        self.lanes = [_LaneState(lane) for lane in lanes]
         self.log_dir = opts.run_dir / "logs" / name
-        self.done = 0                      # tasks with a verdict in the stream
-        self.reports: dict[int, dict[int, dict]] = {}   # task index -> rank -> own report
+        self.done: set[int] = set()                      # task indices with a verdict in the stream
+        self.reports: dict[int, dict[int, dict]] = {}   # task index -> global rank -> own report
         self.ready: set[int] = set()                     # ranks able to run cells
         self.startup_errors: dict[int, dict] = {}       # rank -> its startup_error report
         self.stream = ResultStream(opts.run_dir)
         self.offset = self.stream.path.stat().st_size if self.stream.path.exists() else 0
         self.rank_tails = [_LineTail(opts.run_dir / "ranks" / f"{name}.rank{r}.jsonl")
-                           for r in range(world_size)]
+                           for r in range(width)]
+        self.t0 = time.monotonic()
+        #: when each rank last saw one of its lanes' verdicts (its next cell started then)
+        self.rank_last = [self.t0] * width
 
     @property
     def started(self) -> bool:
         """Every rank got as far as running cells (or a cell already has a verdict)."""
-        return len(self.ready) == self.world_size or self.done > 0
+        return len(self.ready) == self.world_size or bool(self.done)
+
+    @property
+    def finished(self) -> bool:
+        return all(ls.finished for ls in self.lanes)
+
+    def active(self) -> list[_LaneState]:
+        """Lanes running a cell now: unfinished, and every earlier lane sharing a rank finished."""
+        out = []
+        for j, ls in enumerate(self.lanes):
+            if not ls.finished and all(p.finished for p in self.lanes[:j] if set(p.lane.ranks) & set(ls.lane.ranks)):
+                out.append(ls)
+        return out
+
+    def since(self, ls: _LaneState) -> float:
+        """When the lane's cell in flight started (as the launcher can tell)."""
+        return max(self.rank_last[r] for r in ls.lane.ranks)
 
     def start(self) -> subprocess.Popen:
         run_dir = self.opts.run_dir
@@ -219,6 +261,8 @@ class _Launch:
             "tasks": [{"backend": t.backend, "cell": t.cell.id,
                        "examples": self.opts.examples if t.examples is None else t.examples}
                       for t in self.tasks],
+            "lanes": [ls.lane.serialize() for ls in self.lanes],
+            "exit_when_done": True,
             "device": self.opts.device, "threads_per_rank": self.opts.threads_per_rank,
             "example": self.opts.example, "examples": self.opts.examples,
             # shorter than the cell timeout, so a peer of a hung rank reports a
@@ -235,8 +279,8 @@ class _Launch:
                                 start_new_session=True, env=env)
 
     def poll_results(self) -> list[tuple[str, CellResult]]:
-        """New verdicts of this launch's tasks (with their backend) in task order; fresh
-        per-rank reports and start-up events."""
+        """New verdicts of this launch's tasks (with their backend), each lane in task order;
+        fresh per-rank reports and start-up events."""
         for r, tail in enumerate(self.rank_tails):
             for rep in tail.read():
                 event = rep.get("event")
@@ -249,14 +293,24 @@ class _Launch:
         verdicts, self.offset = self.stream.read_since(self.offset)
         out = []
         for v in verdicts:
-            if v.launch == self.name and self.done < len(self.tasks) and v.key == self.tasks[self.done].key:
+            if v.launch != self.name:
+                continue
+            ls = next((ls for ls in self.lanes if not ls.finished and self.tasks[ls.current].key == v.key), None)
+            if ls is not None:
                 out.append((v.backend, v.result))
-                self.done += 1
+                self._advance(ls)
         return out
 
-    def first_error_report(self) -> float | None:
-        """When a rank first reported a failure for the task in flight (None: none did)."""
-        times = [rep["t"] for rep in self.reports.get(self.done, {}).values()
+    def _advance(self, ls: _LaneState) -> None:
+        self.done.add(ls.current)
+        ls.done += 1
+        now = time.monotonic()
+        for r in ls.lane.ranks:
+            self.rank_last[r] = now
+
+    def first_error_report(self, ls: _LaneState) -> float | None:
+        """When a rank first reported a failure for the lane's task in flight (None: none did)."""
+        times = [rep["t"] for rep in self.reports.get(ls.current, {}).values()
                  if rep["result"]["status"] in _FAILED]
         return min(times) if times else None
 
@@ -275,36 +329,67 @@ class _Launch:
                 return f"{line} ({how})" if rank is not None else line
         return f"{why} ({how})"
 
-    def lost(self, status: str, why: str, first_rank: int | None, duration: float) -> tuple[str, CellResult]:
-        """The in-flight task's verdict from what each rank reported or left in its log,
-        appended to the result stream at once (the launcher is one of its writers)."""
-        task = self.tasks[self.done]
+    def settle(self, ls: _LaneState) -> list[tuple[str, CellResult]]:
+        """Verdicts the lane's first rank never appended although every rank of the lane had
+        reported a good result (the launch ended between the ranks' exchange and the
+        append): the launcher merges the reports itself, so that a fault in the lane's
+        *next* cell is blamed on that cell."""
+        out = []
+        while not ls.finished:
+            i = ls.current
+            task = self.tasks[i]
+            reps = self.reports.get(i, {})
+            examples = self.opts.examples if task.examples is None else task.examples
+            if examples or any(g not in reps or reps[g]["result"]["status"] in _FAILED for g in ls.lane.ranks):
+                break
+            res = merge(task.cell, [RankResult.from_dict(reps[g]["result"]) for g in ls.lane.ranks],
+                        time.monotonic() - self.since(ls), task.backend, self.opts.example)
+            self._advance(ls)
+            self.stream.append(res, task.backend, self.name)
+            out.append((task.backend, res))
+        return out
+
+    def lost(self, ls: _LaneState, status: str, why: str, dead_rank: int | None) -> list[tuple[str, CellResult]]:
+        """The verdict of the lane's task in flight from what each of its ranks reported or
+        left in its log (after ``settle``: a cell every rank finished is not lost), appended
+        to the result stream at once (the launcher is one of its writers). Ranks are the
+        cell's own (0 .. k-1); ``dead_rank`` is a launch rank."""
+        settled = self.settle(ls)
+        if ls.finished:
+            return settled
+        i = ls.current
+        task = self.tasks[i]
         cell = task.cell
-        marker = f"start {self.done + 1}/{len(self.tasks)} "
-        reported = self.reports.get(self.done, {})
+        marker = f"start {i + 1}/{len(self.tasks)} "
+        members = ls.lane.ranks
+        reported = {members.index(g): rep for g, rep in self.reports.get(i, {}).items() if g in members}
         ranks = []
-        for r in range(self.world_size):
+        for r, g in enumerate(members):
             if r in reported:
                 ranks.append(RankResult.from_dict(reported[r]["result"]))
                 continue
-            evidence = _log_since(self.log_dir / f"rank{r}.log", marker)
+            evidence = _log_since(self.log_dir / f"rank{g}.log", marker)
             ranks.append(RankResult(r, status, [], {
                 "type": {"timeout": "Timeout", "error": "NoReport"}[status],
                 "message": f"this rank never reported a result ({why})", "traceback": evidence}))
-        first_rank = _first_to_fail(reported, first_rank, self.world_size)
+        dead = members.index(dead_rank) if dead_rank in members else None
+        first_rank = _first_to_fail(reported, dead, len(members))
         verdict = cell_status(ranks)
         first = why
+        where = "" if len(members) == self.world_size else f", launch rank {members[first_rank if first_rank is not None else 0]}"
         if first_rank is not None:
             rr = next(x for x in ranks if x.rank == first_rank)
             if first_rank in reported and rr.error:
-                first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail; {why})"
+                first = (f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} "
+                         f"(first rank to fail{where}; {why})")
             elif rr.error:
-                first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail)"
-        self.done += 1
+                first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail{where})"
+        duration = time.monotonic() - self.since(ls)
+        self._advance(ls)
         res = CellResult(cell.id, cell.serialize(), cell.expect, verdict, round(duration, 3), None,
                          first, repro_command(cell.id, task.backend), ranks, self.opts.example)
         self.stream.append(res, task.backend, self.name)
-        return task.backend, res
+        return [*settled, (task.backend, res)]
 
     def close(self) -> None:
         self._log.close()
@@ -350,14 +435,17 @@ def _free_launch_name(run_dir: Path, world_size: int) -> str:
     return f"ws{world_size}-{k}"
 
 
-def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
+def launch_tasks(width: int, tasks: list[Task], opts: LaunchOptions,
                  on_result: ResultCallback = lambda backend, res: None) -> list[LaunchRecord]:
-    """Run ``tasks`` (all of one world size) until each has a verdict in the result stream.
+    """Run ``tasks`` in launches of ``width`` ranks until each has a verdict in the result stream.
 
-    A launch that loses a cell (crash, hang) is replaced by a fresh one for the cells left.
-    A launch that ends before any cell started is a launch failure: retried, and after
+    Every task's world size must divide ``width``: a task of world size k runs on one of the
+    launch's lanes of k ranks (``harness.packing``), beside the other lanes. A launch that
+    loses a cell (crash, hang) is replaced by a fresh one for the cells left: the verdicts
+    already in the stream are kept, the cells in flight on other lanes run again. A launch
+    that ends before any cell started is a launch failure: retried, and after
     ``opts.start_attempts`` such launches in a row ``LaunchFailure`` ends the run. Several
-    backends can share one launch: the process group does not depend on them.
+    backends can share one launch: the process groups do not depend on them.
     ``on_result`` is told of each verdict as it arrives (progress only: the stream has it).
 
     Raises:
@@ -368,8 +456,8 @@ def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
     attempt = 0
     failed_starts = 0
     while remaining:
-        launch = _Launch(world_size, remaining, opts, _free_launch_name(opts.run_dir, world_size))
-        t0 = time.monotonic()
+        lanes = packing.pack([t.cell for t in remaining], width)
+        launch = _Launch(width, remaining, opts, _free_launch_name(opts.run_dir, width), lanes)
         proc = launch.start()
         outcome = _Outcome()
         try:
@@ -378,20 +466,20 @@ def launch_tasks(world_size: int, tasks: list[Task], opts: LaunchOptions,
             kill_tree(proc)
             launch.close()
         note = outcome.note if outcome.startup is None else f"could not start: {outcome.startup}"
-        records.append(LaunchRecord(world_size, [t.cell.id for t in remaining], proc.returncode,
-                                    round(time.monotonic() - t0, 3),
+        records.append(LaunchRecord(width, [t.cell.id for t in remaining], proc.returncode,
+                                    round(time.monotonic() - launch.t0, 3),
                                     str(launch.log_dir.relative_to(opts.run_dir)), attempt, note))
         attempt += 1
         if outcome.startup is not None:
             failed_starts += 1
             if failed_starts >= opts.start_attempts:
                 raise LaunchFailure(
-                    f"no cell could start: {failed_starts} launch(es) of {world_size} rank(s) in a row ended "
+                    f"no cell could start: {failed_starts} launch(es) of {width} rank(s) in a row ended "
                     f"before the first cell; first failing rank: {outcome.startup} "
                     f"(rank logs: {launch.log_dir})", records)
             continue
         failed_starts = 0
-        remaining = remaining[launch.done:]
+        remaining = [t for i, t in enumerate(remaining) if i not in launch.done]
     return records
 
 
@@ -405,14 +493,13 @@ class _Outcome:
 
 def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
            on_result: ResultCallback) -> _Outcome:
-    """Follow one launch until its tasks are done or it must be ended."""
-    t0 = last = said = time.monotonic()
-    while launch.done < len(launch.tasks):
+    """Follow one launch until its tasks are done or it must be ended (a lane failed)."""
+    t0 = said = launch.t0
+    while not launch.finished:
         exited = proc.poll() is not None
         for backend, res in launch.poll_results():
             on_result(backend, res)
-            last = time.monotonic()
-        if launch.done >= len(launch.tasks):
+        if launch.finished:
             break
         now = time.monotonic()
         if not launch.started:
@@ -424,39 +511,36 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
                 return _Outcome(startup=launch.startup_cause(
                     f"not every rank was ready within the start-up timeout of {opts.startup_timeout:g}s"))
         elif exited:
+            for backend, res in launch.poll_results():  # verdicts appended just before the end
+                on_result(backend, res)
             rank, why = torchrun_failure(launch.log_dir)
             # only a rank killed by a signal is a culprit; exit code 1 is usually a peer
             # whose collective broke because of someone else
             culprit = rank if "died" in why else None
-            on_result(*launch.lost("error", f"launch exited with code {proc.returncode}: {why}", culprit,
-                                   now - last))
+            active = launch.active()
+            blamed = [ls for ls in active if rank in ls.lane.ranks] or active
+            for ls in blamed:
+                for backend, res in launch.lost(ls, "error", f"launch exited with code {proc.returncode}: {why}",
+                                                culprit):
+                    on_result(backend, res)
             return _Outcome(f"launch ended early: {why}")
         else:
-            failed_at = launch.first_error_report()
-            if failed_at is not None and time.time() - failed_at > opts.peer_grace:
-                kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
-                if _drained(launch, on_result):
-                    return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
-                on_result(*launch.lost("error", f"peers did not finish within {opts.peer_grace:g}s of a rank's "
-                                       "failure (stuck in a collective); launch ended", None, now - last))
-                return _Outcome("ended after a rank failed and its peers hung")
-            if now - last > opts.cell_timeout + (opts.startup_timeout if last == t0 else 0.0):
-                kill_tree(proc)
-                if _drained(launch, on_result):
-                    return _Outcome("ended at the cell timeout; the cell's verdict arrived meanwhile")
-                on_result(*launch.lost("timeout", f"no result within the per-cell timeout of "
-                                       f"{opts.cell_timeout:g}s; launch ended", None, now - last))
-                return _Outcome("ended after a cell timed out")
-        if opts.on_wait is not None and now - max(last, said) >= opts.wait_interval:
+            for ls in launch.active():
+                ended = _lane_failed(launch, ls, proc, opts, on_result, now)
+                if ended is not None:
+                    return ended
+        if opts.on_wait is not None and now - max(max(launch.rank_last), said) >= opts.wait_interval:
             said = now
             if not launch.started:
                 opts.on_wait(f"launch {launch.name}: starting {launch.world_size} rank(s) "
                              f"({len(launch.ready)} ready after {now - t0:.0f} s)")
             else:
-                opts.on_wait(f"launch {launch.name}: {launch.tasks[launch.done].cell.id} running for "
-                             f"{now - last:.0f} s (cell timeout {opts.cell_timeout:g} s)")
+                ls = min(launch.active(), key=launch.since)
+                opts.on_wait(f"launch {launch.name}: {launch.tasks[ls.current].cell.id} running for "
+                             f"{now - launch.since(ls):.0f} s (cell timeout {opts.cell_timeout:g} s)")
         time.sleep(0.05)
-    # Every verdict is on disk: let the ranks tear down briefly, then end the tree.
+    # Every verdict is on disk and the ranks exit at once (``exit_when_done``): torchrun
+    # needs a moment to notice; then the tree is ended anyway.
     try:
         proc.wait(timeout=2.0)
     except subprocess.TimeoutExpired:
@@ -464,10 +548,36 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
     return _Outcome()
 
 
-def _drained(launch: _Launch, on_result: ResultCallback) -> bool:
-    """After ending a launch: True when the cell in flight got its verdict after all (rank 0
-    appended it between the last poll and the kill), so it is not recorded as lost."""
-    before = launch.done
+def _lane_failed(launch: _Launch, ls: _LaneState, proc: subprocess.Popen, opts: LaunchOptions,
+                 on_result: ResultCallback, now: float) -> _Outcome | None:
+    """End the launch when the lane's cell in flight failed on a rank whose peers did not
+    finish within the grace period, or ran past the cell timeout; None while it is fine."""
+    failed_at = launch.first_error_report(ls)
+    since = launch.since(ls)
+    if failed_at is not None and time.time() - failed_at > opts.peer_grace:
+        kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
+        if _drained(launch, ls, on_result):
+            return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
+        for backend, res in launch.lost(ls, "error", f"peers did not finish within {opts.peer_grace:g}s of a "
+                                        "rank's failure (stuck in a collective); launch ended", None):
+            on_result(backend, res)
+        return _Outcome("ended after a rank failed and its peers hung")
+    if now - since > opts.cell_timeout + (opts.startup_timeout if since == launch.t0 else 0.0):
+        kill_tree(proc)
+        if _drained(launch, ls, on_result):
+            return _Outcome("ended at the cell timeout; the cell's verdict arrived meanwhile")
+        for backend, res in launch.lost(ls, "timeout", f"no result within the per-cell timeout of "
+                                        f"{opts.cell_timeout:g}s; launch ended", None):
+            on_result(backend, res)
+        return _Outcome("ended after a cell timed out")
+    return None
+
+
+def _drained(launch: _Launch, ls: _LaneState, on_result: ResultCallback) -> bool:
+    """After ending a launch: True when the lane's cell in flight got its verdict after all
+    (its first rank appended it between the last poll and the kill), so it is not recorded
+    as lost. Verdicts of other lanes that arrived meanwhile are kept too."""
+    before = ls.done
     for backend, res in launch.poll_results():
         on_result(backend, res)
-    return launch.done > before
+    return ls.done > before

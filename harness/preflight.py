@@ -72,3 +72,11 @@ def check_run(backend: str, device: str, world_sizes: Iterable[int]) -> tuple[Ba
     device = settle_device(info, device)
     check_device(device, world_sizes)
     return info, device
+
+
+def gpu_slots(device: str) -> int:
+    """Ranks one launch may use on this node: its GPUs under CUDA, else 0 (no more than the
+    largest world size selected: on CPU more ranks than that only share the same cores)."""
+    import torch
+
+    return torch.cuda.device_count() if device in ("auto", "cuda") and torch.cuda.is_available() else 0

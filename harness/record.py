@@ -1,4 +1,4 @@
-"""The run record: the one JSON file (``results.json``) every report is rendered from.
+"""The run record: the one JSON document (``results.json.gz``) every report is rendered from.
 
 Data flows one way: every verdict is appended to the run's result stream
 (``harness.stream``) the moment it exists; the sweep folds the stream into a ``RunRecord``,
@@ -36,11 +36,11 @@ Schema (``schema = 1``), all plain JSON:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import recordfile
 from harness.status import GOOD_STATUSES, STATUSES
 
 SCHEMA = 1
@@ -231,17 +231,13 @@ class RunRecord:
             failure=d.get("failure"),
         )
 
-    def write(self, path: Path) -> None:
-        """Write atomically so a reader (or a crash) never sees half a record."""
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.serialize(), indent=1, sort_keys=False))
-        tmp.replace(path)
+    def write(self, path: str | Path) -> Path:
+        """Write atomically (``harness.recordfile``): into a run folder's ``results.json.gz``,
+        or to a file (plain JSON unless its name ends in ``.gz``). Returns the file."""
+        return recordfile.write(self.serialize(), path)
 
 
 def load(path: str | Path) -> RunRecord:
-    """Load a run record from ``results.json`` or from the run folder holding it."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.json"
-    return RunRecord.from_dict(json.loads(p.read_text()))
+    """Load a run record from a run folder, its ``results.json.gz`` or an older ``results.json``."""
+    return RunRecord.from_dict(recordfile.read(path))
 

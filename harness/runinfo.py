@@ -26,6 +26,16 @@ def git_commit() -> str | None:
         return None
 
 
+def harness_version() -> str:
+    """The installed dw-harness version (shards to merge must share it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("dw-harness")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def environment(device: str) -> dict[str, Any]:
     """torch, python, platform, host, device and process-group backend of this run."""
     import torch
@@ -39,5 +49,6 @@ def environment(device: str) -> dict[str, Any]:
         "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
         "pg_backend": "nccl" if cuda else "gloo",
         "git_commit": git_commit(),
+        "harness_version": harness_version(),
         "cpus": os.cpu_count(),
     }

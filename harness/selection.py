@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness import matrix, weights
+from harness import matrix, shard, weights
 from harness.exitcodes import UsageError
 
 
@@ -18,6 +18,8 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
         g.add_argument(opt, dest=f"axis_{axis}", metavar="V[,V...]", help=f"restrict axis {axis}")
     g.add_argument("--filter", dest="filter_expr", help='boolean expression over axes, e.g. '
                    '\'module == "linear" and world_size >= 2\'')
+    g.add_argument("--shard", metavar="K/N", help="only shard K of N: a deterministic, cost-balanced "
+                   "part of the selection (join the N run folders with `merge`)")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, tuple]:
@@ -37,6 +39,7 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
         MatrixError: an unknown preset, axis value or a malformed filter.
     """
     ov = overrides(args)
+    part = shard.Shard.parse(args.shard) if getattr(args, "shard", None) else None
     cells = matrix.select(args.preset, ov, args.filter_expr)
     if not cells:
         raise UsageError(f"the selection is empty (preset={args.preset!r}, overrides={ov}, "
@@ -44,8 +47,21 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     why = weights.unavailable({c.weight for c in cells})
     if why is not None:
         raise UsageError(why)
-    return cells, {"preset": args.preset, "overrides": {k: list(v) for k, v in ov.items()},
-                   "filter": args.filter_expr}
+    sel = {"preset": args.preset, "overrides": {k: list(v) for k, v in ov.items()}, "filter": args.filter_expr}
+    return apply_shard(cells, sel, part)
+
+
+def apply_shard(cells: list[matrix.Cell], sel: dict[str, Any],
+                part: shard.Shard | None) -> tuple[list[matrix.Cell], dict[str, Any]]:
+    """The shard's cells, and ``sel`` saying which shard of which selection (its size and the
+    digest of its ids: ``merge`` refuses shards of different selections)."""
+    if part is None:
+        return cells, sel
+    mine = shard.select(cells, part)
+    if not mine:
+        raise UsageError(f"shard {part} of {len(cells)} cell(s) is empty: choose fewer shards")
+    return mine, {**sel, "shard": part.serialize(), "cells_total": len(cells),
+                  "cells_digest": matrix.ids_digest(cells)}
 
 
 def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:

@@ -1,8 +1,8 @@
 """Self-validation: the clean reference and every planted mutant over one selection.
 
 A harness earns trust by going red on every known fault class and never on correct code.
-All backends share one launch per world size (the process group does not depend on the
-backend). A mutant only runs the cells of the modules it changes: for the other modules its
+All backends share one packed launch (``harness.packing``: the process groups do not depend
+on the backend). A mutant only runs the cells of the modules it changes: for the other modules its
 classes *are* the reference's, so their verdicts are the clean run's by construction.
 
 A mutant counts as killed only when a failing check is evidence of its own fault (its
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import matrix
+from harness import matrix, packing
 from harness.launch import LaunchOptions, Task, launch_tasks
 from harness.record import CellResult
 from harness.status import HARNESS_ERROR
@@ -120,11 +120,12 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     t0 = time.monotonic()
     stream = ResultStream(opts.run_dir)
     since = stream.path.stat().st_size if stream.path.exists() else 0
-    for ws, ws_cells in matrix.plan(cells).items():
-        tasks = [Task(CLEAN, c, clean_examples) for c in ws_cells]
+    for width, members in packing.launch_groups(cells):
+        group = [cells[i] for i in members]
+        tasks = [Task(CLEAN, c, clean_examples) for c in group]
         for name, m in MUTANTS.items():
-            tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in ws_cells if c.module in m.modules]
-        launch_tasks(ws, tasks, opts, progress)
+            tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in group if c.module in m.modules]
+        launch_tasks(width, tasks, opts, progress)
     # the verdicts come from the result stream alone, one per (backend, cell)
     latest: dict[tuple[str, str], CellResult] = {v.key: v.result for v in stream.read_since(since)[0]}
     results: dict[str, list[CellResult]] = {CLEAN: []}

@@ -1,4 +1,5 @@
-"""A sweep: cells -> launch plan (one per world size) -> result stream -> run record.
+"""A sweep: cells -> launch plan (packed: one launch for every world size dividing the
+largest, ``harness.packing``) -> result stream -> run record.
 
 The run record is a fold of the run folder's result stream (``harness.stream``), refreshed
 while the sweep runs and written at the end, so an interrupted sweep leaves a valid record
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import matrix, runinfo
+from harness import matrix, packing, runinfo
 from harness.launch import LaunchFailure, LaunchOptions, launch_cells
 from harness.record import CellResult, RunRecord, load
 from harness.stream import ResultStream
@@ -34,16 +35,34 @@ class SweepSpec:
     on_result: Callable[[CellResult, int, int], None] = field(default=lambda r, i, n: None)
     #: ``harness.backends.BackendInfo.serialize()``: recorded in the environment
     backend_info: dict[str, Any] | None = None
+    #: sub-group packing (False: one launch per world size)
+    packing: bool = True
+    #: ranks a launch may use beyond the largest world size (the GPUs of a CUDA node; 0: none)
+    slots: int = 0
 
 
-def to_run(spec: SweepSpec, stream: ResultStream) -> list[matrix.Cell]:
-    """The cells this sweep launches: all of them, or on resume the ones without a verdict
-    (plus those that missed their expectation, with ``rerun_failed``)."""
+def to_run(spec: SweepSpec, verdicts: dict[str, CellResult]) -> list[matrix.Cell]:
+    """The cells this sweep launches: all of them, or on resume the ones without a verdict in
+    ``verdicts`` (cell id -> last verdict), plus those that missed their expectation with
+    ``rerun_failed``."""
     if not spec.resume:
         return list(spec.cells)
-    latest = stream.latest(spec.backend)
     return [c for c in spec.cells
-            if c.id not in latest or (spec.rerun_failed and not latest[c.id])]
+            if c.id not in verdicts or (spec.rerun_failed and not verdicts[c.id])]
+
+
+def known_verdicts(run_dir: Path, backend: str, stream: ResultStream) -> dict[str, CellResult]:
+    """A run folder's verdicts: its record's (a folder may hold only the record, e.g. a CI
+    artifact), then its result stream's, the later winning. Skipped cells have none."""
+    out: dict[str, CellResult] = {}
+    try:
+        previous = load(run_dir)
+        if previous.backend == backend:
+            out.update((c.id, c) for c in previous.cells if c.status != "skipped")
+    except (OSError, ValueError):
+        pass
+    out.update(stream.latest(backend))
+    return out
 
 
 def run_sweep(spec: SweepSpec) -> RunRecord:
@@ -55,9 +74,10 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     stream = ResultStream(run_dir)
-    # a fresh sweep counts only what it appends; a resumed one continues the whole stream
-    since = 0 if spec.resume or not stream.path.exists() else stream.path.stat().st_size
-    todo = to_run(spec, stream)
+    # a fresh sweep counts only what it appends; a resumed one continues the folder's verdicts
+    since = stream.path.stat().st_size if stream.path.exists() else 0
+    before = known_verdicts(run_dir, spec.backend, stream) if spec.resume else {}
+    todo = to_run(spec, before)
     record = RunRecord(
         status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,
         command=shlex.join(["python", "-m", "harness", *spec.argv]), argv=list(spec.argv),
@@ -81,14 +101,16 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         """The record's cells from the stream (unrun cells as skipped once the sweep ends);
         returns how many cells have no verdict yet."""
         verdicts, _ = stream.read_since(since)
-        latest = {v.result.id: v.result for v in verdicts if v.backend == spec.backend}
+        latest = {**before, **{v.result.id: v.result for v in verdicts if v.backend == spec.backend}}
         cells = [latest[c.id] for c in spec.cells if c.id in latest]
         if final and len(cells) < total:
-            cells = [latest.get(c.id) or _unrun(c, "not run: the sweep ended before this cell "
-                                                "(sweep --resume runs it)") for c in spec.cells]
+            # not ``latest.get(c.id) or ...``: a failing CellResult is falsy (``__bool__``)
+            cells = [latest[c.id] if c.id in latest else
+                     unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
+                     for c in spec.cells]
         record.cells = cells
         record.duration_s = round(time.monotonic() - t0, 3)
-        record.write(run_dir / "results.json")
+        record.write(run_dir)
         return total - len(latest.keys() & order)
 
     next_write = [time.monotonic() + 5.0]
@@ -105,8 +127,8 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
 
     fold(final=False)
     try:
-        for ws, cells in matrix.plan(todo).items():
-            record.launches.extend(launch_cells(ws, cells, spec.options, collect))
+        for width, members in packing.launch_groups(todo, spec.packing, spec.slots):
+            record.launches.extend(launch_cells(width, [todo[i] for i in members], spec.options, collect))
         record.status = "complete" if fold(final=False) == 0 else "incomplete"
     except LaunchFailure as exc:
         record.launches.extend(exc.launches)
@@ -118,6 +140,6 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     return record
 
 
-def _unrun(cell: matrix.Cell, why: str) -> CellResult:
+def unrun(cell: matrix.Cell, why: str) -> CellResult:
     """A cell the sweep never reached (interrupted): shown as skipped, rerun by --resume."""
     return CellResult(cell.id, cell.serialize(), cell.expect, "skipped", first_failure=why)

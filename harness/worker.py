@@ -2,10 +2,12 @@
 
 Started by torchrun with ``-m harness.worker --plan PLAN`` (the launcher's plan, or the one
 ``harness.external`` builds under a user's own torchrun). The ranks rebuild the cells from
-their ids, agree on a digest of the list, load the backends, say they are ready, then run
-cell after cell; after each cell they exchange their results over a gloo control group and
-rank 0 appends the merged verdict to the run's result stream (``harness.stream``) at once,
-so a crash loses at most the cell in flight.
+their ids, agree on a digest of the list, load the backends, build the process groups of the
+plan's lanes (``harness.packing``: disjoint sub-groups running cells of smaller world sizes
+side by side), say they are ready, then run the cells of each of their lanes in order; after
+each cell a lane's ranks exchange their results over the lane's gloo control group and the
+lane's first rank appends the merged verdict to the run's result stream (``harness.stream``)
+at once, so a crash loses at most the cells in flight.
 
 Each rank also appends to its own report file ``ranks/<launch>.rank<N>.jsonl``: ``ready``
 once it can run cells (or ``startup_error`` with the traceback when it cannot: the launcher
@@ -37,6 +39,7 @@ import torch.distributed as dist
 from harness import matrix
 from harness.backends import load_backend
 from harness.inputs import Example
+from harness.packing import Lane
 from harness.record import CellResult, RankResult
 from harness.runner import RankContext, error_info, run_cell
 from harness.status import HARNESS_ERROR
@@ -85,9 +88,44 @@ def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Exa
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(exc))
 
 
+def lanes_of(plan: dict[str, Any], world: int) -> list[Lane]:
+    """The plan's lanes; a plan without any (an older or hand-written one) is one lane of
+    every rank running every task."""
+    if "lanes" not in plan:
+        return [Lane(tuple(range(world)), list(range(len(plan["tasks"]))))]
+    return [Lane.from_dict(d) for d in plan["lanes"]]
+
+
+def _lane_groups(lanes: list[Lane], rank: int, world: int, control: Any, timeout: datetime.timedelta,
+                 pg_backend: str) -> dict[tuple[int, ...], tuple[Any, Any]]:
+    """(compute group, gloo control group) of each lane this rank is in, in plan order.
+
+    A lane of every rank uses the world. Only a lane's members create its groups (a barrier
+    among them, not the world: a dozen world-wide barriers cost a second here). A lane of
+    one rank under gloo uses one group for both: with no peer, no collective can pair up
+    with a stranded one.
+    """
+    groups: dict[tuple[int, ...], tuple[Any, Any]] = {}
+    for lane in lanes:
+        if lane.ranks in groups or rank not in lane.ranks:
+            continue
+        if len(lane.ranks) == world:
+            groups[lane.ranks] = (None, control)
+            continue
+        ranks = list(lane.ranks)
+        compute = dist.new_group(ranks, timeout=timeout, backend=pg_backend, use_local_synchronization=True)
+        if len(ranks) == 1 and pg_backend == "gloo":
+            groups[lane.ranks] = (compute, compute)
+        else:
+            groups[lane.ranks] = (compute, dist.new_group(ranks, timeout=timeout, backend="gloo",
+                                                          use_local_synchronization=True))
+    return groups
+
+
 def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: TextIO,
-           tag: str) -> tuple[torch.device, Any, list[tuple[str, matrix.Cell]], dict[str, Any]]:
-    """Process group, control group, stack dumps, agreed cells, loaded backends."""
+           tag: str) -> tuple[torch.device, dict[tuple[int, ...], tuple[Any, Any]],
+                              list[tuple[str, matrix.Cell]], dict[str, Any]]:
+    """Process group, lane groups, stack dumps, agreed cells, loaded backends."""
     torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
     device, pg_backend = _device(plan.get("device", "auto"), local_rank)
     timeout = datetime.timedelta(seconds=float(plan.get("collective_timeout", 120)))
@@ -102,14 +140,15 @@ def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: Te
     faulthandler.register(signal.SIGTERM, file=log, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    print(f"{tag} up: world={world} device={device} pg={pg_backend} store={store}", flush=True)
+    print(f"{tag} {time.time():.3f} up: world={world} device={device} pg={pg_backend} store={store}", flush=True)
     tasks = [(t["backend"], matrix.Cell.from_id(t["cell"])) for t in plan["tasks"]]
     digests: list[Any] = [None] * world
     dist.all_gather_object(digests, matrix.ids_digest([c for _, c in tasks]), group=control)
     if len(set(digests)) != 1:
         raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
-    return device, control, tasks, backends
+    groups = _lane_groups(lanes_of(plan, world), rank, world, control, timeout, pg_backend)
+    return device, groups, tasks, backends
 
 
 def run(plan: dict[str, Any]) -> int:
@@ -121,28 +160,68 @@ def run(plan: dict[str, Any]) -> int:
     log = _redirect_output(run_dir / "logs" / launch / f"rank{rank}.log")
     report = RankReport(run_dir / "ranks" / f"{launch}.rank{rank}.jsonl")
     tag = f"[rank{rank}]"
+    stream = ResultStream(run_dir)
+    # verdicts of this launch start after here: no cell starts before every rank is up
+    since = stream.path.stat().st_size if stream.path.exists() else 0
     try:
-        device, control, tasks, backends = _start(plan, rank, world, local_rank, log, tag)
+        device, groups, tasks, backends = _start(plan, rank, world, local_rank, log, tag)
     except BaseException as exc:  # the launch cannot start: say why, for the launcher's breaker
         report.append("startup_error", error=error_info(exc))
         raise
     report.append("ready")
-    stream = ResultStream(run_dir)
+    for lane in lanes_of(plan, world):
+        if rank in lane.ranks:
+            _run_lane(plan, lane, groups[lane.ranks], tasks, backends, device, rank, report, stream, tag)
+    if plan.get("exit_when_done"):
+        # every verdict of this rank's lanes is fsync'ed in the stream; tearing the process
+        # group down takes seconds and proves nothing, and peers in other lanes may still run
+        log.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    _await_verdicts(stream, plan, since)
+    dist.destroy_process_group()
+    return 0
+
+
+def _await_verdicts(stream: ResultStream, plan: dict[str, Any], offset: int, poll_s: float = 0.2) -> None:
+    """Wait until every task of the plan has a verdict of this launch in the stream: under a
+    user's own launcher (``harness.external``) rank 0 folds the record once the other lanes
+    are done. (A lane that dies takes the whole launch with it, so this cannot wait forever
+    on a dead peer.)"""
+    wanted = {(t["backend"], t["cell"]) for t in plan["tasks"]}
+    seen: set[tuple[str, str]] = set()
+    while not wanted <= seen:
+        verdicts, offset = stream.read_since(offset)
+        seen.update(v.key for v in verdicts if v.launch == plan["launch"])
+        if not wanted <= seen:
+            time.sleep(poll_s)
+
+
+def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: list[tuple[str, matrix.Cell]],
+              backends: dict[str, Any], device: torch.device, rank: int, report: RankReport,
+              stream: ResultStream, tag: str) -> None:
+    """This rank's part of one lane: its cells in order, each merged over the lane's ranks
+    and appended to the stream by the lane's first rank."""
+    group, control = groups
+    size = len(lane.ranks)
     examples = [int(t.get("examples", plan.get("examples", 0))) for t in plan["tasks"]]
     example = Example.from_dict(plan["example"]) if plan.get("example") else None
-    ctx = RankContext(rank, world, device, None)
-    for i, (spec, cell) in enumerate(tasks):
+    ctx = RankContext(lane.ranks.index(rank), size, device, group)
+    for i in lane.tasks:
+        spec, cell = tasks[i]
         backend = backends[spec]
-        print(f"{tag} {time.time():.3f} start {i + 1}/{len(tasks)} {cell.id} [{spec}]", flush=True)
+        print(f"{tag} {time.time():.3f} start {i + 1}/{len(tasks)} {cell.id} [{spec}] lane {list(lane.ranks)}",
+              flush=True)
         t0 = time.perf_counter()
 
         def run_agreed(ex: Example | None) -> CellResult:
-            """Run on this rank, then fold every rank's result (all ranks get the verdict)."""
+            """Run on this rank, then fold every lane rank's result (all of them get the verdict)."""
             result = _run_guarded(backend, cell, ctx, ex)
             if device.type == "cuda" and result.status not in ("error", HARNESS_ERROR):
                 torch.cuda.synchronize()
             report.append("result", i=i, backend=spec, cell=cell.id, result=result.serialize())
-            gathered: list[Any] = [None] * world
+            gathered: list[Any] = [None] * size
             dist.all_gather_object(gathered, result.serialize(), group=control)
             return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
                          spec, ex.serialize() if ex is not None and plan.get("example") is None
@@ -167,11 +246,8 @@ def run(plan: dict[str, Any]) -> int:
                 merged.worst_ratio = max((r for r in ratios if r is not None), default=None)
         merged.duration_s = round(time.perf_counter() - t0, 4)
         print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
-        if rank == 0:
-            stream.append(merged, spec, launch)
-    dist.barrier(group=control)
-    dist.destroy_process_group()
-    return 0
+        if ctx.rank == 0:
+            stream.append(merged, spec, plan["launch"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,13 +11,14 @@ Every failing cell of a run falls in exactly one class. Pure function of the run
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness import recordfile
 
 from ._common import BAD_STATUSES
 
@@ -106,13 +107,12 @@ def markdown(record: dict[str, Any], package: str = "transformer_engine") -> str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness.reports.classes", description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a run folder or its results.json")
+    parser.add_argument("run", type=Path, help="a run folder or its run record file")
     parser.add_argument("--package", default="transformer_engine",
                         help="whose frames locate an exception (default: transformer_engine)")
     parser.add_argument("--cells", action="store_true", help="also list each class's cells")
     args = parser.parse_args(argv)
-    path = args.run / "results.json" if args.run.is_dir() else args.run
-    record = json.loads(path.read_text())
+    record = recordfile.read(args.run)
     print(markdown(record, args.package))
     if args.cells:
         for i, fc in enumerate(failure_classes(record, args.package), 1):

@@ -11,8 +11,8 @@ from harness.record import load
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="compare two run records (gate against a baseline)")
-    p.add_argument("base", type=Path, help="baseline run folder or results.json")
-    p.add_argument("new", type=Path, help="new run folder or results.json")
+    p.add_argument("base", type=Path, help="baseline run folder or run record file")
+    p.add_argument("new", type=Path, help="new run folder or run record file")
     p.add_argument("--html", type=Path, help="also write an HTML diff here")
     p.add_argument("--ratio-growth", type=float, default=2.0,
                    help="flag passing cells whose error/bound ratio grew by this factor (default 2)")

@@ -11,7 +11,7 @@ from harness.record import load
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="render HTML/JUnit/markdown from a run record")
-    p.add_argument("run", type=Path, help="run folder or results.json")
+    p.add_argument("run", type=Path, help="run folder, or its results.json.gz / results.json")
     p.add_argument("--to", type=Path, help="output folder (default: the run folder)")
     p.set_defaults(func=run)
 

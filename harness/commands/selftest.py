@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                        environment=runinfo.environment(args.device), selection=sel,
                        tolerance=compare.policy(), world_sizes=sorted({c.world_size for c in cells}),
                        cells=result.clean)
-    record.write(run_dir / "results.json")
+    record.write(run_dir)
     from harness.reports import write_all
 
     paths = write_all(record.serialize(), run_dir, selftest=result.serialize())

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import compare, exitcodes, matrix, preflight, selection
+from harness import compare, exitcodes, matrix, preflight, recordfile, selection, shard
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions
@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
                         "shrunk to its smallest example")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress")
+    p.add_argument("--packing", choices=("on", "off"), default="on",
+                   help="on: cells of every world size dividing the largest share one launch, on "
+                        "disjoint sub-groups side by side; off: one launch per world size")
     p.set_defaults(func=run)
 
 
@@ -120,8 +123,9 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
     args.examples = int(sel.get("examples", 0))
     cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
                           sel.get("filter"))
-    return cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
-                   "filter": sel.get("filter")}
+    part = shard.Shard(**sel["shard"]) if sel.get("shard") else None
+    return selection.apply_shard(cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
+                                         "filter": sel.get("filter")}, part)
 
 
 def _about(info) -> str:
@@ -149,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
                      tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,
-                     backend_info=info.serialize())
+                     backend_info=info.serialize(), packing=args.packing == "on",
+                     slots=preflight.gpu_slots(args.device))
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
           f"backend {args.backend}{_about(info)}, run folder {run_dir}", flush=True)
     try:
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             paths = {}
     print()
     print(summary(record))
-    print(f"\nrun record: {run_dir / 'results.json'}")
+    print(f"\nrun record: {recordfile.path_in(run_dir)}")
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     code = run_exit_code(c.status for c in record.cells)

@@ -1,0 +1,85 @@
+"""Sub-group packing: the cells of every world size k <= W share one launch of W ranks.
+
+A launch of width W runs its cells on disjoint sub-groups ("lanes") of k consecutive ranks,
+W // k of them at a time. Lanes come in phases of decreasing k (W first, then W/2, ...), so
+when k divides W the ranks of a lane always come out of the previous phase together: no
+rank waits in a collective for a peer still busy elsewhere. Within the launch a rank only
+ever talks to its lane's peers (its own process groups), so a fault stays in its lane.
+
+Cells go to lanes by longest-processing-time first over the ranks' expected finish times
+(``harness.cost``), across phases; each lane keeps its cells in selection order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from harness.cost import cell_cost
+from harness.matrix import Cell
+
+
+@dataclass
+class Lane:
+    """A sub-group of a launch and the indices (into the launch's task list) it runs, in order."""
+
+    ranks: tuple[int, ...]
+    tasks: list[int] = field(default_factory=list)
+
+    def serialize(self) -> dict:
+        return {"ranks": list(self.ranks), "tasks": list(self.tasks)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Lane":
+        return cls(tuple(d["ranks"]), list(d["tasks"]))
+
+
+def launch_groups(cells: Sequence[Cell], packing: bool = True, slots: int = 0) -> list[tuple[int, list[int]]]:
+    """Which cells share a launch, and its width: ``[(W, [cell index, ...]), ...]``.
+
+    Without packing: one launch per world size, ascending (W = k). With packing: the largest
+    world size left sets W (raised to the largest multiple of it within ``slots``, e.g. the
+    GPUs of the node) and takes every cell whose world size divides W; repeat.
+    """
+    sizes = sorted({c.world_size for c in cells})
+    if not packing:
+        return [(k, [i for i, c in enumerate(cells) if c.world_size == k]) for k in sizes]
+    out = []
+    while sizes:
+        top = sizes[-1]
+        width = max(top, slots // top * top)
+        members = [k for k in sizes if width % k == 0]
+        out.append((width, [i for i, c in enumerate(cells) if c.world_size in members]))
+        sizes = [k for k in sizes if k not in members]
+    return out
+
+
+def pack(cells: Sequence[Cell], width: int) -> list[Lane]:
+    """Assign ``cells`` (world sizes dividing ``width``) to lanes of one launch of ``width`` ranks.
+
+    Returns the non-empty lanes in run order: phases by decreasing world size, lanes of a
+    phase by their first rank.
+
+    Raises:
+        ValueError: a cell's world size does not divide ``width``.
+    """
+    bad = sorted({c.world_size for c in cells if width % c.world_size})
+    if bad:
+        raise ValueError(f"world sizes {bad} do not divide the launch width {width}")
+    finish = [0.0] * width  # each rank's expected busy time so far
+    lanes: list[Lane] = []
+    for k in sorted({c.world_size for c in cells}, reverse=True):
+        phase = [Lane(tuple(range(j, j + k))) for j in range(0, width, k)]
+        ends = [max(finish[r] for r in lane.ranks) for lane in phase]
+        todo = sorted((i for i, c in enumerate(cells) if c.world_size == k),
+                      key=lambda i: (-cell_cost(cells[i]), i))
+        for i in todo:
+            j = min(range(len(phase)), key=lambda j: (ends[j], j))
+            phase[j].tasks.append(i)
+            ends[j] += cell_cost(cells[i]) / k
+        for lane, end in zip(phase, ends):
+            lane.tasks.sort()
+            for r in lane.ranks:
+                finish[r] = end
+        lanes.extend(lane for lane in phase if lane.tasks)
+    return lanes
