@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,8 +121,11 @@ def test_fault_in_one_sub_group_is_its_cell_only(packed_runs, mode):
     assert_nothing_left(run_dir, record)
 
 
-def test_resume_after_a_packed_fault_runs_nothing(packed_runs):
-    run_dir = packed_runs["raise"]["dir"]
+def test_resume_after_a_packed_fault_runs_nothing(packed_runs, tmp_path):
+    # a copy: the shared folder's fixture teardown on another xdist worker kills whatever
+    # process names it, and a resume must not touch what the other tests read
+    run_dir = tmp_path / "raise"
+    shutil.copytree(packed_runs["raise"]["dir"], run_dir)
     before = len(ResultStream(run_dir).read())
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
