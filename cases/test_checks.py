@@ -15,7 +15,7 @@ import torch
 import harness.reference as reference
 from harness import compare, matrix
 from harness.oracle import Reference
-from harness.reference import _modules
+from harness.reference import _core, _modules
 from harness.reference._core import ReferenceImpl
 from harness.runner import RankContext, run_cell
 
@@ -83,7 +83,8 @@ def test_unmarked_delayed_weight_is_caught():
 
 
 def test_weight_grad_in_main_backward_is_caught():
-    """A backend that ignores delay for the weight gradient delivers it too early."""
+    """A backend that ignores delay for the weight gradient delivers it in the main backward
+    and never fires the hooks: the gradient stays in .grad, main_grad misses it (§4)."""
     class Eager(ReferenceImpl):
         def fire_wgrad_hooks(self, module, call):
             module._fire_wgrad_hooks()
@@ -99,8 +100,56 @@ def test_weight_grad_in_main_backward_is_caught():
                 self.delay_wgrad_compute = was
 
     failed = _failed(_Backend(GroupedLinear=Grouped), _cell(fused=False))
-    assert "weight0.grad_from_main_backward" in failed
+    assert "weight0.main_grad" in failed
     assert "wgrad_hook_calls" in failed
+
+
+def test_main_grad_changed_by_delayed_main_backward_is_caught(monkeypatch):
+    """A backend that writes main_grad in the main backward although wgrad is delayed."""
+    orig = _core.GroupGemm.backward
+
+    def backward(ctx, grad_out):
+        if ctx.call.delay:
+            for i in range(ctx.call.n):
+                getattr(ctx.call.module, f"weight{i}").main_grad.mul_(1.5)
+        return orig(ctx, grad_out)
+
+    monkeypatch.setattr(_core.GroupGemm, "backward", staticmethod(backward))
+    failed = _failed(reference, _cell(fused=True))
+    assert {f"weight{i}.main_grad_untouched_by_main_backward" for i in range(4)} <= failed, failed
+
+
+def _placeholder_in_main_backward(monkeypatch) -> None:
+    """The delayed main backward hands autograd a non-zero placeholder weight gradient, as
+    TE's does for Megatron (CONTRACTS §4 allows it, as long as it never reaches main_grad)."""
+    orig = _core.GroupGemm.backward
+
+    def backward(ctx, grad_out):
+        grads = list(orig(ctx, grad_out))
+        call = ctx.call
+        if call.delay:
+            for i in range(call.n):
+                if ctx.needs_input_grad[2 + i]:
+                    grads[2 + i] = torch.ones_like(getattr(call.module, f"weight{i}"))
+        return tuple(grads)
+
+    monkeypatch.setattr(_core.GroupGemm, "backward", staticmethod(backward))
+
+
+def test_delayed_placeholder_that_never_reaches_main_grad_passes(monkeypatch):
+    """Fused: backward_dw() marks the weights grad_added_to_main_grad, the consumer's hook
+    drops the placeholder - allowed by §4, so nothing fails."""
+    _placeholder_in_main_backward(monkeypatch)
+    assert not _failed(reference, _cell(fused=True))
+
+
+def test_delayed_placeholder_that_reaches_main_grad_is_caught(monkeypatch):
+    """Unfused: backward_dw() adds the real wgrad onto the placeholder in .grad and the
+    consumer folds both into main_grad - a wrong gradient of record."""
+    _placeholder_in_main_backward(monkeypatch)
+    failed = _failed(reference, _cell(fused=False))
+    assert {f"weight{i}.main_grad" for i in range(4)} <= failed, failed
+    assert not any(n.endswith("main_grad_untouched_by_main_backward") for n in failed), failed
 
 
 def test_accumulating_into_grad_buffer_is_caught():

@@ -18,8 +18,8 @@ from harness import matrix, weights
 from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
-#: weights that rely on main_grad: every value but the kind harness weight and plain
-NEEDS_DDP = {w for w in weights.NAMES if w not in ("distributed", "plain")}
+#: weights that rely on main_grad: every distributed weight (CONTRACTS §2), i.e. all but plain
+NEEDS_DDP = {w for w in weights.NAMES if w != "plain"}
 
 
 def valid(assign: dict) -> bool:
@@ -183,7 +183,7 @@ def test_constraints_on_construction():
     with pytest.raises(MatrixError, match="module='linear' requires num_gemms=1"):
         Cell(**{**base, "module": "linear"})
     for w in sorted(NEEDS_DDP):
-        with pytest.raises(MatrixError, match="relies on main_grad .* requires consumer='ddp'"):
+        with pytest.raises(MatrixError, match="always has a main_grad .* requires consumer='ddp'"):
             Cell(**{**base, "weight": w})
         Cell(**{**base, "weight": w, "consumer": "ddp", "world_size": 2})
     with pytest.raises(MatrixError, match="weight='megatron' requires world_size >= 2"):
@@ -241,7 +241,7 @@ def test_full_size_is_product_minus_invalid():
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
     expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
                    for combo in itertools.product(*domains.values()))
-    assert len(full) == expected == 36000
+    assert len(full) == expected == 32400
     assert all(valid(c.serialize()) for c in full)
     assert len(select("full", {"weight": ["distributed", "plain"]})) == 21600
 

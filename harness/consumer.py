@@ -38,6 +38,9 @@ class Consumer:
         self.hook_saw_gradients: list[bool] = []
         #: parameters whose gradient reached autograd during the main backward (any microbatch)
         self.delivered_in_main_backward: set[str] = set()
+        #: delayed parameters whose ``main_grad`` the main backward changed (any microbatch)
+        self.main_grad_changed_in_main_backward: set[str] = set()
+        self._main_before: dict[str, torch.Tensor] = {}
         self.phase = "forward"
         self._snapshot: dict[str, tuple[Any, Any]] = {}
         self._grads_before: dict[str, Any] = {}
@@ -79,6 +82,8 @@ class Consumer:
         self.phase = "backward"
         self._grads_before = {n: None if p.grad is None else p.grad.detach().clone()
                               for n, p in self.params.items()}
+        self._main_before = {n: p.main_grad.detach().clone() for n, p in self.params.items()
+                             if getattr(p, "skip_backward_post_hook", False) and hasattr(p, "main_grad")}
 
     def _state(self, p: torch.Tensor) -> tuple[Any, Any]:
         grad = None if p.grad is None else p.grad.detach().clone()
@@ -93,6 +98,9 @@ class Consumer:
         """
         self.phase = "dw"
         self._observable = observable
+        for name, before in self._main_before.items():
+            if not torch.equal(self.params[name].main_grad, before):
+                self.main_grad_changed_in_main_backward.add(name)
         self._snapshot = {n: self._state(p) for n, p in self.params.items()
                           if getattr(p, "skip_backward_post_hook", False)}
 

@@ -11,9 +11,8 @@ A cell fixes one value on each of twelve axes, in this order::
 
 Four combinations are invalid and never generated: ``consumer='autograd'`` with
 ``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4), ``module='linear'``
-with ``num_gemms != 1``, and a weight that relies on ``main_grad`` (Megatron's class and
-the harness weight's Megatron behaviours, :mod:`harness.weights`) with
-``consumer='autograd'`` (CONTRACTS §2); and Megatron's class at world size 1, which it never
+with ``num_gemms != 1``, and a distributed weight (any value but ``plain``: a distributed
+weight always has a ``main_grad``, CONTRACTS §2) with ``consumer='autograd'``; and Megatron's class at world size 1, which it never
 builds. A ``linear`` cell always has ``num_gemms=1``, even
 when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
 valid but *expected to raise* (CONTRACTS §2).
@@ -37,7 +36,7 @@ from harness import weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "PRESETS", "Axis", "Cell", "MatrixError",
-    "SEED", "describe", "ids_digest", "parse_values", "plan", "product", "select",
+    "SEED", "compile_filter", "describe", "ids_digest", "parse_values", "plan", "product", "select",
 ]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -100,8 +99,8 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("module", "num_gemms", lambda m, g: m != "linear" or g == 1,
      "module='linear' requires num_gemms=1"),
     ("weight", "consumer", lambda w, c: c == "ddp" or not weights.KINDS[w].needs_ddp,
-     "this weight relies on main_grad (Megatron's GTP runs only under its DDP) and requires "
-     "consumer='ddp'"),
+     "a distributed weight always has a main_grad (Megatron's GTP runs only under its DDP, "
+     "CONTRACTS §2) and requires consumer='ddp'"),
     ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
      "weight='megatron' requires world_size >= 2 (Megatron never builds a GTP group of one)"),
 )
@@ -520,6 +519,10 @@ def _compile_filter(expr: str) -> Callable[[Cell], bool]:
         except TypeError as e:  # e.g. module < 3
             raise MatrixError(f"Cannot evaluate filter {expr!r} on {cell.id}: {e}") from None
     return pred
+
+
+#: the public name: a ledger entry's ``cells`` is such a filter (``harness.ledger``)
+compile_filter = _compile_filter
 
 
 def _check_compare(node: ast.Compare, expr: str) -> None:

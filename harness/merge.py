@@ -1,7 +1,8 @@
 """Joining the run folders of ``sweep --shard K/N`` into one run record.
 
 The shards must be one selection cut N ways: the same selection (preset, axis overrides,
-filter, examples, and the digest of its cell ids), backend, tolerance and harness version
+filter, examples, and the digest of its cell ids), backend, tolerance, ledger (whose stale
+entries only the merged record can tell) and harness version
 (package version and commit), each shard exactly once. Anything else is refused before a
 record is written (exit 2), naming the shard that differs and how, or the shards missing.
 The joined record keeps every cell's verdict and every launch; its environment lists the
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness import ledger as ledgers
 from harness import matrix, runinfo
 from harness.exitcodes import UsageError
 from harness.record import RunRecord, load
@@ -29,10 +31,17 @@ def _load(run_dir: Path) -> RunRecord:
         raise UsageError(f"cannot merge {str(run_dir)!r}: no readable run record ({exc})") from exc
 
 
+def _ledger(record: RunRecord) -> ledgers.Ledger | None:
+    return ledgers.Ledger.from_dict(record.ledger) if record.ledger else None
+
+
 def _identity(record: RunRecord) -> dict[str, Any]:
     """What must be equal across the shards of one sweep."""
     env = record.environment
+    ledger = _ledger(record)
     return {"backend": record.backend, "tolerance": record.tolerance,
+            # not its path: the shipped file sits wherever each shard's harness is installed
+            "ledger": {k: v for k, v in ledger.serialize().items() if k != "path"} if ledger else None,
             "harness_version": env.get("harness_version"), "git_commit": env.get("git_commit"),
             **{f"selection.{k}": record.selection.get(k) for k in _SAME_SELECTION}}
 
@@ -93,6 +102,8 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
         raise UsageError(f"a shard has cells outside its selection: {unknown[:3]}")
     merged = [by_id[c.id] if c.id in by_id else unrun(c, "not run: no shard has a verdict for this cell")
               for c in cells]
+    # the shards' ledger, judged over the whole selection: only now can an entry be stale
+    merged, outcome = ledgers.apply(merged, _ledger(first))
     complete = all(rec.status == "complete" for _, rec in runs) and len(by_id) == len(cells)
     failures = [f"shard {rec.selection['shard']['index']}: {rec.failure}" for _, rec in runs if rec.failure]
     return RunRecord(
@@ -107,4 +118,4 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
         selection={k: v for k, v in sel.items() if k not in ("shard",)} | {"merged_shards": len(runs)},
         tolerance=first.tolerance, world_sizes=sorted({ws for _, rec in runs for ws in rec.world_sizes}),
         launches=[l for _, rec in runs for l in rec.launches], cells=merged,
-        failure="; ".join(failures) or None)
+        failure="; ".join(failures) or None, ledger=outcome)

@@ -14,14 +14,19 @@ Schema (``schema = 1``), all plain JSON:
     selection (preset, axis overrides, filter, examples), tolerance (policy table and any
     override), world_sizes, launches (one ``LaunchRecord`` per torchrun launch), counts
     (status -> number of cells), failure (why the run ended without verdicts: a launch
-    failure; else None), cells (``CellResult`` list in matrix order).
+    failure; else None), ledger (the known-defects ledger applied: its file, package,
+    versions, entries each with the cells it selects / reproduces in / explains and
+    ``stale``, and ``stale``: the stale entries' ids; None without a ledger), cells
+    (``CellResult`` list in matrix order).
 
 ``CellResult``
     id (the stable cell id), axes (axis -> value), expect ("pass" | "error"), status (one of
     ``harness.status.STATUSES``), duration_s, worst_ratio (largest error/bound over all tensor checks, or
     None), first_failure (one line, or None), repro (command line), ranks (``RankResult``
     per rank), example (the shape/split example that ran, with ``shrunk`` when hypothesis
-    shrank a failure to it; None for the cell's default example).
+    shrank a failure to it; None for the cell's default example); for a ``known`` cell only:
+    known (the ledger entry ids that explain its failures) and raw_status (the backend's
+    verdict: fail, error or timeout).
 
 ``RankResult``
     rank, status, comparisons (``Check`` list), error ({type, message, traceback} or None).
@@ -111,9 +116,14 @@ class CellResult:
     repro: str = ""
     ranks: list[RankResult] = field(default_factory=list)
     example: dict[str, Any] | None = None
+    #: the ledger entries that explain every failure of a ``known`` cell (``harness.ledger``)
+    known: list[str] | None = None
+    #: the backend's own verdict of a ``known`` cell (``fail``, ``error`` or ``timeout``)
+    raw_status: str | None = None
 
     def serialize(self) -> dict[str, Any]:
-        return {
+        extra = {"known": self.known, "raw_status": self.raw_status} if self.known else {}
+        return {**extra, **{
             "id": self.id,
             "axes": self.axes,
             "expect": self.expect,
@@ -124,7 +134,7 @@ class CellResult:
             "repro": self.repro,
             "ranks": [r.serialize() for r in self.ranks],
             "example": self.example,
-        }
+        }}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CellResult":
@@ -139,6 +149,8 @@ class CellResult:
             repro=d.get("repro", ""),
             ranks=[RankResult.from_dict(r) for r in d.get("ranks", [])],
             example=d.get("example"),
+            known=d.get("known"),
+            raw_status=d.get("raw_status"),
         )
 
     def __bool__(self) -> bool:
@@ -182,6 +194,13 @@ class RunRecord:
     schema: int = SCHEMA
     #: why the run ended early without a verdict on every cell (a launch failure), or None
     failure: str | None = None
+    #: the known-defects ledger applied and its outcome per entry (``harness.ledger.apply``)
+    ledger: dict[str, Any] | None = None
+
+    @property
+    def stale_entries(self) -> list[str]:
+        """Ledger entries that reproduce in none of the cells they select (the gate fails)."""
+        return list((self.ledger or {}).get("stale", []))
 
     @property
     def counts(self) -> dict[str, int]:
@@ -207,6 +226,7 @@ class RunRecord:
             "launches": [l.serialize() for l in self.launches],
             "counts": self.counts,
             "failure": self.failure,
+            "ledger": self.ledger,
             "cells": [c.serialize() for c in self.cells],
         }
 
@@ -229,6 +249,7 @@ class RunRecord:
             launches=[LaunchRecord.from_dict(l) for l in d.get("launches", [])],
             cells=[CellResult.from_dict(c) for c in d.get("cells", [])],
             failure=d.get("failure"),
+            ledger=d.get("ledger"),
         )
 
     def write(self, path: str | Path) -> Path:

@@ -38,8 +38,10 @@ class Status:
 
 
 TABLE: tuple[Status, ...] = (
-    Status("pass", "pass", "ok", "#1f883d", good=True, bad=False, severity=6),
-    Status("xfail", "expected error met", "xf", "#0f7b8a", good=True, bad=False, severity=5),
+    Status("pass", "pass", "ok", "#1f883d", good=True, bad=False, severity=7),
+    Status("xfail", "expected error met", "xf", "#0f7b8a", good=True, bad=False, severity=6),
+    # every failure of the cell is explained by known-defect ledger entries (CONTRACTS §7)
+    Status("known", "known defect", "kd", "#9a6700", good=True, bad=False, severity=5),
     Status("fail", "fail", "\u2717", "#cf222e", good=False, bad=True, severity=1),
     Status("error", "error", "err", "#d4570b", good=False, bad=True, severity=2),
     Status("timeout", "timeout", "t/o", "#8250df", good=False, bad=True, severity=3),
@@ -66,12 +68,13 @@ def vocabulary() -> list[dict[str, Any]]:
     return [asdict(s) for s in TABLE]
 
 
-def run_exit_code(statuses: Iterable[str]) -> int:
+def run_exit_code(statuses: Iterable[str], stale: bool = False) -> int:
     """The exit code of a run with these cell statuses: 3 when the harness failed on any
-    cell (a harness bug), 1 when any cell missed its expectation, else 0."""
+    cell (a harness bug), 1 when any cell missed its expectation or a ledger entry is stale
+    (``stale``: it reproduces in none of its cells, CONTRACTS §7), else 0."""
     from harness import exitcodes
 
     seen = set(statuses)
     if HARNESS_ERROR in seen:
         return exitcodes.HARNESS_BUG
-    return exitcodes.OK if seen <= set(GOOD_STATUSES) else exitcodes.MISMATCH
+    return exitcodes.OK if seen <= set(GOOD_STATUSES) and not stale else exitcodes.MISMATCH

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import ledger as ledgers
 from harness import matrix, packing, runinfo
 from harness.launch import LaunchFailure, LaunchOptions, launch_cells
 from harness.record import CellResult, RunRecord, load
@@ -39,6 +40,8 @@ class SweepSpec:
     packing: bool = True
     #: ranks a launch may use beyond the largest world size (the GPUs of a CUDA node; 0: none)
     slots: int = 0
+    #: the known-defects ledger the verdicts are judged under (None: no ledger)
+    ledger: ledgers.Ledger | None = None
 
 
 def to_run(spec: SweepSpec, verdicts: dict[str, CellResult]) -> list[matrix.Cell]:
@@ -108,16 +111,19 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
             cells = [latest[c.id] if c.id in latest else
                      unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
                      for c in spec.cells]
-        record.cells = cells
+        # a shard cannot tell a stale entry: it may reproduce in another shard (merge judges)
+        record.cells, record.ledger = ledgers.apply(cells, spec.ledger, judge_stale=not spec.selection.get("shard"))
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir)
         return total - len(latest.keys() & order)
 
     next_write = [time.monotonic() + 5.0]
 
+    entries = spec.ledger.entries if spec.ledger else ()
+
     def collect(res: CellResult) -> None:
         done[0] += 1
-        spec.on_result(res, done[0], total)
+        spec.on_result(ledgers.judge(res, entries)[0], done[0], total)
         # the stream holds every verdict; refresh the record now and then so a reader sees
         # progress - at most 10% of the time, however large the record grows
         if time.monotonic() > next_write[0]:

@@ -78,8 +78,6 @@ class WeightKind:
             world size, fused alternating) or ``"light"`` (module x world size, hook mode and
             fused rotating) - the single-behaviour variants, whose all-at-once composite
             ``gtp_mcore`` gets ``"hooks"``.
-        needs_ddp: only valid with the ``ddp`` consumer (the value relies on ``main_grad``,
-            as Megatron's GTP does: it is only used under Megatron's DDP, CONTRACTS §2).
         min_world_size: the smallest GTP group the implementer supports. Megatron never
             builds a GTP group of one (``wrap_module_params_gtp`` returns early), and its
             prefetch and asynchronous reduce-scatter read cache buffers that TE's
@@ -91,12 +89,17 @@ class WeightKind:
     implementer: str | None = "harness"
     behaviour: Behaviour | None = None
     coverage: str = "full"
-    needs_ddp: bool = False
     min_world_size: int = 1
 
     @property
     def distributed(self) -> bool:
         return self.implementer is not None
+
+    @property
+    def needs_ddp(self) -> bool:
+        """Only valid with the ``ddp`` consumer: a distributed weight always has a
+        ``main_grad`` (Megatron's GTP is only used under Megatron's DDP, CONTRACTS §2)."""
+        return self.distributed
 
     @property
     def pad_multiple(self) -> int:
@@ -121,23 +124,21 @@ _KINDS = (
     WeightKind("plain", "ordinary parameters (no DistributedWeight)", implementer=None),
     WeightKind("gtp_async", "asynchronous finalize: returns None, main_grad updated when the "
                "previous chain weight finalizes", behaviour=Behaviour(async_finalize=True),
-               coverage="light", needs_ddp=True),
+               coverage="light"),
     WeightKind("gtp_inplace", "finalize scales the caller's wgrads in place by 1/N",
-               behaviour=Behaviour(inplace_scale=True), coverage="light", needs_ddp=True),
+               behaviour=Behaviour(inplace_scale=True), coverage="light"),
     WeightKind("gtp_cached", "materializations borrowed from shared buffers, NaN after the next "
-               "materialize", behaviour=Behaviour(shared_buffers=True), coverage="light",
-               needs_ddp=True),
+               "materialize", behaviour=Behaviour(shared_buffers=True), coverage="light"),
     WeightKind("gtp_nan", "grad_buffer() and finalize's placeholder uninitialised (NaN-filled)",
-               behaviour=Behaviour(nan_fill=True), coverage="light", needs_ddp=True),
+               behaviour=Behaviour(nan_fill=True), coverage="light"),
     WeightKind("gtp_pad16", "Megatron's padding: rows to a multiple of 16*N (ranks may hold "
-               "only padding)", behaviour=Behaviour(pad_multiple=MEGATRON_PAD), coverage="light",
-               needs_ddp=True),
+               "only padding)", behaviour=Behaviour(pad_multiple=MEGATRON_PAD), coverage="light"),
     WeightKind("gtp_nograd", "gathered copies without requires_grad (TE PR #3517)",
-               behaviour=Behaviour(copies_require_grad=False), coverage="light", needs_ddp=True),
+               behaviour=Behaviour(copies_require_grad=False), coverage="light"),
     WeightKind("gtp_mcore", "every Megatron behaviour at once (async, in-place, shared buffers, "
-               "NaN, 16*N padding)", behaviour=_MCORE, coverage="hooks", needs_ddp=True),
+               "NaN, 16*N padding)", behaviour=_MCORE, coverage="hooks"),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
-               "install megatron)", implementer="megatron", needs_ddp=True, min_world_size=2),
+               "install megatron)", implementer="megatron", min_world_size=2),
 )
 
 KINDS: dict[str, WeightKind] = {k.name: k for k in _KINDS}

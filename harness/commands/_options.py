@@ -16,6 +16,23 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                    help="import path, module:attr, or a .py file (default: harness.reference)")
     g.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
     add_timeout_and_device(g)
+    g.add_argument("--ledger", default="auto", metavar="auto|none|FILE",
+                   help="known-defects ledger: auto (the one shipped for the backend's upstream "
+                        "package and version, if any), none, or a ledger file (default: auto)")
+
+
+def ledger_for(option: str, info) -> "Ledger | None":
+    """The ledger a run uses (``harness.ledger.choose``); a bad ledger file is bad input.
+
+    Raises:
+        UsageError: the file is unreadable or malformed.
+    """
+    from harness import ledger
+
+    try:
+        return ledger.choose(option, info.upstream, info.version)
+    except ledger.LedgerError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def check_timeout(seconds: float) -> float:

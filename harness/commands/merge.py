@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from harness.commands import _options
-from harness.commands.sweep import summary, write_reports
+from harness.commands.sweep import gate, summary, write_reports
 from harness.merge import merge
-from harness.status import run_exit_code
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,4 +27,4 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nrun record: {path} ({record.selection['merged_shards']} shards, {record.status})")
     for kind, p in paths.items():
         print(f"{kind}: {p}")
-    return run_exit_code(c.status for c in record.cells)
+    return gate(record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from harness import exitcodes, matrix, preflight, selection
+from harness import ledger as ledger_mod
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions, launch_cells
@@ -65,13 +66,18 @@ def run(args: argparse.Namespace) -> int:
     cell = matrix.Cell.from_id(args.cell_id)
     example = parse_example(args.example)
     _options.check_timeout(args.cell_timeout)
-    _, args.device = preflight.check_run(args.backend, args.device, [cell.world_size])
+    info, args.device = preflight.check_run(args.backend, args.device, [cell.world_size])
+    ledger = _options.ledger_for(args.ledger, info)
     selection.check_shardable([cell], (example or Example().serialize())["out_features"])
     run_dir = _options.run_dir(args, prefix="repro").resolve()
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir, cell_timeout=args.cell_timeout,
                          device=args.device, example=example)
     launch_cells(cell.world_size, [cell], opts)
     res = ResultStream(run_dir).latest(args.backend)[cell.id]
+    res = ledger_mod.judge(res, ledger.entries if ledger else ())[0]
     print(detail(res))
+    if res.known:
+        refs = {e.id: e for e in ledger.entries}
+        print("known defect: " + "; ".join(f"{i} ({refs[i].upstream}): {refs[i].title}" for i in res.known))
     print(f"rank logs: {run_dir / 'logs'}")
     return run_exit_code([res.status])

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from harness import compare, exitcodes, matrix, preflight, recordfile, selection, shard
+from harness import ledger as ledger_mod
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions
@@ -88,6 +89,14 @@ def summary(record: RunRecord) -> str:
     for mod, cnt in per.items():
         lines.append(f"{mod:22} " + " ".join(f"{cnt.get(s, 0):>13}" for s in STATUSES))
     lines.append(f"{'total':22} " + " ".join(f"{counts.get(s, 0):>13}" for s in STATUSES))
+    if record.ledger:
+        lines.append("")
+        lines.append(f"ledger {record.ledger['path']}:")
+        for e in record.ledger["entries"]:
+            state = ("STALE: no longer reproduces" if e["stale"] else
+                     f"{len(e['known_cells'])} known, reproduced in {len(e['reproduced'])}/{len(e['selected'])} "
+                     "selected cell(s)" if e["selected"] else "selects no cell of this run")
+            lines.append(f"  {e['id']:46} {e['upstream']:20} {state}")
     bad = [c for c in record.cells if not c]
     if bad:
         lines.append("")
@@ -97,6 +106,13 @@ def summary(record: RunRecord) -> str:
         if len(bad) > 20:
             lines.append(f"  ... and {len(bad) - 20} more (see the report)")
     return "\n".join(lines)
+
+
+def gate(record: RunRecord) -> int:
+    """The run's exit code; says which ledger entries are stale (each fails the gate)."""
+    for entry_id in record.stale_entries:
+        print(f"dw-harness: {ledger_mod.stale_message(entry_id, record.ledger)}", file=sys.stderr)
+    return run_exit_code((c.status for c in record.cells), stale=bool(record.stale_entries))
 
 
 def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
@@ -150,13 +166,15 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples, on_wait=progress.waiting)
+    ledger = _options.ledger_for(args.ledger, info)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
                      tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,
                      backend_info=info.serialize(), packing=args.packing == "on",
-                     slots=preflight.gpu_slots(args.device))
+                     slots=preflight.gpu_slots(args.device), ledger=ledger)
+    about = f", ledger {ledger.path} ({len(ledger.entries)} entries)" if ledger else ""
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
-          f"backend {args.backend}{_about(info)}, run folder {run_dir}", flush=True)
+          f"backend {args.backend}{_about(info)}{about}, run folder {run_dir}", flush=True)
     try:
         record = run_sweep(spec)
     finally:
@@ -170,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nrun record: {recordfile.path_in(run_dir)}")
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    code = run_exit_code(c.status for c in record.cells)
+    code = gate(record)
     if code == exitcodes.HARNESS_BUG:
         n = sum(c.status == HARNESS_ERROR for c in record.cells)
         print(f"dw-harness: {n} cell(s) hit a harness bug (status {HARNESS_ERROR}: not a verdict on the "
