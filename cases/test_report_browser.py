@@ -123,3 +123,57 @@ def test_large_report_first_render(kind: str, artifacts: Path) -> None:
     assert timing["bytes"] < 9_000_000
     # every load rendered the whole grid; how fast is benchmarks/bench_timings.py's job
     assert all(ms is not None and ms > 0 for ms in timing["rendered_ms"] + timing["complete_ms"])
+
+
+def _rgb(css: str) -> tuple[int, ...]:
+    """The first colour in a CSS value (``#rrggbb``, ``rgb(...)`` or ``rgba(...)``) as (r, g, b)."""
+    import re
+
+    if css.startswith("#"):
+        return tuple(int(css[i:i + 2], 16) for i in (1, 3, 5))
+    m = re.search(r"rgba?\((\d+), (\d+), (\d+)", css)
+    assert m, css
+    return tuple(int(x) for x in m.groups())
+
+
+def test_known_cells_and_the_ledger(artifacts: Path) -> None:
+    """A known cell: its chip wears the vocabulary's colour, its detail names the entries (with
+    their upstream references) and the backend's verdict; the ledger's "show in grid" shows
+    exactly an entry's known cells, and its cell links open the cell."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    import harness.status as hs
+
+    rec = H.make_ledger_record()
+    page = artifacts / "report-ledger.html"
+    page.write_text(render_html(rec))
+    seen = open_and_click_failing(page, artifacts / "report-ledger-known.png", statuses=("known",))
+    cell = _cell(rec, seen["cell_id"])
+    assert seen["status"] == cell["status"] == "known" and not seen["console_errors"]
+    upstream = {e["id"]: e["upstream"] for e in rec["ledger"]["entries"]}
+    text = seen["detail_text"]
+    assert f"the backend's verdict is {hs.BY_NAME[cell['raw_status']].label}" in text
+    for eid in cell["known"]:
+        assert f"{eid} ({upstream[eid]})" in text
+    seed = next(e for e in rec["ledger"]["entries"] if e["id"] == "seed-hooks")
+    with chromium() as d:
+        d.get(page.resolve().as_uri())
+        WebDriverWait(d, 30).until(lambda d: d.execute_script("return window.__gridCompleteAt !== undefined"))
+        rgb = d.execute_script("return getComputedStyle(document.querySelector('#grid .chip.s-known')).backgroundColor")
+        assert _rgb(rgb) == _rgb(hs.BY_NAME["known"].color)
+        fail = _rgb(hs.BY_NAME["fail"].color)  # a stale entry wears the fail red
+        assert _rgb(d.find_element(By.CSS_SELECTOR, "#ledger-fixed-ops td").value_of_css_property("box-shadow")) == fail
+        assert _rgb(d.find_element(By.CSS_SELECTOR, "#ledger-fixed-ops td.t-fail").value_of_css_property("color")) == fail
+        assert _rgb(d.find_element(By.ID, "stale").value_of_css_property("color")) == fail
+        visible = "return Array.prototype.map.call(document.querySelectorAll('#grid .chip:not(.h)'), "\
+                  "function (c) { c.dispatchEvent(new MouseEvent('mouseover', {bubbles: true})); return c.title.split('\\n')[0]; })"
+        d.find_element(By.CSS_SELECTOR, 'button[data-entry="seed-hooks"]').click()
+        assert sorted(d.execute_script(visible)) == sorted(seed["known_cells"])
+        assert "seed-hooks" in d.find_element(By.ID, "entry-on").text
+        d.find_element(By.ID, "entry-on").click()
+        assert len(d.execute_script(visible)) == len(rec["cells"])
+        d.find_element(By.CSS_SELECTOR, f'#ledger-seed-hooks a[href="#{seed["known_cells"][-1]}"]').click()
+        WebDriverWait(d, 30).until(lambda d: d.find_element(By.ID, "detail").is_displayed())
+        assert d.find_element(By.CSS_SELECTOR, "#detail .dh .id").text == seed["known_cells"][-1]
+        assert not d.get_log("browser"), "no console errors"

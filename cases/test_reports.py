@@ -7,6 +7,7 @@ and messages, and the sizes the ``full`` preset reaches.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -308,6 +309,209 @@ def test_html_10k_cells_stays_small() -> None:
     assert summary["n"] == 10_000 and len(summary["id"]) == 10_000
 
 
+# --------------------------------------------------------------------------- the known-defects ledger
+
+
+@pytest.fixture(scope="module")
+def ledger_record() -> dict[str, Any]:
+    return H.make_ledger_record()
+
+
+@pytest.fixture(scope="module")
+def ledger_html(ledger_record: dict[str, Any]) -> str:
+    return render_html(ledger_record)
+
+
+def _entry(record: dict[str, Any], eid: str) -> dict[str, Any]:
+    return next(e for e in record["ledger"]["entries"] if e["id"] == eid)
+
+
+def _known_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in record["cells"] if c["status"] == "known"]
+
+
+def _section(text: str, start: str, end: str = "</section>") -> str:
+    i = text.index(start)
+    return text[i:text.index(end, i)]
+
+
+def test_ledger_fixture_is_what_the_record_holds(ledger_record: dict[str, Any]) -> None:
+    """The synthetic ledger record round-trips through ``harness.record`` (known keys included)."""
+    again = hr.RunRecord.from_dict(json.loads(json.dumps(ledger_record))).serialize()
+    assert again == ledger_record
+    known = _known_cells(ledger_record)
+    assert known and all(c["known"] and c["raw_status"] in ("fail", "error", "timeout") for c in known)
+    assert any(len(c["known"]) == 2 for c in known)
+    assert {"known", "raw_status"}.isdisjoint(next(c for c in ledger_record["cells"] if c["status"] == "fail"))
+    assert ledger_record["ledger"]["stale"] == ["fixed-ops"] and ledger_record["counts"]["known"] == len(known)
+
+
+def test_html_known_cells_and_the_run_card(ledger_record: dict[str, Any], ledger_html: str, html_text: str) -> None:
+    counts = _common.counts_of(ledger_record)
+    run = _section(ledger_html, 'id="run"')
+    assert f'<i class="dot s-known"></i>known defect <b>{counts["known"]:,}</b>' in run
+    assert "<dt>fp32 GEMMs</dt><dd>TF32, u = 2^-11</dd>" in run
+    assert "<dt>ledger</dt><dd>transformer_engine-2.20 (4 entries, 1 stale)</dd>" in run
+    # a run without a ledger has no known pill, no ledger fact and no ledger section; pass/fail pills always
+    assert "known defect <b>" not in html_text and "<dt>ledger</dt>" not in html_text and 'id="ledger"' not in html_text
+    rec = H.make_record(6, seed=1, force={i: "pass" for i in range(6)})
+    text = render_html(rec)
+    assert "fail <b>0</b>" in text and "pass <b>6</b>" in text and "timeout <b>" not in text
+    # the chip colour and the legend come from the vocabulary
+    assert ".s-known{background:var(--known)}" in text and "--known:#9a6700;" in text
+    assert '<i class="s-known"></i>known defect' in text
+
+
+def test_html_fp32_gemm_precision_from_the_tolerance_policy() -> None:
+    """Without backend_info (an older record) the Run card takes the precision from the tolerance."""
+    rec = H.make_record(4, seed=2)
+    rec["tolerance"] = {"fp32_gemm": "ieee"}
+    assert "<dt>fp32 GEMMs</dt><dd>IEEE fp32, u = 2^-24</dd>" in render_html(rec)
+    assert "**fp32 GEMMs** `IEEE fp32, u = 2^-24`" in render_markdown(rec)
+
+
+def test_html_embeds_known_entries_per_cell(ledger_record: dict[str, Any], ledger_html: str) -> None:
+    summary, _ = blobs(ledger_html)
+    assert [e[0] for e in summary["le"]] == [e["id"] for e in ledger_record["ledger"]["entries"]]
+    assert [e[3] for e in summary["le"]] == [e["stale"] for e in ledger_record["ledger"]["entries"]]
+    for got, cell in zip(embedded(ledger_html), ledger_record["cells"]):
+        assert got["status"] == cell["status"]
+        assert (got["known"], got["raw_status"]) == (cell.get("known"), cell.get("raw_status")), cell["id"]
+        if cell["status"] == "known":  # failing detail is kept whole, as for a failing cell
+            assert got["level"] is None and len(got["ranks"]) == len(cell["ranks"])
+    # a known id missing from the ledger (a hand-edited record) still travels
+    rec = json.loads(json.dumps(ledger_record))
+    rec["ledger"] = None
+    cells = embedded(render_html(rec))
+    assert [c["known"] for c in cells if c["known"]] == [c["known"] for c in _known_cells(rec)]
+
+
+def test_html_ledger_section(ledger_record: dict[str, Any], ledger_html: str) -> None:
+    section = _section(ledger_html, 'id="ledger"')
+    led = ledger_record["ledger"]
+    for needle in (led["path"], led["package"], html.escape(led["versions"])):
+        assert needle in section, needle
+    for e in led["entries"]:
+        row = _section(section, f'<tr id="ledger-{e["id"]}"', "</tr>")
+        for field in ("title", "upstream", "kind", "row"):
+            assert html.escape(e[field]) in row, (e["id"], field)
+        assert html.escape(", ".join(e["checks"])) in row and html.escape(e["cells"]) in row
+        if e["error"]:
+            assert f"/{html.escape(e['error'])}/" in row
+        for cid in e["known_cells"]:
+            assert f'href="#{cid}"' in row
+        assert ('data-entry="' in row) == bool(e["known_cells"])
+    seed = _section(section, '<tr id="ledger-seed-hooks"', "</tr>")
+    assert "6 known cell(s), reproduced in 10 of 29 selected" in seed and "class=stale" not in seed
+    assert "selects no cell of this run" in _section(section, '<tr id="ledger-assigns-grad"', "</tr>")
+    stale = _section(section, '<tr id="ledger-fixed-ops"', "</tr>")
+    assert stale.startswith('<tr id="ledger-fixed-ops" class=stale>') and "<td class=t-fail>" in stale
+    assert "STALE: reproduced in none of its 12 cell(s)" in stale and "delete it from" in stale
+    assert all(f'href="#{cid}"' in stale for cid in _entry(ledger_record, "fixed-ops")["selected"][:12])
+
+
+def test_html_stale_entry_is_prominent(ledger_record: dict[str, Any], ledger_html: str) -> None:
+    top = ledger_html[:ledger_html.index('id="run"')]
+    assert '<div class="banner stale" id="stale"><b>STALE LEDGER</b>' in top
+    assert 'href="#ledger-fixed-ops"' in top and "no longer reproduces in any of the 12 cell(s)" in top
+    assert '<a class="pill stale" href="#ledger"><i class="dot s-fail"></i>stale ledger entries <b>1</b></a>' in ledger_html
+    from harness.reports import _assets
+
+    css = _assets.css()
+    assert ".banner.stale{background:#ffebe9;border-color:var(--fail);color:var(--fail)}" in css
+    # a stale entry fails the run even when every cell met its expectation; a known cell does not
+    rec = json.loads(json.dumps(ledger_record))
+    rec["cells"] = [c for c in rec["cells"] if c["status"] in ("pass", "xfail", "known")]
+    assert _common.verdict(rec) == "FAIL" and 'class="verdict v-FAIL">FAIL<' in render_html(rec)
+    _entry(rec, "fixed-ops")["stale"], rec["ledger"]["stale"] = False, []
+    assert _common.verdict(rec) == "PASS" and 'id="stale"' not in render_html(rec)
+
+
+def test_html_ledger_of_a_shard_is_not_judged() -> None:
+    rec = H.make_ledger_record(judged=False)
+    text = render_html(rec)
+    section = _section(text, 'id="ledger"')
+    assert "not judged (a shard)" in section and "class=stale" not in section and 'id="stale"' not in text
+    assert "stale is judged when the shards merge" in _section(section, '<tr id="ledger-fixed-ops"', "</tr>")
+
+
+def test_junit_known_cells_are_xfail_and_stale_entries_fail(ledger_record: dict[str, Any]) -> None:
+    root = ET.fromstring(render_junit(ledger_record))
+    suite = root.find("testsuite")
+    counts = _common.counts_of(ledger_record)
+    entries = ledger_record["ledger"]["entries"]
+    for el in (root, suite):
+        assert el.get("tests") == str(len(ledger_record["cells"]) + len(entries))
+        assert el.get("failures") == str(counts["fail"] + 1)
+        assert el.get("errors") == str(counts["error"] + counts["timeout"])
+        assert el.get("skipped") == str(counts["skipped"] + counts["known"] + 1)  # + assigns-grad
+    cases = {(tc.get("classname"), tc.get("name")): tc for tc in suite.findall("testcase")}
+    upstream = {e["id"]: e["upstream"] for e in entries}
+    for c in _known_cells(ledger_record):
+        tc = cases[(f"dw_harness.{c['axes']['module']}", c["id"])]
+        sk = tc.find("skipped")
+        assert tc.find("failure") is None and tc.find("error") is None
+        assert sk.get("type") == "pytest.xfail"
+        assert sk.get("message") == "known: " + "; ".join(f"{i} ({upstream[i]})" for i in c["known"])
+        assert f"backend verdict: {c['raw_status']}" in sk.text and c["repro"] in sk.text
+    assert cases[("dw_harness.linear", _known_cells(ledger_record)[0]["id"])].find("skipped").get("message") == (
+        "known: seed-hooks (TE PR #3545 (open)); precision (TE PR #3397 (open))")
+    stale = cases[("dw_harness.ledger", "fixed-ops")].find("failure")
+    assert stale.get("type") == "stale ledger entry"
+    assert stale.get("message") == (f"ledger entry fixed-ops (TE PR #3397) no longer reproduces in any of the 12 "
+                                    f"cell(s) it selects: delete it from {H.LEDGER_PATH}")
+    assert all(cid in stale.text for cid in _entry(ledger_record, "fixed-ops")["selected"])
+    assert cases[("dw_harness.ledger", "assigns-grad")].find("skipped").get("message") == "selects no cell of this run"
+    seed = cases[("dw_harness.ledger", "seed-hooks")]
+    assert seed.find("failure") is None and seed.find("skipped") is None and "6 known cell(s)" in seed.find("system-out").text
+
+
+def test_markdown_ledger_section(ledger_record: dict[str, Any]) -> None:
+    md = render_markdown(ledger_record, html_path="runs/te/report.html")
+    counts = _common.counts_of(ledger_record)
+    bad = [c for c in ledger_record["cells"] if c["status"] in ("fail", "error", "timeout")]
+    assert md.startswith(f"## ❌ dw-harness: FAIL — {len(bad)} of {len(ledger_record['cells'])} cells failed, "
+                         f"{counts['known']} known defects, 1 stale ledger entry\n")
+    assert "| known defect |" in md.splitlines()[2] and "| " + " | ".join(f"{counts[s]:,}" for s in _common.STATUSES) in md
+    ledger = md[md.index("### Known-defects ledger"):md.index("### Failing cells")]
+    assert f"ledger `{H.LEDGER_PATH}` · package `transformer_engine` · versions `>=2.20,<2.21`" in ledger
+    assert ("> [!CAUTION]\n> **stale**: ledger entry `fixed-ops` (`TE PR #3397`) no longer reproduces in any of the "
+            f"12 cell(s) it selects: delete it from `{H.LEDGER_PATH}`") in ledger
+    assert "| `seed-hooks` | `TE PR #3545 (open)` | defect | 6 | 10 / 29 | reproduces |" in ledger
+    assert "| `assigns-grad` | `unreported` | difference | 0 | 0 / 0 | selects no cell |" in ledger
+    assert "| `fixed-ops` | `TE PR #3397` | defect | 0 | 0 / 12 | **STALE** |" in ledger
+    assert f"Known cells ({counts['known']}), by the entries that explain them:" in ledger
+    assert "- `seed-hooks`, `precision`: 2 cells, e.g. " in ledger and "- `seed-hooks`: 4 cells, e.g. " in ledger
+    assert "- **known**" not in md, "known cells are not listed as failing"
+    assert 'href' not in ledger and "<script>" not in md
+
+
+def test_markdown_lists_few_of_many_known_cells(ledger_record: dict[str, Any]) -> None:
+    """Thousands of known cells (a real TE run) cost a few lines: example ids per entry group."""
+    rec = json.loads(json.dumps(ledger_record))
+    template = _known_cells(rec)[0]
+    rec["cells"] = [{**template, "id": f"{template['id']}-{i}"} for i in range(5_000)]
+    md = render_markdown(rec)
+    ledger = md[md.index("### Known-defects ledger"):]
+    assert "Known cells (5,000)" in ledger and "- `seed-hooks`, `precision`: 5,000 cells, e.g. " in ledger
+    assert ledger.count(template["id"]) == 3 and len(md.encode()) < 6_000
+
+
+def test_failure_classes_label_known_cells(ledger_record: dict[str, Any]) -> None:
+    from harness.reports import classes
+
+    found = classes.failure_classes(ledger_record)
+    members = [c for fc in found for c in fc.cells]
+    failing = [c["id"] for c in ledger_record["cells"] if c["status"] in ("fail", "error", "timeout", "known")]
+    assert sorted(members) == sorted(failing) and len(set(members)) == len(members)
+    for fc in found:
+        cells = [c for c in ledger_record["cells"] if c["id"] in fc.cells]
+        assert {c["status"] for c in cells} == {fc.signature.status}
+        assert all(tuple(c.get("known") or ()) == fc.signature.known for c in cells), "no class mixes explanations"
+    table = classes.markdown(ledger_record)
+    assert "| known (seed-hooks, precision) |" in table and "| known (seed-hooks) |" in table
+
+
 # --------------------------------------------------------------------------- JUnit
 
 
@@ -490,6 +694,93 @@ def test_diff_fails_an_interrupted_run_and_lost_coverage() -> None:
     n = {**new, "cells": [c for c in new["cells"] if c["id"] in ok], "status": "incomplete"}
     d = diff_records(b, n, allow_missing=True)
     assert d.exit_code == 1 and "incomplete" in d.problems[0]
+
+
+def _known_diff_pair() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Two runs under a ledger: one cell per transition that involves ``known``."""
+    rng = H.random.Random(4)
+    space = [a for a in H.all_axes() if a["weight"] == "distributed" and not a["delay_wgrad"]]
+    seed, both = ["seed-hooks"], ["seed-hooks", "precision"]
+    # name: ((base status, base entries), (new status, new entries)); None: the cell is absent
+    plan = {
+        "fixed": (("known", seed), ("pass", None)),
+        "unexplained": (("known", seed), ("fail", None)),
+        "newly_known": (("pass", None), ("known", seed)),
+        "xfail_known": (("xfail", None), ("known", seed)),
+        "skip_known": (("skipped", None), ("known", seed)),
+        "now_explained": (("fail", None), ("known", seed)),
+        "same_known": (("known", seed), ("known", seed)),
+        "other_known": (("known", seed), ("known", both)),
+        "known_skipped": (("known", seed), ("skipped", None)),
+        "new_known": (None, ("known", seed)),
+    }
+    base_cells, new_cells, ids = [], [], {}
+    for i, (name, sides) in enumerate(plan.items()):
+        axes = space[i * 5]
+        for side, out in zip(sides, (base_cells, new_cells)):
+            if side is None:
+                continue
+            status, known = side
+            c = H.make_cell(axes, "fail" if status == "known" else status, rng, n_ranks=1)
+            if status == "known":
+                c.known, c.raw_status, c.status = list(known), c.status, "known"
+            out.append(c.serialize())
+        ids[name] = H.cell_id(axes)
+    base, new = H.make_record(1, seed=1), H.make_ledger_record()
+    new = {**new, "cells": new_cells}
+    base["cells"] = base_cells
+    return base, new, ids
+
+
+def test_diff_known_transitions() -> None:
+    base, new, ids = _known_diff_pair()
+    d = diff_records(base, new)
+    got = {k: [c.id for c in getattr(d, k)] for k in d.CLASSES}
+    assert got["newly_passing"] == [ids["fixed"]], "known -> pass is a fix"
+    assert got["newly_failing"] == [ids[n] for n in ("unexplained", "newly_known", "xfail_known", "skip_known")]
+    assert got["still_failing"] == [ids["now_explained"]]
+    assert got["known_changed"] == [ids["other_known"]]
+    assert got["newly_skipped"] == [ids["known_skipped"]] and got["only_in_new"] == [ids["new_known"]]
+    assert d.unchanged == 1  # same_known
+    changed = d.known_changed[0]
+    assert (changed.base_known, changed.new_known) == (("seed-hooks",), ("seed-hooks", "precision"))
+    assert d.exit_code == 1 and d.problems[0] == "5 cell(s) newly failing"  # + the new cell that is known
+    assert d.new_stale == ["fixed-ops (TE PR #3397)"]
+    text = render_diff_text(d)
+    assert "known defect changed: 1" in text and "Known defect changed (1):" in text
+    assert "      known: seed-hooks -> seed-hooks, precision" in text
+    assert f"    known -> fail     {ids['unexplained']}" in text and "      known: seed-hooks -> —" in text
+    assert "note: ledger entry fixed-ops (TE PR #3397) is stale in new" in text
+    page = render_diff_html(d, base, new)
+    assert 'id="known_changed"' in page and "known: seed-hooks → seed-hooks, precision" in page
+    assert '<span class="badge s-known">known</span>' in page
+
+
+def test_diff_gate_with_a_ledger() -> None:
+    """Fixes and changed explanations pass the gate; a stale entry in new is a note, not a regression."""
+    base, new, ids = _known_diff_pair()
+    keep = {ids["fixed"], ids["same_known"], ids["other_known"], ids["now_explained"]}
+    b = {**base, "cells": [c for c in base["cells"] if c["id"] in keep]}
+    n = {**new, "cells": [c for c in new["cells"] if c["id"] in keep]}
+    d = diff_records(b, n)
+    assert d.exit_code == 0 and d.newly_passing and d.known_changed and d.new_stale
+    for name in ("newly_known", "unexplained", "new_known"):
+        n2 = {**n, "cells": n["cells"] + [c for c in new["cells"] if c["id"] == ids[name]]}
+        b2 = {**b, "cells": b["cells"] + [c for c in base["cells"] if c["id"] == ids[name]]}
+        assert diff_records(b2, n2).exit_code == 1, name
+
+
+def test_diff_command_keeps_known_cells(tmp_path: Path) -> None:
+    """``python -m harness diff`` reads both records through ``harness.record``: known survives."""
+    base, new, ids = _known_diff_pair()
+    for name, rec in (("base", base), ("new", new)):
+        hr.RunRecord.from_dict(rec).write(tmp_path / name)
+    res = subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / "base"), str(tmp_path / "new"),
+                          "--allow-missing"], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "gate fails: 5 cell(s) newly failing" in res.stdout and "known defect changed: 1" in res.stdout
+    assert f"    known -> pass     {ids['fixed']}" in res.stdout
 
 
 # --------------------------------------------------------------------------- write_all

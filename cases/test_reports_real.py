@@ -32,7 +32,7 @@ SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--ho
 BACKENDS = {"ref": "harness.reference", "prefix": "harness.reference.prefix"}
 EXPECTED_RC = {"ref": 0, "prefix": 1}
 SWEEP_TIMEOUT = 400
-GOOD = ("pass", "xfail")
+GOOD = ("pass", "xfail", "known")  # known: every failure explained by the ledger (CONTRACTS §7)
 BAD = ("fail", "error", "timeout")
 
 pytestmark = pytest.mark.xdist_group("real_reports")
@@ -42,6 +42,7 @@ from fixtures import report_records as H  # noqa: E402
 
 from harness.reports import _common  # noqa: E402
 from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
+from harness.reports.html import ALWAYS_COUNTED  # noqa: E402
 from harness.reports.diff import diff_records  # noqa: E402
 from harness import recordfile
 
@@ -167,8 +168,8 @@ def test_html_statuses_and_counts_match_the_record(runs: dict[str, Any], name: s
     counts = _common.counts_of(record)
     assert counts == {s: n for s, n in record["counts"].items()}
     for s, n in counts.items():
-        if n or s in _common.STATUSES[:3]:
-            assert f"{_common.STATUS_LABELS[s]} <b>{n:,}</b>" in text, s
+        shown = f"{_common.STATUS_LABELS[s]} <b>{n:,}</b>" in text
+        assert shown == bool(n or s in ALWAYS_COUNTED), s
     verdict = "FAIL" if _bad(record) else "PASS"
     assert f'class="verdict v-{verdict}">{verdict}<' in text
     assert f"{len(record['cells']):,} cells" in text
@@ -279,6 +280,107 @@ def test_diff_ref_ref_is_clean(runs: dict[str, Any], tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert "no new failures" in res.stdout and "newly failing: 0" in res.stdout
     assert "NO NEW FAILURES" in (tmp_path / "same.html").read_text()
+
+
+# --------------------------------------------------------------------------- a known-defects ledger
+
+LEDGER = """
+[ledger]
+package = "harness"
+versions = ">=0"
+
+[[entry]]
+id = "prefix-linear"
+title = "pre-fix Linear decides 'distributed?' from the unpacked saved tensor"
+upstream = "TE PR #3545 (open)"
+row = "`_Linear` / `_GroupedLinear` backward decide"
+kind = "defect"
+cells = "module == 'linear' and weight != 'plain' and hooks != 'off'"
+checks = ["*"]
+error = "."
+
+[[entry]]
+id = "fixed-plain"
+title = "a defect of plain weights, fixed meanwhile"
+upstream = "TE PR #3397"
+row = "unfused wgrad of a distributed weight"
+kind = "defect"
+cells = "weight == 'plain'"
+checks = ["*.main_grad"]
+
+[[entry]]
+id = "no-cell"
+title = "only at world size 4"
+upstream = "unreported"
+row = "`backward_dw()` assigns"
+kind = "difference"
+cells = "world_size == 4"
+checks = ["*.grad"]
+"""
+
+
+@pytest.fixture(scope="module")
+def ledgered(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The real pre-fix record judged under a ledger (``harness.ledger.apply``, as the sweep does)."""
+    from harness import ledger
+    from harness.record import CellResult, RunRecord
+
+    path = tmp_path_factory.mktemp("ledger") / "prefix.toml"
+    path.write_text(LEDGER)
+    rec = RunRecord.from_dict(_record(runs, "prefix"))
+    rec.cells, rec.ledger = ledger.apply([CellResult.from_dict(c.serialize()) for c in rec.cells], ledger.load(path))
+    return rec.serialize()
+
+
+def test_reports_of_a_real_run_under_a_ledger(runs: dict[str, Any], ledgered: dict[str, Any], tmp_path: Path) -> None:
+    from harness.reports import classes, write_all
+
+    prefix = _record(runs, "prefix")
+    target = _hooked_distributed(prefix)
+    known = {c["id"] for c in ledgered["cells"] if c["status"] == "known"}
+    linear = {cid for cid in target if cid.startswith("linear-")}
+    assert known == linear and linear and target - linear, "the entry explains the hooked Linear cells only"
+    assert {c["id"] for c in _bad(ledgered)} == target - linear
+    assert ledgered["ledger"]["stale"] == ["fixed-plain"]
+    paths = write_all(ledgered, tmp_path)
+    text = paths["html"].read_text()
+    counts = _common.counts_of(ledgered)
+    assert f"known defect <b>{counts['known']:,}</b>" in text and 'id="stale"' in text
+    assert 'class="verdict v-FAIL">FAIL<' in text
+    assert '<tr id="ledger-fixed-plain" class=stale>' in text and "selects no cell of this run" in text
+    cells = {c["id"]: c for c in _blobs(text)}
+    for cid in known:
+        cell = next(c for c in ledgered["cells"] if c["id"] == cid)
+        assert cells[cid]["known"] == ["prefix-linear"] and cells[cid]["raw_status"] == cell["raw_status"]
+        assert cell["raw_status"] in BAD and f'href="#{cid}"' in text
+    root = ET.parse(paths["junit"]).getroot()
+    by_name = {tc.get("name"): tc for tc in root.iter("testcase")}
+    for cid in known:
+        sk = by_name[cid].find("skipped")
+        assert sk.get("type") == "pytest.xfail" and sk.get("message") == "known: prefix-linear (TE PR #3545 (open))"
+    assert "no longer reproduces" in by_name["fixed-plain"].find("failure").get("message")
+    md = paths["markdown"].read_text()
+    assert f"{len(target - linear)} of {len(ledgered['cells'])} cells failed, {len(known)} known defects" in md
+    assert f"| `prefix-linear` | `TE PR #3545 (open)` | defect | {len(known)} |" in md
+    assert "> **stale**: ledger entry `fixed-plain`" in md
+    for fc in classes.failure_classes(ledgered):
+        assert (fc.signature.status == "known") == (fc.signature.known == ("prefix-linear",))
+    assert {c for fc in classes.failure_classes(ledgered) if fc.signature.known for c in fc.cells} == known
+
+
+def test_diff_of_real_runs_under_a_ledger(runs: dict[str, Any], ledgered: dict[str, Any]) -> None:
+    """ref -> ledgered: pass -> known is still a regression; ledgered -> ref: known -> pass is a fix;
+    prefix -> ledgered: fail -> known still fails, and nothing is new."""
+    ref, prefix = _record(runs, "ref"), _record(runs, "prefix")
+    known = {c["id"] for c in ledgered["cells"] if c["status"] == "known"}
+    d = diff_records(ref, ledgered)
+    assert {c.id for c in d.newly_failing} == _hooked_distributed(prefix) and d.exit_code == 1
+    back = diff_records(ledgered, ref)
+    assert {c.id for c in back.newly_passing} == _hooked_distributed(prefix) and back.exit_code == 0
+    same = diff_records(prefix, ledgered)
+    assert {c.id for c in same.still_failing} == _hooked_distributed(prefix) and same.exit_code == 0
+    assert {c.id for c in same.still_failing if c.new_status == "known"} == known
+    assert same.new_stale == ["fixed-plain (TE PR #3397)"]
 
 
 # --------------------------------------------------------------------------- the real report in a browser

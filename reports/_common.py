@@ -77,12 +77,13 @@ def fmt_duration(s: Any) -> str:
 
 
 def verdict(record: dict[str, Any]) -> str:
-    """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges."""
+    """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges. A stale ledger
+    entry fails the run as a failing cell does (its exit code is 1, CONTRACTS §7)."""
     counts = counts_of(record)
     bad = sum(n for s, n in counts.items() if s not in GOOD_STATUSES)
     if record.get("status") == "incomplete":
         return "INCOMPLETE"
-    return "FAIL" if bad else "PASS"
+    return "FAIL" if bad or stale_entries(record) else "PASS"
 
 
 def counts_of(record: dict[str, Any]) -> dict[str, int]:
@@ -137,3 +138,42 @@ def backend_facts(record: dict[str, Any]) -> list[tuple[str, Any]]:
     u = {"tf32": "TF32, u = 2^-11", "ieee": "IEEE fp32, u = 2^-24"}.get(fp32, fp32)
     return [("upstream", upstream), ("imported from", info.get("upstream_origin") or info.get("origin")),
             ("fp32 GEMMs", u if info or fp32 else None)]
+
+
+# ----------------------------------------------------------------------------- the ledger (CONTRACTS §7)
+
+
+def ledger_entries(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries of the ledger the run was judged under (``[]`` without a ledger)."""
+    return list((record.get("ledger") or {}).get("entries") or [])
+
+
+def stale_entries(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ledger entries that reproduce in none of the cells they select (they fail the run)."""
+    return [e for e in ledger_entries(record) if e.get("stale")]
+
+
+def entry_state(e: dict[str, Any], judged: bool = True) -> str:
+    """One phrase for what an entry did in this run; ``judged`` is False in a shard, where an
+    entry that reproduced nowhere may still reproduce in another shard."""
+    sel, rep, known = (len(e.get(k) or []) for k in ("selected", "reproduced", "known_cells"))
+    if e.get("stale"):
+        return f"STALE: reproduced in none of its {sel} cell(s)"
+    if not sel:
+        return "selects no cell of this run"
+    if not rep and not judged:
+        return f"reproduced in none of {sel} selected (stale is judged when the shards merge)"
+    return f"{known} known cell(s), reproduced in {rep} of {sel} selected"
+
+
+def stale_line(e: dict[str, Any], record: dict[str, Any]) -> str:
+    """What the gate says about a stale entry: a fix landed, delete the entry."""
+    where = (record.get("ledger") or {}).get("path") or "the ledger"
+    return (f"ledger entry {e.get('id')} ({e.get('upstream')}) no longer reproduces in any of the "
+            f"{len(e.get('selected') or [])} cell(s) it selects: delete it from {where}")
+
+
+def known_refs(cell: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    """``ID (upstream)`` for each ledger entry that explains a ``known`` cell."""
+    upstream = {e.get("id"): e.get("upstream") for e in ledger_entries(record)}
+    return [f"{i} ({upstream[i]})" if upstream.get(i) else str(i) for i in cell.get("known") or []]

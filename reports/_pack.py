@@ -17,6 +17,9 @@ need), columnar:
 * ``ff``: ``{cell index: S index}`` of the first-failure lines (sparse);
 * ``rp`` / ``rpx``: the repro template most cells share and ``{cell index: S index}`` for
   the others; a template holds ``\\u0001`` where the cell id goes.
+* ``le``: the ledger's entries (CONTRACTS §7) as ``[id, upstream, title, stale]`` (``[]``
+  without a ledger); ``kn``: ``{cell index: [raw status, entry index, ...]}`` for the
+  ``known`` cells (sparse): the backend's own verdict and the entries that explain it.
 
 ``detail`` (``<script id="dw-detail">``, decoded only when a cell is first opened, or when
 the page is idle): its own string table ``S`` (check names, messages, tracebacks, error types,
@@ -182,8 +185,26 @@ def _axes_table(cells: list[dict[str, Any]]) -> tuple[list[list[Any]], list[list
     return table, rows
 
 
-def _summary(cells: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]:
+def _known(cells: list[dict[str, Any]], entries: list[dict[str, Any]]) -> tuple[list[list[Any]], dict[str, list[Any]]]:
+    """``le`` and ``kn`` of the summary (an id a cell names but the ledger lacks is kept too)."""
+    le = [[str(e.get("id")), e.get("upstream"), e.get("title"), bool(e.get("stale"))] for e in entries]
+    pos = {e[0]: i for i, e in enumerate(le)}
+    kn: dict[str, list[Any]] = {}
+    for i, c in enumerate(cells):
+        if c.get("status") != "known":
+            continue
+        for eid in c.get("known") or []:
+            if str(eid) not in pos:
+                pos[str(eid)] = len(le)
+                le.append([str(eid), None, None, False])
+        kn[str(i)] = [c.get("raw_status")] + [pos[str(eid)] for eid in c.get("known") or []]
+    return le, kn
+
+
+def _summary(cells: list[dict[str, Any]], statuses: list[str],
+             entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     st_index = {s: i for i, s in enumerate(statuses)}
+    le, kn = _known(cells, entries or [])
     axes_table, rows = _axes_table(cells)
     S = _Strings()
     templates = []
@@ -192,7 +213,7 @@ def _summary(cells: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]
         templates.append(S.add(repro.replace(cid, ID_MARK) if cid else repro))
     common = Counter(templates).most_common(1)[0][0] if templates else None
     return {
-        "v": 3,
+        "v": 4,
         "n": len(cells),
         "statuses": statuses,
         "vocab": vocabulary(),
@@ -206,6 +227,8 @@ def _summary(cells: list[dict[str, Any]], statuses: list[str]) -> dict[str, Any]
         "ff": {str(i): S.add(c["first_failure"]) for i, c in enumerate(cells) if c.get("first_failure") is not None},
         "rp": common,
         "rpx": {str(i): t for i, t in enumerate(templates) if t != common},
+        "le": le,
+        "kn": kn,
         "S": S.table,
     }
 
@@ -368,7 +391,7 @@ def pack(record: dict[str, Any], *, budget: int = 8_000_000,
     """
     cells = record.get("cells") or []
     statuses = list(STATUSES) + sorted({c.get("status", "error") for c in cells} - set(STATUSES))
-    summary = _summary(cells, statuses)
+    summary = _summary(cells, statuses, list((record.get("ledger") or {}).get("entries") or []))
     if extra:
         summary.update(extra())
     room = budget - _size(summary)
@@ -426,7 +449,8 @@ def _unpack_error(e: list[Any], S: list[str]) -> dict[str, Any]:
 def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Decode the blobs back into one dict per cell (the reference for the page's JavaScript).
 
-    Keys: id, status, axes, worst_ratio, first_failure, repro; with ``detail`` also
+    Keys: id, status, axes, worst_ratio, first_failure, repro, known and raw_status (the
+    explaining entry ids and the backend's verdict of a ``known`` cell, else None); with ``detail`` also
     duration_s, expects_error, example, level (None when kept whole), dropped, ranks
     (``[{rank, status, error, checks}]``, thinned cells' kept checks under their rank).
     """
@@ -442,9 +466,12 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
                 ax[name] = values[j]
         tpl = summary["rpx"].get(str(i), summary["rp"])
         ff = summary["ff"].get(str(i))
+        kn = summary.get("kn", {}).get(str(i))
         cell = {"id": cid, "status": summary["statuses"][summary["st"][i]], "axes": ax,
                 "worst_ratio": summary["r"][i], "first_failure": None if ff is None else S[ff],
-                "repro": "" if tpl is None else S[tpl].replace(ID_MARK, cid)}
+                "repro": "" if tpl is None else S[tpl].replace(ID_MARK, cid),
+                "known": None if kn is None else [summary["le"][j][0] for j in kn[1:]],
+                "raw_status": None if kn is None else kn[0]}
         if detail is not None:
             DS, kinds = detail["S"], summary["kinds"]
             d = list(detail["c"][i]) + [None] * 8

@@ -4,7 +4,11 @@ A class is the set of failed checks (per-member and per-microbatch names folded:
 ``weight3.main_grad`` -> ``weight*.main_grad``) plus, for a cell that raised, the exception
 type, its first line with numbers folded, and the innermost frame of the backend's package
 in its traceback (e.g. ``transformer_engine/pytorch/module/grouped_linear.py:backward``).
-Every failing cell of a run falls in exactly one class. Pure function of the run record;
+Every failing cell of a run falls in exactly one class. A ``known`` cell (its failures all
+explained by the known-defects ledger, CONTRACTS §7) still failed, so it is classed too, apart
+from the unexplained failures and labelled with the entries that explain it: a class of known
+cells shows what an entry really covers, and a class that mixes them with unexplained cells
+would hide which is which. Pure function of the run record;
 ``python -m harness.reports.classes RUN_DIR`` prints the classes as a markdown table.
 """
 
@@ -35,6 +39,8 @@ class Signature:
     checks: tuple[str, ...]
     exception: str | None = None
     raised_at: str | None = None
+    #: the ledger entries that explain a ``known`` cell (empty for an unexplained failure)
+    known: tuple[str, ...] = ()
 
 
 @dataclass
@@ -70,21 +76,22 @@ def signature(cell: dict[str, Any], package: str = "transformer_engine") -> Sign
         if err and exception is None:
             exception = f"{err.get('type')}: {_NUMBER.sub('#', err.get('message') or '')}"
             raised_at = _raised_at(err.get("traceback") or "", package)
-    return Signature(cell["status"], tuple(sorted(checks)), exception, raised_at)
+    known = tuple(cell.get("known") or ()) if cell["status"] == "known" else ()
+    return Signature(cell["status"], tuple(sorted(checks)), exception, raised_at, known)
 
 
 def failure_classes(record: dict[str, Any], package: str = "transformer_engine") -> list[FailureClass]:
-    """Every failing cell of ``record`` in exactly one class, largest class first."""
+    """Every failing cell of ``record`` (bad or ``known``) in exactly one class, largest class first."""
     classes: dict[Signature, FailureClass] = {}
     for cell in record.get("cells") or []:
-        if cell.get("status") not in BAD_STATUSES:
+        if cell.get("status") not in BAD_STATUSES and cell.get("status") != "known":
             continue
         sig = signature(cell, package)
         fc = classes.setdefault(sig, FailureClass(sig))
         fc.cells.append(cell["id"])
         for axis, value in (cell.get("axes") or {}).items():
             fc.axes.setdefault(axis, Counter())[value] += 1
-    return sorted(classes.values(), key=lambda c: (-len(c.cells), c.signature.checks))
+    return sorted(classes.values(), key=lambda c: (-len(c.cells), c.signature.checks, c.signature.known))
 
 
 def _where(fc: FailureClass) -> str:
@@ -100,7 +107,8 @@ def markdown(record: dict[str, Any], package: str = "transformer_engine") -> str
             "|---:|---:|---|---|---|---|---|"]
     for i, fc in enumerate(failure_classes(record, package), 1):
         s = fc.signature
-        rows.append(f"| {i} | {len(fc.cells)} | {s.status} | {', '.join(s.checks) or '—'} | "
+        status = f"{s.status} ({', '.join(s.known)})" if s.known else s.status
+        rows.append(f"| {i} | {len(fc.cells)} | {status} | {', '.join(s.checks) or '—'} | "
                     f"{(s.exception or '—').replace('|', '/')} | {s.raised_at or '—'} | {_where(fc)} |")
     return "\n".join(rows)
 

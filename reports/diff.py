@@ -1,12 +1,23 @@
 """Compare two run records cell by cell (by id): what broke, what got fixed, what drifted.
 
+A ``known`` cell (every failure explained by the known-defects ledger, CONTRACTS §7) is a
+*failing* cell here. The ledger keeps a run's own gate green on defects already reported
+upstream; it does not make a change acceptable: comparing two runs, a cell that starts to fail
+is a regression whether or not an entry explains the failure (an entry whose cells widen
+would otherwise hide it), and a known cell that passes is a fix (its entry may now be stale).
+"Failing" below is bad (fail/error/timeout) or known; "good" is pass/xfail.
+
 Classes (a cell lands in at most one):
 
-* ``newly_failing`` - bad (fail/error/timeout) in ``new``, and good (pass/xfail) or skipped in
-  ``base``. A previously skipped cell that now fails is a new failure too: the gate must not
+* ``newly_failing`` - failing in ``new``, and good or skipped in ``base`` (``pass -> known``
+  included); or ``known`` in ``base`` and bad in ``new`` (a failure the ledger no longer
+  explains). A previously skipped cell that now fails is a new failure too: the gate must not
   let a regression hide behind a skip.
-* ``newly_passing`` - bad in ``base``, good in ``new``.
-* ``still_failing`` - bad in both.
+* ``newly_passing`` - failing in ``base`` (``known`` included: a fix), good in ``new``.
+* ``still_failing`` - bad in ``base``, bad or ``known`` in ``new`` (a failure the ledger now
+  explains still fails).
+* ``known_changed`` - ``known`` in both, explained by different entries (reported, not a
+  failure of the diff); ``known`` in both with the same entries is unchanged.
 * ``newly_skipped`` - not skipped in ``base``, skipped in ``new`` (coverage lost; reported,
   but not a failure of the diff).
 * ``ratio_grown`` - good in both, both have a worst_ratio, and
@@ -17,14 +28,16 @@ Classes (a cell lands in at most one):
 
 ``exit_code`` is 1 - the gate fails - when:
 
-* any cell newly fails, including a bad cell that exists only in ``new`` (a newly added
-  cell that fails is a new failure);
+* any cell newly fails, including a failing (bad or known) cell that exists only in ``new``
+  (a newly added cell that fails is a new failure);
 * the new run is ``incomplete`` (interrupted, or ended by a launch failure): what it did
   not run cannot pass a gate;
 * coverage was lost: a cell newly skipped, or a cell only in ``base`` - unless
   ``allow_missing`` (an intentional change of the matrix or the selection).
 
-Otherwise 0. ``problems`` says why, one line each.
+Otherwise 0. ``problems`` says why, one line each. A stale ledger entry in ``new`` fails
+that run's own gate (its exit code) and is listed in ``new_stale``, but is no regression: it
+means a fix landed.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _assets
-from ._common import BAD_STATUSES, GOOD_STATUSES, fmt_ratio, ratio_key, verdict
+from ._common import BAD_STATUSES, GOOD_STATUSES, fmt_ratio, ratio_key, stale_entries, verdict
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,9 @@ class CellChange:
     new_ratio: float | None = None
     first_failure: str | None = None  # from new when it has one, else from base
     repro: str = ""
+    #: the ledger entries explaining the cell on each side (empty unless ``known``)
+    base_known: tuple[str, ...] = ()
+    new_known: tuple[str, ...] = ()
 
 
 @dataclass
@@ -59,6 +75,7 @@ class RunDiff:
     still_failing: list[CellChange] = field(default_factory=list)
     newly_skipped: list[CellChange] = field(default_factory=list)
     ratio_grown: list[CellChange] = field(default_factory=list)
+    known_changed: list[CellChange] = field(default_factory=list)
     only_in_base: list[CellChange] = field(default_factory=list)
     only_in_new: list[CellChange] = field(default_factory=list)
     unchanged: int = 0
@@ -67,13 +84,15 @@ class RunDiff:
     new_incomplete: bool = False
     #: cells only in base / newly skipped do not fail the gate
     allow_missing: bool = False
+    #: the new run's stale ledger entries (``id (upstream)``): its own gate fails, this one not
+    new_stale: list[str] = field(default_factory=list)
 
     CLASSES = ("newly_failing", "newly_passing", "still_failing", "newly_skipped", "ratio_grown",
-               "only_in_base", "only_in_new")
+               "known_changed", "only_in_base", "only_in_new")
 
     @property
     def new_cells_failing(self) -> list[CellChange]:
-        return [c for c in self.only_in_new if _bad(c.new_status)]
+        return [c for c in self.only_in_new if _failing(c.new_status)]
 
     @property
     def problems(self) -> list[str]:
@@ -98,6 +117,15 @@ def _bad(status: str | None) -> bool:
     return status is not None and status not in GOOD_STATUSES and status != "skipped"
 
 
+def _failing(status: str | None) -> bool:
+    """Bad, or ``known``: a failure, whether or not the ledger explains it (module docstring)."""
+    return _bad(status) or status == "known"
+
+
+def _known(c: dict[str, Any] | None) -> tuple[str, ...]:
+    return tuple(c.get("known") or ()) if c is not None and c.get("status") == "known" else ()
+
+
 def _change(cid: str, b: dict[str, Any] | None, n: dict[str, Any] | None) -> CellChange:
     src = n if n is not None and n.get("first_failure") else (b or n or {})
     return CellChange(
@@ -108,6 +136,8 @@ def _change(cid: str, b: dict[str, Any] | None, n: dict[str, Any] | None) -> Cel
         new_ratio=None if n is None else n.get("worst_ratio"),
         first_failure=src.get("first_failure"),
         repro=(n or b or {}).get("repro", ""),
+        base_known=_known(b),
+        new_known=_known(n),
     )
 
 
@@ -130,7 +160,8 @@ def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: flo
     b_cells = {c["id"]: c for c in base.get("cells") or []}
     n_cells = {c["id"]: c for c in new.get("cells") or []}
     d = RunDiff(ratio_growth=ratio_growth, new_incomplete=new.get("status") == "incomplete",
-                allow_missing=allow_missing)
+                allow_missing=allow_missing,
+                new_stale=[f"{e.get('id')} ({e.get('upstream')})" for e in stale_entries(new)])
     for cid, n in n_cells.items():
         b = b_cells.get(cid)
         if b is None:
@@ -138,14 +169,19 @@ def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: flo
             continue
         bs, ns = b.get("status"), n.get("status")
         ch = _change(cid, b, n)
-        if _bad(ns):
+        if bs == ns == "known":
+            if ch.base_known == ch.new_known:
+                d.unchanged += 1
+            else:
+                d.known_changed.append(ch)
+        elif _failing(ns):  # bad -> known still fails; known -> bad is no longer explained
             (d.still_failing if _bad(bs) else d.newly_failing).append(ch)
         elif ns == "skipped":
             if bs == "skipped":
                 d.unchanged += 1
             else:
                 d.newly_skipped.append(ch)
-        elif _bad(bs):  # ns is good
+        elif _failing(bs):  # ns is good: fixed (a known cell too)
             d.newly_passing.append(ch)
         elif bs in GOOD_STATUSES and _grown(b.get("worst_ratio"), n.get("worst_ratio"), ratio_growth):
             d.ratio_grown.append(ch)
@@ -161,6 +197,7 @@ _TITLES = {
     "still_failing": "Still failing",
     "newly_skipped": "Newly skipped",
     "ratio_grown": "Error ratio grown",
+    "known_changed": "Known defect changed",
     "only_in_base": "Only in base",
     "only_in_new": "Only in new",
 }
@@ -170,10 +207,15 @@ def _fmt_status(s: str | None) -> str:
     return s if s is not None else "—"
 
 
+def _fmt_known(ids: tuple[str, ...]) -> str:
+    return ", ".join(ids) if ids else "—"
+
+
 def render_diff_text(diff: RunDiff, *, limit: int = 50) -> str:
     """Plain-text diff for a terminal or a CI log; each class lists at most ``limit`` cells."""
     lines = [f"dw-harness diff: {'REGRESSION' if diff.exit_code else 'no new failures'}",
              *(f"  gate fails: {p}" for p in diff.problems),
+             *(f"  note: ledger entry {s} is stale in new (a fix landed: delete it)" for s in diff.new_stale),
              "  " + ", ".join(f"{_TITLES[k].lower()}: {len(getattr(diff, k))}" for k in RunDiff.CLASSES)
              + f", unchanged: {diff.unchanged}"]
     for k in RunDiff.CLASSES:
@@ -187,7 +229,9 @@ def render_diff_text(diff: RunDiff, *, limit: int = 50) -> str:
             if ch.base_ratio is not None or ch.new_ratio is not None:
                 ratio = f"  ratio {fmt_ratio(ch.base_ratio) or '—'} -> {fmt_ratio(ch.new_ratio) or '—'}"
             lines.append(f"  {_fmt_status(ch.base_status):>8} -> {_fmt_status(ch.new_status):<8} {ch.id}{ratio}")
-            if k in ("newly_failing", "still_failing") or (k == "only_in_new" and _bad(ch.new_status)):
+            if ch.base_known or ch.new_known:
+                lines.append(f"      known: {_fmt_known(ch.base_known)} -> {_fmt_known(ch.new_known)}")
+            if k in ("newly_failing", "still_failing") or (k == "only_in_new" and _failing(ch.new_status)):
                 if ch.first_failure:
                     lines.append(f"      {ch.first_failure}")
                 if ch.repro:
@@ -224,8 +268,10 @@ def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any], *
             f'<tr><td>{chip(ch.base_status)}</td><td>{chip(ch.new_status)}</td>'
             f'<td class="num">{e(fmt_ratio(ch.base_ratio))}</td><td class="num">{e(fmt_ratio(ch.new_ratio))}</td>'
             f'<td class="idcell" style="padding-left:16px">{e(ch.id)}'
-            + (f'<div class="muted mono" style="white-space:pre-wrap">{e(ch.first_failure)}</div>' if ch.first_failure and _bad(ch.new_status) else "")
-            + (f'<div class="mono">repro: {e(ch.repro)}</div>' if ch.repro and _bad(ch.new_status) else "")
+            + (f'<div class="mono">known: {e(_fmt_known(ch.base_known))} → {e(_fmt_known(ch.new_known))}</div>'
+               if ch.base_known or ch.new_known else "")
+            + (f'<div class="muted mono" style="white-space:pre-wrap">{e(ch.first_failure)}</div>' if ch.first_failure and _failing(ch.new_status) else "")
+            + (f'<div class="mono">repro: {e(ch.repro)}</div>' if ch.repro and _failing(ch.new_status) else "")
             + "</td></tr>" for ch in items[:limit])
         more = f'<p class="muted">… and {len(items) - limit:,} more (see the text diff).</p>' if len(items) > limit else ""
         sections.append(
@@ -243,6 +289,8 @@ def render_diff_html(diff: RunDiff, base: dict[str, Any], new: dict[str, Any], *
         f'<span class="verdict v-{"FAIL" if diff.exit_code else "PASS"}">{v}</span></h1></header><main>'
         f'<section class="card"><dl class="meta" style="grid-template-columns:1fr">{side(base, "base")}{side(new, "new")}</dl>'
         + "".join(f'<p class="t-fail"><b>gate fails:</b> {e(p)}</p>' for p in diff.problems)
+        + "".join(f'<p class="t-fail">note: ledger entry {e(s)} is stale in new (a fix landed: delete it)</p>'
+                  for s in diff.new_stale)
         + f'<div class="counts">{pills}</div><p class="muted" style="font-size:12px">ratio grown = good in both runs, '
         f'new worst ratio &gt; {diff.ratio_growth:g} × base and &gt; 0.1.</p></section>'
         + ("".join(sections) or '<section class="card"><p>No differences.</p></section>')

@@ -11,7 +11,10 @@ Why it looks the way it does:
   opened (or when the page is idle). Both are gzip-compressed JSON in base64, decoded by
   the browser's ``DecompressionStream``. A cell's detail panel is rendered when it is opened.
 * The parts that are small and useful without JavaScript (header, counts, near-miss view,
-  failure signatures, self-test table) are rendered here, server side, escaped.
+  failure signatures, the known-defects ledger, self-test table) are rendered here, server
+  side, escaped.
+* A ledger entry that no longer reproduces (stale) fails the run, so it is shown as loudly
+  as a failing cell: a banner under the header, a pill, and its ledger row, in the fail red.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import re
 from typing import Any, Sequence
 
 from . import _assets
-from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, fmt_duration, fmt_ratio,
-                      ratio_key, verdict, worst_check)
+from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, entry_state, fmt_duration,
+                      fmt_ratio, ledger_entries, ratio_key, stale_entries, stale_line, verdict, worst_check)
 from ._pack import SCRIPT_TYPE, encode, pack
 
 #: log buckets of the near-miss histogram: (label, lower bound inclusive, upper bound exclusive).
@@ -37,6 +40,10 @@ RATIO_BUCKETS: tuple[tuple[str, float, float], ...] = (
     ("> 1", 1.0 + 1e-12, math.inf),
 )
 TOP_NEAR_MISSES = 20
+#: statuses whose pill the Run card shows even at zero (the others only when they occur)
+ALWAYS_COUNTED: tuple[str, ...] = ("pass", "fail")
+#: cell links listed per ledger entry (the grid filter shows them all)
+LEDGER_CELL_LINKS = 12
 
 
 def _e(s: Any) -> str:
@@ -60,6 +67,7 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
         ("device / process group", " / ".join(str(x) for x in (env.get("device"), env.get("pg_backend")) if x)),
         ("world sizes", ", ".join(str(w) for w in record.get("world_sizes") or []) or None),
         ("preset", sel.get("preset")),
+        ("ledger", _ledger_fact(record)),
         ("git commit", (env.get("git_commit") or "")[:12] or None),
         ("started", record.get("started")),
         ("finished", record.get("finished") or ("— (incomplete)" if record.get("status") == "incomplete" else None)),
@@ -71,7 +79,11 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
     meta = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(val)}</dd></div>" for k, val in items if val not in (None, ""))
     pills = "".join(
         f'<span class="pill"><i class="dot {_status_class(s)}"></i>{_e(STATUS_LABELS.get(s, s))} <b>{c:,}</b></span>'
-        for s, c in counts.items() if c or s in STATUSES[:3])
+        for s, c in counts.items() if c or s in ALWAYS_COUNTED)
+    stale = stale_entries(record)
+    if stale:
+        pills += (f'<a class="pill stale" href="#ledger"><i class="dot s-fail"></i>stale ledger entries '
+                  f'<b>{len(stale):,}</b></a>')
     launches = record.get("launches") or []
     noted = [l for l in launches if l.get("note")]
     exits: dict[Any, int] = {}
@@ -98,6 +110,10 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
     if record.get("status") == "incomplete":
         banner = ('<div class="banner" id="incomplete"><b>INCOMPLETE</b> — the sweep did not finish; this report '
                   f'covers the {n:,} cells recorded before it stopped.</div>')
+    if stale:
+        banner += ('<div class="banner stale" id="stale"><b>STALE LEDGER</b> — '
+                   + "; ".join(f'<a href="#ledger-{_e(e.get("id"))}">{_e(stale_line(e, record))}</a>' for e in stale)
+                   + "</div>")
     top = (f'<header class="top"><h1>dw-harness report <span class="verdict v-{v}">{v}</span></h1>'
            f'<div class="sub">{n:,} cells · backend {_e(record.get("backend"))} · '
            f'{_e(record.get("started") or "")}</div></header>{banner}')
@@ -106,6 +122,59 @@ def _header(record: dict[str, Any], counts: dict[str, int]) -> tuple[str, str]:
         f'<div class="counts">{pills}</div>'
         f'<div class="cmd"><pre id="run-cmd">{_e(record.get("command") or " ".join(record.get("argv") or []))}</pre>'
         f'<button data-copy="run-cmd">Copy</button></div>{"".join(more)}</section>')
+
+
+def _ledger_fact(record: dict[str, Any]) -> str | None:
+    led = record.get("ledger")
+    if not led:
+        return None
+    n, stale = len(led.get("entries") or []), len(stale_entries(record))
+    return f"{led.get('name')} ({n} entr{'y' if n == 1 else 'ies'}{f', {stale} stale' if stale else ''})"
+
+
+def _cell_links(ids: list[str], limit: int = LEDGER_CELL_LINKS) -> str:
+    links = ", ".join(f'<a href="#{_e(i)}">{_e(i)}</a>' for i in ids[:limit])
+    return links + (f' <span class="muted">and {len(ids) - limit:,} more</span>' if len(ids) > limit else "")
+
+
+def _ledger(record: dict[str, Any]) -> str:
+    """The known-defects ledger (CONTRACTS §7): the file, and per entry what it claims (upstream
+    reference, §6 row, checks / error pattern, cell filter) and what it did in this run."""
+    led = record.get("ledger")
+    if not led:
+        return ""
+    judged = led.get("judged_stale", True)
+    facts = [("file", led.get("path")), ("package", led.get("package")), ("versions", led.get("versions")),
+             ("entries", len(ledger_entries(record))),
+             ("stale", len(stale_entries(record)) if judged else "not judged (a shard)")]
+    meta = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in facts if v not in (None, ""))
+    rows = []
+    for e in ledger_entries(record):
+        eid, stale = str(e.get("id")), bool(e.get("stale"))
+        claims = f"<div><em>checks</em> {_e(', '.join(e['checks']))}</div>" if e.get("checks") else ""
+        if e.get("error"):
+            claims += f"<div><em>error</em> /{_e(e['error'])}/</div>"
+        claims += f"<div><em>cells</em> {_e(e.get('cells'))}</div>"
+        # the cells that say most: where it makes cells known, else where it reproduced, else
+        # (a stale entry) the cells it selects, where it should have reproduced
+        label, ids = next(((k, e[key]) for k, key in (("known", "known_cells"), ("reproduced in", "reproduced"),
+                                                     ("selects", "selected")) if e.get(key)), ("", []))
+        cells = f'<span class="muted">{label}:</span> {_cell_links(ids)}' if ids else ""
+        show = (f' <button data-entry="{_e(eid)}" title="show only the cells this entry makes known">show in grid</button>'
+                if e.get("known_cells") else "")
+        rows.append(
+            f'<tr id="ledger-{_e(eid)}"{" class=stale" if stale else ""}><td><b class="mono">{_e(eid)}</b>'
+            f'<div class="ltitle">{_e(e.get("title"))}</div></td><td>{_e(e.get("upstream"))}</td>'
+            f'<td>{_e(e.get("kind"))}</td><td>{_e(e.get("row"))}</td>'
+            f'<td{" class=t-fail" if stale else ""}>{_e(entry_state(e, judged))}'
+            + (f'<div class="muted">{_e(stale_line(e, record))}</div>' if stale else "")
+            + f'</td><td class="mono lclaims">{claims}</td><td class="idcell">{cells or "—"}{show}</td></tr>')
+    table = ('<table class="plain ledger"><tr><th>entry</th><th>upstream</th><th>kind</th><th>§6 row</th><th>state</th>'
+             f'<th>explains</th><th>cells</th></tr>{"".join(rows)}</table>') if rows else '<p class="muted">no entries.</p>'
+    return ('<section class="card" id="ledger"><h2>Known-defects ledger</h2><p class="muted" style="margin:0 0 8px">'
+            'A cell whose failures are all explained by entries is <b>known defect</b> (it meets its expectation); '
+            'an entry that selects cells but reproduces in none is <b>stale</b> and fails the run: a fix landed, '
+            f'delete the entry.</p><dl class="meta">{meta}</dl>{table}</section>')
 
 
 def _near_miss(cells: list[dict[str, Any]]) -> str:
@@ -257,6 +326,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'
         '<tbody><tr><td>building the grid… (needs JavaScript)</td></tr></tbody></table></div></section>',
         _signatures(cells),
+        _ledger(record),
         _near_miss(cells),
         _selftest(selftest) if selftest else "",
         f'<p class="foot">dw-harness · schema {_e(record.get("schema"))} · rendered from results.json</p></main>',

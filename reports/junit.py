@@ -2,9 +2,17 @@
 
 Mapping: ``fail`` -> ``<failure>``, ``error``/``timeout`` -> ``<error>``, ``skipped`` ->
 ``<skipped>``; ``pass`` and ``xfail`` pass (an xfail met its expectation: the backend raised
-the clear error the contract asks for, noted in ``<system-out>``). The root is
-``<testsuites>`` around a single ``<testsuite name="dw-harness">`` (pytest's layout); both
-carry the totals, so readers that look at either find them.
+the clear error the contract asks for, noted in ``<system-out>``); ``known`` (every failure
+explained by the known-defects ledger, CONTRACTS §7) is what pytest writes for an xfail,
+``<skipped type="pytest.xfail" message="known: ENTRY (TE PR #N); ...">``, so CI widgets
+count it as expected-to-fail, not as passing. The root is ``<testsuites>`` around a single
+``<testsuite name="dw-harness">`` (pytest's layout); both carry the totals, so readers that
+look at either find them.
+
+Each ledger entry is a testcase too (classname ``dw_harness.ledger``, named by its id), so
+every run lists the same entries and a widget shows one turning red: a stale entry (selects
+cells, reproduces in none: the run fails) is a ``<failure>``; an entry that selects no cell of
+the run, or is not judged (a shard), is ``<skipped>``; one that reproduces passes.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from ._common import GOOD_STATUSES, clean_text, counts_of, failing_messages
+from ._common import (GOOD_STATUSES, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
+                      stale_line)
 
 MESSAGE_LIMIT = 1_000  # characters of the message attribute (CI widgets show it on one line)
 BODY_LIMIT = 20_000  # characters of a failure body (tracebacks are clipped in the middle)
@@ -51,16 +60,43 @@ def _one_line(s: Any) -> str:
     return clean_text(" ".join(str(s or "").split()))[:MESSAGE_LIMIT]
 
 
+def _known_text(cell: dict[str, Any]) -> str:
+    """A known cell's body: short (a real backend has thousands), the ledger says the rest."""
+    lines = [f"cell: {cell.get('id')}", f"backend verdict: {cell.get('raw_status')} (known defect)"]
+    if cell.get("first_failure"):
+        lines.append(f"first failure: {cell['first_failure']}")
+    lines.append(f"repro: {cell.get('repro', '')}")
+    return clean_text(_clip("\n".join(lines), MESSAGE_LIMIT * 4))
+
+
+def _entry_case(suite: ET.Element, e: dict[str, Any], record: dict[str, Any]) -> None:
+    judged = (record.get("ledger") or {}).get("judged_stale", True)
+    tc = ET.SubElement(suite, "testcase", {"classname": "dw_harness.ledger", "name": clean_text(e.get("id")),
+                                           "time": "0.000"})
+    state = entry_state(e, judged)
+    if e.get("stale"):
+        el = ET.SubElement(tc, "failure", {"message": _one_line(stale_line(e, record)), "type": "stale ledger entry"})
+        el.text = clean_text(_clip(f"{stale_line(e, record)}\n\nselected cells:\n" + "\n".join(e.get("selected") or []),
+                                   BODY_LIMIT))
+    elif not e.get("selected") or not e.get("reproduced"):
+        ET.SubElement(tc, "skipped", {"message": _one_line(state)})
+    else:
+        ET.SubElement(tc, "system-out").text = clean_text(f"{e.get('upstream')}: {state}")
+
+
 def render_junit(record: dict[str, Any]) -> str:
     """Render ``record`` (the parsed ``results.json``) as a JUnit XML document (a string)."""
     counts = counts_of(record)
     cells = record.get("cells") or []
     env = record.get("environment") or {}
+    entries = ledger_entries(record)
+    stale = sum(bool(e.get("stale")) for e in entries)
+    idle = sum(not e.get("stale") and not (e.get("selected") and e.get("reproduced")) for e in entries)
     totals = {
-        "tests": str(len(cells)),
-        "failures": str(counts.get("fail", 0)),
+        "tests": str(len(cells) + len(entries)),
+        "failures": str(counts.get("fail", 0) + stale),
         "errors": str(sum(n for s, n in counts.items() if s not in (*GOOD_STATUSES, "fail", "skipped"))),
-        "skipped": str(counts.get("skipped", 0)),
+        "skipped": str(counts.get("skipped", 0) + counts.get("known", 0) + idle),
         "time": f"{float(record.get('duration_s') or sum(c.get('duration_s') or 0 for c in cells)):.3f}",
     }
     root = ET.Element("testsuites", {"name": "dw-harness", **totals})
@@ -93,10 +129,16 @@ def render_junit(record: dict[str, Any]) -> str:
             el.text = _body(c)
         elif status == "skipped":
             ET.SubElement(tc, "skipped", {"message": _one_line(c.get("first_failure") or "skipped")})
+        elif status == "known":  # pytest's xfail: the reason names the entries
+            el = ET.SubElement(tc, "skipped", {"type": "pytest.xfail",
+                                               "message": _one_line("known: " + "; ".join(known_refs(c, record)))})
+            el.text = _known_text(c)
         elif status == "xfail":
             out = ET.SubElement(tc, "system-out")
             errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
             what = f": {errs[0].get('type', '')}: {errs[0].get('message', '')}" if errs else ""
             out.text = clean_text(f"expected error met{what}")
+    for e in entries:
+        _entry_case(suite, e, record)
     ET.indent(root, space=" ")
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -4,6 +4,11 @@ GitHub rejects a summary over 1 MiB, and a broken backend can fail 20k cells, so
 failing cells is cut to fit ``limit_bytes`` with a pointer to the HTML report, which has all.
 Text from the record is escaped (GitHub renders inline HTML in markdown) and code spans use
 a fence longer than any backtick run inside them.
+
+A run judged under a known-defects ledger (CONTRACTS §7) gets a ledger section: one table row
+per entry, a warning per stale entry (it fails the run), and the ``known`` cells grouped by
+the entries that explain them - a few example ids per group, since a real backend can have
+thousands of known cells and the HTML report lists them all.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ import re
 from typing import Any
 
 from ._common import (BAD_STATUSES, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of, fmt_duration,
-                      fmt_ratio, ratio_key, verdict)
+                      fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
 
 ICONS = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️"}
 LINE_LIMIT = 600  # characters of one first_failure line
+KNOWN_GROUPS = 10  # groups of known cells listed (by the set of entries explaining them)
+KNOWN_EXAMPLES = 3  # example cell ids per group
 
 
 def _md_text(s: Any) -> str:
@@ -44,6 +51,50 @@ def _cell_entry(c: dict[str, Any]) -> str:
             f"  repro: {_code(c.get('repro', ''))}\n")
 
 
+def _state(e: dict[str, Any], judged: bool) -> str:
+    if e.get("stale"):
+        return "**STALE**"
+    if not e.get("selected"):
+        return "selects no cell"
+    return "reproduces" if e.get("reproduced") else "not judged (a shard)" if not judged else "does not reproduce"
+
+
+def _ledger(record: dict[str, Any]) -> str:
+    """The ledger section: the file, a warning per stale entry, the entries, the known cells."""
+    led = record.get("ledger")
+    if not led:
+        return ""
+    judged = led.get("judged_stale", True)
+    about = [("ledger", led.get("path")), ("package", led.get("package")), ("versions", led.get("versions"))]
+    out = ["\n### Known-defects ledger\n\n" + " · ".join(f"{k} {_code(v)}" for k, v in about if v) + "\n"]
+    for e in stale_entries(record):  # upstream refs in code spans: GitHub would link "#3545" to this repo
+        out.append(f"\n> [!CAUTION]\n> **stale**: ledger entry {_code(e.get('id'))} ({_code(e.get('upstream'))}) no "
+                   f"longer reproduces in any of the {len(e.get('selected') or []):,} cell(s) it selects: delete it "
+                   f"from {_code(led.get('path') or 'the ledger')}\n")
+    entries = ledger_entries(record)
+    if entries:
+        out.append("\n| entry | upstream | kind | known cells | reproduced / selected | state |\n"
+                   "|---|---|---|---:|---:|---|\n")
+        out += [f"| {_code(e.get('id'))} | {_code(e.get('upstream'))} | {_md_text(e.get('kind'))} | "
+                f"{len(e.get('known_cells') or []):,} | {len(e.get('reproduced') or []):,} / "
+                f"{len(e.get('selected') or []):,} | {_state(e, judged)} |\n" for e in entries]
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for c in record.get("cells") or []:
+        if c.get("status") == "known":
+            groups.setdefault(tuple(c.get("known") or ()), []).append(str(c.get("id")))
+    if groups:
+        n = sum(len(ids) for ids in groups.values())
+        out.append(f"\nKnown cells ({n:,}), by the entries that explain them:\n\n")
+        ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+        for ids, cells in ranked[:KNOWN_GROUPS]:
+            eg = ", ".join(_code(c) for c in cells[:KNOWN_EXAMPLES]) + (", …" if len(cells) > KNOWN_EXAMPLES else "")
+            out.append(f"- {', '.join(_code(i) for i in ids) or '(no entry named)'}: {len(cells):,} "
+                       f"cell{'s' if len(cells) != 1 else ''}, e.g. {eg}\n")
+        if len(ranked) > KNOWN_GROUPS:
+            out.append(f"- … and {len(ranked) - KNOWN_GROUPS:,} more groups (see the HTML report)\n")
+    return "".join(out)
+
+
 def render_markdown(record: dict[str, Any], *, html_path: str | None = None, limit_bytes: int = 1_000_000) -> str:
     """Render the step summary; the UTF-8 encoding of the result is at most ``limit_bytes``.
 
@@ -61,7 +112,12 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     n = sum(counts.values())
     bad = [c for c in record.get("cells") or [] if c.get("status") in BAD_STATUSES
            or c.get("status") not in STATUSES]
-    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells failed\n\n"]
+    extra = [f"{counts.get('known', 0):,} known defect{'s' if counts.get('known', 0) != 1 else ''}"
+             if counts.get("known") else "",
+             f"{len(stale_entries(record)):,} stale ledger entr{'ies' if len(stale_entries(record)) != 1 else 'y'}"
+             if stale_entries(record) else ""]
+    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells failed"
+                       + "".join(f", {x}" for x in extra if x) + "\n\n"]
     if record.get("status") == "incomplete":
         head.append("> [!WARNING]\n> **INCOMPLETE**: the sweep did not finish; counts cover the cells recorded so far.\n\n")
     head.append("| " + " | ".join(_md_text(STATUS_LABELS.get(s, s)) for s in counts) + " | total |\n")
@@ -81,6 +137,7 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     if passing:
         top = max(passing, key=lambda c: ratio_key(c["worst_ratio"]))
         head.append(f"\nClosest passing cell: {_code(top['id'])} at ratio {fmt_ratio(top['worst_ratio'])} of its bound.\n")
+    head.append(_ledger(record))
 
     out = "".join(head)
     size = len(out.encode())

@@ -8,9 +8,10 @@ CONTRACTS sentence it breaks, the source that causes it, and every other cell it
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from typing import Any
+
+from harness.ledger import Entry
 
 
 class NoEvidence(ValueError):
@@ -18,9 +19,9 @@ class NoEvidence(ValueError):
 
 
 def _explains(entry: dict[str, Any], name: str, text: str) -> bool:
-    if name == "exception":
-        return bool(entry.get("error")) and re.search(entry["error"], text) is not None
-    return any(fnmatch.fnmatchcase(name, p) for p in entry.get("checks", []))
+    """The ledger's own rule (``harness.ledger.Entry.explains``) for a recorded entry."""
+    fields = Entry.__dataclass_fields__
+    return Entry.from_dict({k: v for k, v in entry.items() if k in fields}).explains(name, text)
 
 
 def _size(cell: dict[str, Any]) -> tuple:

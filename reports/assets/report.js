@@ -25,6 +25,7 @@
 
 function main(D) {
   var S = D.S, ST = D.statuses, AX = D.axes, KINDS = D.kinds, LEVELS = D.levels, N = D.n;
+  var LE = D.le || [], KN = D.kn || {};  // ledger entries [id, upstream, title, stale]; known cells
   // the status vocabulary comes from the record's data (harness/status.py), never restated here
   var SEV = [], LABEL = {}, GLYPH = {}, BAD = {};
   D.vocab.slice().sort(function (a, b) { return a.severity - b.severity; }).forEach(function (s) { SEV.push(s.name); });
@@ -42,7 +43,7 @@ function main(D) {
       var ax = new Array(nAx);
       for (var p = 0; p < nAx; p++, pos++) ax[p] = AXS[pos];
       var ff = FF[i];
-      cells[i] = {i: i, st: ST[STS[i]], ax: ax, r: RR[i], ff: ff === undefined ? null : S[ff]};
+      cells[i] = {i: i, st: ST[STS[i]], ax: ax, r: RR[i], ff: ff === undefined ? null : S[ff], kn: KN[i] || null};
     }
   })();
   function idOf(i) { return D.id[i]; }
@@ -121,9 +122,10 @@ function main(D) {
   // ---------------------------------------------------------------- filters state
   var stOn = {}, axOn = AX.map(function (a) { return a[1].map(function () { return true; }); });
   ST.forEach(function (s) { stOn[s] = true; });
-  var query = "";
+  var query = "", entryOn = -1;  // entryOn: the ledger entry whose known cells alone are shown
   function visible(c) {
     if (!stOn[c.st]) return false;
+    if (entryOn >= 0 && !(c.kn && c.kn.indexOf(entryOn, 1) > 0)) return false;
     for (var p = 0; p < c.ax.length; p++) if (c.ax[p] >= 0 && !axOn[p][c.ax[p]]) return false;
     if (query && idOf(c.i).toLowerCase().indexOf(query) < 0) return false;
     return true;
@@ -321,6 +323,7 @@ function main(D) {
       if (!nSt[s]) return;
       h.push('<span class="tog" data-st="' + esc(s) + '"><i class="sw ' + sclass(s) + '"></i>' + esc(LABEL[s] || s) + '<span class="n">' + nSt[s].toLocaleString() + "</span></span>");
     });
+    h.push('<span class="tog" id="entry-on" hidden title="show every cell again"></span>');
     h.push('<input class="search" id="q" placeholder="filter by cell id substring\u2026" type="search"><span class="shown" id="shown"></span></div>');
     AX.forEach(function (a, p) {
       var n = a[1].map(function () { return 0; });
@@ -340,6 +343,7 @@ function main(D) {
     box.addEventListener("click", function (e) {
       var t = e.target.closest(".tog");
       if (!t) return;
+      if (t.id === "entry-on") { showEntry(-1); return; }
       if (t.hasAttribute("data-st")) { var s = t.getAttribute("data-st"); stOn[s] = !stOn[s]; t.classList.toggle("off", !stOn[s]); }
       else { var p = +t.getAttribute("data-ax"), j = +t.getAttribute("data-v"); axOn[p][j] = !axOn[p][j]; t.classList.toggle("off", !axOn[p][j]); }
       applyFilters();
@@ -359,6 +363,26 @@ function main(D) {
       clearTimeout(timer);
       timer = setTimeout(function () { query = q.value.trim().toLowerCase(); applyFilters(); }, 120);
     });
+  }
+
+  function showEntry(k) {  // grid filter: the cells ledger entry k makes known (-1: off)
+    entryOn = k;
+    var t = document.getElementById("entry-on");
+    t.hidden = k < 0;
+    t.innerHTML = k < 0 ? "" : "ledger entry " + esc(LE[k][0]) + " \u00d7";
+    applyFilters();
+    if (k >= 0) document.getElementById("matrix").scrollIntoView({block: "start"});
+  }
+  function knownBlock(c) {  // a known cell: the backend's verdict and the entries that explain it
+    var h = ['<div class="known"><b>' + esc(LABEL.known || "known") + "</b>: the backend's verdict is " +
+             '<span class="badge ' + sclass(c.kn[0]) + '">' + esc(LABEL[c.kn[0]] || c.kn[0]) + "</span>; every failure " +
+             "below is explained by the ledger:<ul>"];
+    c.kn.slice(1).forEach(function (k) {
+      var e = LE[k];
+      h.push('<li><a class="mono" href="#ledger-' + esc(e[0]) + '">' + esc(e[0]) + "</a>" +
+             (e[1] ? " (" + esc(e[1]) + ")" : "") + (e[2] ? " \u2014 " + esc(e[2]) : "") + "</li>");
+    });
+    return h.join("") + "</ul></div>";
   }
 
   // ---------------------------------------------------------------- details
@@ -410,6 +434,7 @@ function main(D) {
     h.push('<span class="muted">expects ' + (d.xp ? "the clear error" : "pass") + " \u00b7 " + fmtNum(d.dur) + " s" +
            (c.r != null ? " \u00b7 worst ratio <b>" + esc(fmtRatio(c.r)) + "</b>" : "") + "</span></div></div>");
     h.push('<div class="db">');
+    if (c.kn) h.push(knownBlock(c));
     if (c.ff) h.push('<div class="ff">' + esc(c.ff) + "</div>");
     h.push("<h3>Reproduce</h3>");
     h.push('<div class="repro"><pre class="repro-cmd" id="repro-cmd">' + esc(reproOf(c)) + '</pre><button data-copy="repro-cmd">Copy</button></div>');
@@ -505,12 +530,20 @@ function main(D) {
     var t = e.target.closest(".chip");
     if (!t || t.title) return;
     var c = cells[+t.getAttribute("data-i")];
-    t.title = idOf(c.i) + "\n" + (LABEL[c.st] || c.st) + (c.r != null ? " \u00b7 worst ratio " + fmtRatio(c.r) : "") + (c.ff ? "\n" + c.ff : "");
+    t.title = idOf(c.i) + "\n" + (LABEL[c.st] || c.st) + (c.r != null ? " \u00b7 worst ratio " + fmtRatio(c.r) : "") +
+      (c.kn ? "\n" + c.kn.slice(1).map(function (k) { return LE[k][0] + (LE[k][1] ? " (" + LE[k][1] + ")" : ""); }).join(", ") : "") +
+      (c.ff ? "\n" + c.ff : "");
   });
   window.addEventListener("hashchange", fromHash);
   document.addEventListener("keydown", function (e) { if (e.key === "Escape" && !detail.hidden) close(); });
   document.addEventListener("click", function (e) {
     if (e.target.id === "dclose") { close(); return; }
+    var en = e.target.closest("button[data-entry]");
+    if (en) {
+      var id = en.getAttribute("data-entry");
+      showEntry(LE.findIndex(function (x) { return x[0] === id; }));
+      return;
+    }
     var b = e.target.closest("button[data-copy]");
     if (!b) return;
     var text = document.getElementById(b.getAttribute("data-copy")).textContent;
