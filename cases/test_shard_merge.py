@@ -134,3 +134,54 @@ def test_shards_are_deterministic_disjoint_and_balanced():
     assert sorted(c.id for p in parts for c in p) == sorted(c.id for c in cells)
     loads = [sum(cell_cost(c) for c in p) for p in parts]
     assert max(loads) - min(loads) <= max(cell_cost(c) for c in cells)
+
+
+PREFIX_LEDGER = '''
+[[entry]]
+id = "prefix-hooks"
+title = "the pre-fix backend loses the distributed weight under saved-tensor hooks"
+upstream = "TE PR #3545 (open)"
+row = "_Linear / _GroupedLinear backward decide distributed from the saved tensor"
+kind = "defect"
+cells = 'weight != "plain" and hooks != "off" and module in ("linear", "grouped_linear") and not delay_wgrad'
+checks = ["*"]
+error = "."
+
+[[entry]]
+id = "never-reproduces"
+title = "selects cells of every shard, reproduces in none"
+upstream = "unreported"
+row = "none"
+kind = "defect"
+cells = 'module == "linear"'
+checks = ["no.such.check"]
+'''
+
+
+def test_merge_judges_the_ledger_over_every_shard(runs, tmp_path):
+    """A shard cannot call an entry stale (it may reproduce in another shard); ``merge``
+    judges the shards' ledger over the whole selection."""
+    ledger_file = tmp_path / "ledger.toml"
+    ledger_file.write_text(PREFIX_LEDGER)
+    for k in range(1, N + 1):
+        shutil.copytree(runs["root"] / f"s{k}", tmp_path / f"s{k}")
+        proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(tmp_path / f"s{k}"), "--quiet",
+                               "--ledger", str(ledger_file)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        shard_ledger = recordfile.read(tmp_path / f"s{k}")["ledger"]
+        assert shard_ledger["stale"] == [] and shard_ledger["judged_stale"] is False
+    merged = subprocess.run([sys.executable, "-m", "harness", "merge", *(str(tmp_path / f"s{k}") for k in range(1, N + 1)),
+                             "--out", str(tmp_path / "merged")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 1, merged.stdout + merged.stderr
+    joined = recordfile.read(tmp_path / "merged")
+    assert joined["ledger"]["stale"] == ["never-reproduces"] and joined["ledger"]["judged_stale"] is True
+    assert "never-reproduces (unreported) no longer reproduces" in merged.stderr
+    assert {c["status"] for c in joined["cells"]} == {"pass", "xfail", "known"}
+    # a shard judged under another ledger is not a shard of the same sweep
+    other = tmp_path / "other.toml"
+    other.write_text(PREFIX_LEDGER.split("[[entry]]\nid = \"never")[0])
+    subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(tmp_path / "s1"), "--quiet",
+                    "--ledger", str(other)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    refused = subprocess.run([sys.executable, "-m", "harness", "merge", *(str(tmp_path / f"s{k}") for k in range(1, N + 1)),
+                              "--out", str(tmp_path / "merged2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "ledger" in refused.stderr, refused.stderr

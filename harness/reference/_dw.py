@@ -54,4 +54,6 @@ def materialize_backward(weights: Sequence[Any]) -> list[torch.Tensor]:
 
 
 def finalize(weights: Sequence[Any], wgrads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return as_list(weights[0].finalize_group_grads(group_arg(wgrads)))
+    # by keyword, the protocol's own parameter name (TE's distributed_weight.py): an
+    # implementer must accept it so (CONTRACTS §2: protocol methods take keyword arguments)
+    return as_list(weights[0].finalize_group_grads(wgrads=group_arg(wgrads)))
