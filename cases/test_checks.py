@@ -209,3 +209,45 @@ def test_shape_and_missing_tensors_fail_with_a_reason():
     ref = _ref(torch.ones(2, 3))
     assert "shape (3, 2)" in compare.compare_tensor("t", torch.ones(3, 2), ref, "fp32").message
     assert "is None" in compare.compare_tensor("t", None, ref, "fp32").message
+
+
+# ---- exact contract checks and twins (issue 13) -----------------------------------------
+
+def test_padding_rows_are_checked_bit_for_bit(monkeypatch):
+    """A backend that nudges every main_grad row by one part in 2^20 - far inside the
+    tolerance - is caught on the padding rows, which must keep their start value exactly."""
+    orig = _core.GroupGemm.backward
+
+    def backward(ctx, grad_out):
+        for i in range(ctx.call.n):
+            getattr(ctx.call.module, f"weight{i}").main_grad.mul_(1 + 2 ** -20)
+        return orig(ctx, grad_out)
+
+    monkeypatch.setattr(_core.GroupGemm, "backward", staticmethod(backward))
+    failed = _failed(reference, _cell(weight="gtp_pad16", delay_wgrad=False))
+    assert {f"weight{i}.padding_rows_untouched" for i in range(4)} <= failed, failed
+
+
+def test_main_grad_rebinding_is_caught_by_identity():
+    from harness.reference import mutants
+
+    failed = _failed(mutants.get("main-grad-rebound"), _cell(delay_wgrad=False, fused=True))
+    assert failed == {f"weight{i}.main_grad_kept" for i in range(4)}, failed
+
+
+@pytest.mark.parametrize("hooks", ["identity", "offload", "save_on_cpu", "checkpoint"])
+def test_reference_equals_its_hooks_off_twin_bitwise(hooks):
+    res = run_cell(reference, _cell(weight="gtp_mcore", hooks=hooks, delay_wgrad=False, dtype="bf16"), RankContext())
+    twins = [c for c in res.comparisons if c.kind == "twin"]
+    assert res.status == "pass" and len(twins) >= 2 * 2 + 8 + 4, [c.name for c in twins]
+    assert {c.name for c in twins} >= {"twin.mb0.output", "twin.mb1.input_grad", "twin.weight3.main_grad",
+                                       "twin.materialize_forward_calls"}
+
+
+def test_pre_fix_backend_fails_its_twin_at_ws1():
+    """At world size 1 the pre-fix GroupedLinear's hooked values can pass the oracle's
+    tolerance; its twin differs (the distributed path was skipped)."""
+    res = run_cell(reference.prefix, _cell(weight="distributed", hooks="offload", fused=False,
+                                           delay_wgrad=False, dtype="bf16"), RankContext())
+    twin_failed = {c.name for c in res.comparisons if c.kind == "twin" and not c.ok}
+    assert "twin.materialize_backward_calls" in twin_failed and "twin.weight0.main_grad" in twin_failed, twin_failed

@@ -93,13 +93,15 @@ def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
 
 def test_catalog_matches_bugs_md():
     """BUGS.md's ten classes in order, then the four only a Megatron-like implementer exposes
-    (issue 12)."""
+    (issue 12), then the one only an exact check catches and four subtle numeric faults
+    (issue 13)."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
         "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
         "per-member-materialize", "dw-fused-hook-skipped", "delay-with-dw-accepted",
         "wgrads-reused-after-finalize", "main-grad-read-after-finalize", "materialized-copy-kept",
-        "requires-grad-from-copies",
+        "requires-grad-from-copies", "main-grad-rebound", "wgrad-rounded-through-bf16",
+        "main-grad-accumulated-in-bf16", "dgrad-with-bf16-weight", "tf32-declared-ieee",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description

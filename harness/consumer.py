@@ -46,12 +46,15 @@ class Consumer:
         self._grads_before: dict[str, Any] = {}
         self._observable = True
         self._handles: list[Any] = []
+        self._main_grads: dict[str, tuple[torch.Tensor, int]] = {}
         if mode == "ddp":
             for name, p in self.params.items():
                 start = main_grad_start(tuple(p.shape), seed, name, rank if name in sharded else None)
                 self.start[name] = start.clone()
                 p.main_grad = start.to(p.device)
                 p.grad_added_to_main_grad = False
+                # §2: "param.main_grad itself is never reassigned by the backend"
+                self._main_grads[name] = (p.main_grad, p.main_grad.data_ptr())
         for name, p in self.params.items():
             self._handles.append(p.register_post_accumulate_grad_hook(self._observer(name)))
             if mode == "ddp" and not getattr(p, "skip_backward_post_hook", False):
@@ -133,6 +136,13 @@ class Consumer:
             elif p.grad is not None and self.world_size > 1:
                 dist.all_reduce(p.grad, group=self.group)
                 p.grad.div_(self.world_size)
+
+    def main_grad_kept(self, name: str) -> bool:
+        """Whether parameter ``name`` still has the ``main_grad`` object (and storage) the
+        step started with: a backend that rebinds it leaves Megatron's DDP buffer behind."""
+        kept, ptr = self._main_grads[name]
+        now = getattr(self.params[name], "main_grad", None)
+        return now is kept and now.data_ptr() == ptr
 
     def record(self, name: str) -> torch.Tensor | None:
         """The gradient of record of parameter ``name``."""

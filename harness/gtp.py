@@ -219,6 +219,9 @@ class GTPGroup:
             _CHAIN.join(self)
         rows = self.logical_shape[0]
         gathered = [g[:rows] for g in self._gather_padded()]
+        tag = self.behaviour.tag_forward if forward else self.behaviour.tag_backward
+        if tag != 1.0:  # exact: a power of two
+            gathered = [g * tag for g in gathered]
         copies = self._borrow(gathered) if self.behaviour.shared_buffers else [g.clone() for g in gathered]
         out = [c.requires_grad_(m.requires_grad and self.behaviour.copies_require_grad)
                for c, m in zip(copies, self.members)]

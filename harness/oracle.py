@@ -43,9 +43,15 @@ def _group_rows(splits: list[int]) -> list[slice]:
     return out
 
 
-def compute(inputs: CellInputs, rank: int) -> RankOracle:
-    """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global)."""
+def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0)) -> RankOracle:
+    """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
+
+    ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
+    ``harness.weights.Behaviour``): outputs use the forward copy, input gradients the
+    backward copy; weight gradients do not involve the weight."""
     W = [w.to(F64) for w in inputs.weights]
+    Wf = [w * tags[0] for w in W]
+    Wb = [w * tags[1] for w in W]
     B = [b.to(F64) for b in inputs.biases]
     world = len(inputs.x)
     mbs = len(inputs.x[0])
@@ -58,10 +64,10 @@ def compute(inputs: CellInputs, rank: int) -> RankOracle:
         y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
         dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
         for i, rows in enumerate(_group_rows(inputs.splits[rank][m])):
-            y[rows] = x[rows] @ W[i].t() + (B[i] if B else 0.0)
-            ya[rows] = x[rows].abs() @ W[i].abs().t() + (B[i].abs() if B else 0.0)
-            dx[rows] = dy[rows] @ W[i]
-            dxa[rows] = dy[rows].abs() @ W[i].abs()
+            y[rows] = x[rows] @ Wf[i].t() + (B[i] if B else 0.0)
+            ya[rows] = x[rows].abs() @ Wf[i].abs().t() + (B[i].abs() if B else 0.0)
+            dx[rows] = dy[rows] @ Wb[i]
+            dxa[rows] = dy[rows].abs() @ Wb[i].abs()
         outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1))
         dgrads.append(Reference(dx, dxa, reduction=out_f, roundings=1))
 

@@ -9,6 +9,7 @@ verdict on the backend; what the harness's own set-up and checks raise is a harn
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,8 +17,9 @@ from types import ModuleType
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 
-from harness import compare, oracle
+from harness import compare, oracle, twin, weights
 from harness.consumer import Consumer
 from harness.attach import attach_weight
 from harness.gtp import GTPGroup, weight_names
@@ -129,15 +131,52 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     error); a failure of the harness's own phases returns status ``harness_error`` with the
     traceback, so it is never mistaken for a verdict on the backend.
     """
+    example = example or Example()
     try:
-        return _run_cell(backend, cell, ctx, example or Example())
+        if cell.hooks == "off" or cell.expect == "error":
+            return _run_cell(backend, cell, ctx, example)
+        kept = twin.Kept()
+        result = _run_cell(backend, cell, ctx, example, kept=kept)
+        if _every_rank_ran(result, ctx, cell):
+            _add_twin_checks(backend, cell, ctx, example, result, kept)
+        return result
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
 
 
-def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example) -> RankResult:
+def _every_rank_ran(result: RankResult, ctx: RankContext, cell: Cell) -> bool:
+    """Whether every rank of the cell ran its step to the end (the twin's collectives then
+    run on all of them or none)."""
+    with _owned("harness", "twin", cell):
+        ran = torch.tensor([1.0 if result.status in ("pass", "fail") else 0.0], device=ctx.device)
+        if ctx.world_size > 1:
+            dist.all_reduce(ran, op=dist.ReduceOp.MIN, group=ctx.group)
+        return bool(ran.item())
+
+
+def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,
+                     result: RankResult, kept: twin.Kept) -> None:
+    """Run the hooks-off twin on the same inputs and start values; judge bitwise (``harness.twin``)."""
+    twin_kept = twin.Kept()
+    twin_cell = dataclasses.replace(cell, hooks="off")
+    twin_result = _run_cell(backend, twin_cell, ctx, example, seed=cell.seed, kept=twin_kept)
+    if twin_result.status not in ("pass", "fail"):
+        err = twin_result.error or {}
+        result.comparisons.append(Check("twin.ran", twin.KIND, False, message=(
+            f"the hooks-off twin did not run to the end: {err.get('type')}: {err.get('message')}")))
+    else:
+        with _owned("harness", "twin checks", cell):
+            result.comparisons.extend(twin.checks(cell.hooks, kept, twin_kept))
+    result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
+
+
+def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,
+              seed: int | None = None, kept: twin.Kept | None = None) -> RankResult:
+    """One step of ``cell``; ``seed`` (default the cell's) draws the inputs and start values,
+    ``kept`` receives the step's tensors and call counts for a twin."""
+    seed = cell.seed if seed is None else seed
     with _owned("harness", "inputs", cell):
-        inputs = make_inputs(cell.seed, example, cell.dtype, ctx.world_size, cell.microbatches,
+        inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
                              cell.num_gemms, cell.bias)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
@@ -149,7 +188,7 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
             _load_full(module, inputs)
             gtp = attach_weight(module, cell.weight, ctx.group)
             sharded = set(weight_names(module)) if gtp else set()
-            consumer = Consumer(cell.consumer, module, sharded, cell.seed, ctx.rank, ctx.world_size, ctx.group)
+            consumer = Consumer(cell.consumer, module, sharded, seed, ctx.rank, ctx.world_size, ctx.group)
         with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):
             consumer.register_hooks()
         _run_step(module, cell, inputs, ctx, step, consumer, gtp)
@@ -174,7 +213,20 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
     fp32_gemm = getattr(backend, "FP32_GEMM", "ieee")  # TF32 GEMMs: a coarser fp32 u (§5)
     with _owned("harness", "checks", cell):
         checks = _checks(cell, inputs, ctx, module, consumer, gtp, step, fp32_gemm)
+        if kept is not None:
+            _keep(kept, step, consumer, gtp)
     return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
+
+
+def _keep(kept: twin.Kept, step: _Step, consumer: Consumer, gtp: GTPGroup | None) -> None:
+    kept.outputs = list(step.outputs)
+    kept.dgrads = list(step.dgrads)
+    attr = "main_grad" if consumer.mode == "ddp" else "grad"
+    kept.records = {f"{n}.{attr}": None if (r := consumer.record(n)) is None else r.detach().clone()
+                    for n in consumer.params}
+    if gtp is not None:
+        kept.calls = {kind: [gtp.log.count(kind, i) for i in range(len(gtp.members))]
+                      for kind in ("materialize_forward", "materialize_backward", "finalize", "grad_buffer")}
 
 
 def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext,
@@ -229,7 +281,7 @@ def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer | N
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
-    orc = oracle.compute(inputs, ctx.rank)
+    orc = oracle.compute(inputs, ctx.rank, weights.KINDS[cell.weight].tags)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
@@ -248,10 +300,15 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
             shard = (gtp.padded_rows, ctx.rank * s, s)
         ref = oracle.record_of(orc.wgrad_sums[i], consumer.start.get(name) if ddp else None, shard)
         checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, w_dtype))
+        if shard is not None and ddp:
+            checks.extend(_padding_checks(name, consumer, shard, inputs.weights[i].shape[0]))
     for i, name in enumerate(_bias_names(module)):
         ref = oracle.record_of(orc.bgrad_sums[i], consumer.start.get(name) if ddp else None, None)
         checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, dtype))
     if ddp:
+        for name in consumer.params:
+            # §2: "param.main_grad itself is never reassigned by the backend" - exactly
+            checks.append(compare.compare_value(f"{name}.main_grad_kept", "flag", consumer.main_grad_kept(name), True))
         for name, p in consumer.params.items():
             is_weight = name.startswith("weight")
             expected = is_weight and (cell.fused or gtp is not None)
@@ -269,6 +326,18 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
         checks.append(compare.compare_value("forward_gathers_alive_at_backward", "count",
                                             step.live_gathers, 0))
     return checks
+
+
+def _padding_checks(name: str, consumer: Consumer, shard: tuple[int, int, int], logical_rows: int) -> list[Check]:
+    """§5: "padding rows must keep their start value" - bit for bit, not within tolerance
+    (nothing is ever added to them: the reduce-scatter of zero rows is exact)."""
+    _, row0, nrows = shard
+    first = max(logical_rows - row0, 0)     # this shard's first padding row, if any
+    if first >= nrows:
+        return []
+    now = consumer.record(name)[first:].detach().cpu()
+    start = consumer.start[name][first:]
+    return [compare.compare_value(f"{name}.padding_rows_untouched", "flag", bool(torch.equal(now, start)), True)]
 
 
 def _delay_checks(module: torch.nn.Module, consumer: Consumer) -> list[Check]:

@@ -53,6 +53,10 @@ class Behaviour:
         per_member_reduce: one reduce-scatter per member, as Megatron issues them (the kind
             weight concatenates the group into one collective). Sums then run in the same
             order as Megatron's, which the bitwise differential test needs.
+        tag_forward / tag_backward: the forward / backward copies are the weight times an
+            exactly representable factor (TE PR #3545's test: x2 and x4), and the oracle
+            computes the output from the forward copy and the input gradient from the
+            backward copy - so a backend that feeds a GEMM the wrong copy fails on values.
     """
 
     pad_multiple: int = 1
@@ -62,6 +66,8 @@ class Behaviour:
     nan_fill: bool = False
     copies_require_grad: bool = True
     per_member_reduce: bool = False
+    tag_forward: float = 1.0
+    tag_backward: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,12 @@ class WeightKind:
         return self.behaviour.pad_multiple if self.behaviour else 1
 
     @property
+    def tags(self) -> tuple[float, float]:
+        """The factors the forward and backward copies carry (1, 1 for a faithful weight)."""
+        b = self.behaviour
+        return (b.tag_forward, b.tag_backward) if b else (1.0, 1.0)
+
+    @property
     def chained(self) -> bool:
         """A harness-owned chain head precedes the module (Megatron's prefetch chain)."""
         if self.implementer == "megatron":
@@ -135,6 +147,9 @@ _KINDS = (
                "only padding)", behaviour=Behaviour(pad_multiple=MEGATRON_PAD), coverage="light"),
     WeightKind("gtp_nograd", "gathered copies without requires_grad (TE PR #3517)",
                behaviour=Behaviour(copies_require_grad=False), coverage="light"),
+    WeightKind("gtp_tagged", "forward copies x2, backward copies x4 (TE PR #3545's test): which "
+               "copy fed which GEMM shows in the values", behaviour=Behaviour(tag_forward=2.0, tag_backward=4.0),
+               coverage="light"),
     WeightKind("gtp_mcore", "every Megatron behaviour at once (async, in-place, shared buffers, "
                "NaN, 16*N padding)", behaviour=_MCORE, coverage="hooks"),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "

@@ -207,6 +207,81 @@ class _RequiresGradFromCopies:
         return super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
 
 
+class _MainGradRebound:
+    """Fused, plain weights: accumulates the wgrad out of place and rebinds ``main_grad`` to
+    the sum - every value right, but Megatron's DDP bucket that ``main_grad`` viewed never
+    sees the gradient (CONTRACTS §2: ``main_grad`` is never reassigned)."""
+
+    def plain_wgrads(self, call: GemmCall, origins: Sequence[Any],
+                     grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                     compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        if not call.fused:
+            return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
+        for w, go, x in zip(origins, grad_outs, inps):
+            w.main_grad = w.main_grad + wgrad_gemm(go, x, w.main_grad.dtype)  # Fault: rebinds
+            w.grad_added_to_main_grad = True
+        return [self.dummy_grad(w) for w in origins]
+
+
+# ---- subtle numeric faults (issue 13): real-world precision bugs, caught only by values ----
+
+class _WgradRoundedThroughBf16:
+    """The weight gradient passes through bf16 once before an fp32 ``main_grad`` takes it
+    (a cast left in a fused epilogue): every element loses 16 mantissa bits."""
+
+    def write_buffer(self, buf: torch.Tensor, wgrad: torch.Tensor, index: int) -> None:
+        super().write_buffer(buf, wgrad.to(torch.bfloat16).to(wgrad.dtype), index)  # Fault
+
+    def plain_wgrads(self, call: GemmCall, origins: Sequence[Any],
+                     grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                     compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        if not call.fused:
+            return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
+        for w, go, x in zip(origins, grad_outs, inps):
+            wgrad = wgrad_gemm(go, x, w.main_grad.dtype)
+            w.main_grad.add_(wgrad.to(torch.bfloat16).to(w.main_grad.dtype))  # Fault
+            w.grad_added_to_main_grad = True
+        return [self.dummy_grad(w) for w in origins]
+
+
+class _MainGradAccumulatedInBf16:
+    """Fused, plain weights: ``main_grad`` accumulated in bf16 (the sum rounded to bf16,
+    then stored back into the fp32 buffer)."""
+
+    def plain_wgrads(self, call: GemmCall, origins: Sequence[Any],
+                     grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                     compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        if not call.fused:
+            return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
+        for w, go, x in zip(origins, grad_outs, inps):
+            bf = torch.bfloat16
+            wgrad = wgrad_gemm(go, x, w.main_grad.dtype)
+            w.main_grad.copy_((w.main_grad.to(bf) + wgrad.to(bf)).to(w.main_grad.dtype))  # Fault
+            w.grad_added_to_main_grad = True
+        return [self.dummy_grad(w) for w in origins]
+
+
+class _DgradWithBf16Weight:
+    """fp32 cells: the input gradient is computed with the weight rounded to bf16 (a
+    low-precision copy kept for the backward GEMM)."""
+
+    def backward_gemm_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
+                              distributed: bool) -> list[torch.Tensor]:
+        fresh = super().backward_gemm_weights(ctx, call, weights, distributed)
+        return [w.to(torch.bfloat16).to(w.dtype) if w.dtype == torch.float32 else w for w in fresh]  # Fault
+
+
+class _Tf32WhileDeclaringIeee:
+    """fp32 forward GEMMs run with TF32 operands (10 mantissa bits) while the backend
+    declares IEEE fp32 (no ``FP32_GEMM = "tf32"``), so the harness holds it to u = 2^-24."""
+
+    def forward_weights(self, call: GemmCall, weights: Sequence[Any]) -> list[torch.Tensor]:
+        from harness.cpu_gemm import round_to_tf32
+
+        copies = super().forward_weights(call, weights)
+        return [round_to_tf32(c) if c.dtype == torch.float32 else c for c in copies]  # Fault
+
+
 # ---- building backends ------------------------------------------------------------------
 
 def _camel(name: str) -> str:
@@ -320,7 +395,8 @@ def _build() -> dict[str, Mutant]:
                "backward reuses the forward's gathered weights (kept on ctx) and never calls "
                "materialize_group_for_backward",
                _DgradForwardCopy, evidence=("check:leader.materialize_backward_calls",
-                                            "check:forward_gathers_alive_at_backward")),
+                                            "check:forward_gathers_alive_at_backward",
+                                            "check:mb*.input_grad")),  # gtp_tagged: x2, not x4
         _fault("per-member-materialize",
                "materialize_group_for_forward/backward is called on every member instead of "
                "once through the leader",
@@ -352,6 +428,25 @@ def _build() -> dict[str, Mutant]:
                "decides whether the weights need a gradient from the gathered copies' "
                "requires_grad, so copies without it get no wgrad and no finalize",
                _RequiresGradFromCopies, evidence=("check:leader.finalize_calls",)),
+        # caught only by an exact check (issue 13): every value is right
+        _fault("main-grad-rebound",
+               "fused: accumulates the wgrad out of place and rebinds main_grad to the sum "
+               "(values right, the DDP buffer main_grad viewed left behind)",
+               _MainGradRebound, evidence=("check:weight*.main_grad_kept",)),
+        # subtle numeric faults (issue 13): each killed by a value check
+        _fault("wgrad-rounded-through-bf16",
+               "the weight gradient is rounded once through bf16 before the fp32 main_grad "
+               "accumulation (fused)",
+               _WgradRoundedThroughBf16, evidence=("check:weight*.main_grad",)),
+        _fault("main-grad-accumulated-in-bf16",
+               "fused, plain weights: main_grad accumulated in bf16 instead of fp32",
+               _MainGradAccumulatedInBf16, evidence=("check:weight*.main_grad",)),
+        _fault("dgrad-with-bf16-weight",
+               "fp32 cells: the input gradient is computed with the weight rounded to bf16",
+               _DgradWithBf16Weight, evidence=("check:mb*.input_grad",)),
+        _fault("tf32-declared-ieee",
+               "fp32 forward GEMMs with TF32 operands while the backend declares IEEE fp32",
+               _Tf32WhileDeclaringIeee, evidence=("check:mb*.output",)),
     ]
     return {m.name: m for m in mutants}
 
