@@ -207,10 +207,12 @@ class _RequiresGradFromCopies:
         return super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
 
 
-class _MainGradRebound:
-    """Fused, plain weights: accumulates the wgrad out of place and rebinds ``main_grad`` to
-    the sum - every value right, but Megatron's DDP bucket that ``main_grad`` viewed never
-    sees the gradient (CONTRACTS §2: ``main_grad`` is never reassigned)."""
+class _FusedPlainFold:
+    """Fused, plain weights fold their wgrad into ``main_grad`` through ``fold`` - the one
+    decision the faults below get wrong."""
+
+    def fold(self, weight: Any, wgrad: torch.Tensor) -> None:
+        raise NotImplementedError
 
     def plain_wgrads(self, call: GemmCall, origins: Sequence[Any],
                      grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
@@ -218,47 +220,40 @@ class _MainGradRebound:
         if not call.fused:
             return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
         for w, go, x in zip(origins, grad_outs, inps):
-            w.main_grad = w.main_grad + wgrad_gemm(go, x, w.main_grad.dtype)  # Fault: rebinds
+            self.fold(w, wgrad_gemm(go, x, w.main_grad.dtype))
             w.grad_added_to_main_grad = True
         return [self.dummy_grad(w) for w in origins]
 
 
+class _MainGradRebound(_FusedPlainFold):
+    """Fused, plain weights: accumulates the wgrad out of place and rebinds ``main_grad`` to
+    the sum - every value right, but Megatron's DDP bucket that ``main_grad`` viewed never
+    sees the gradient (CONTRACTS §2: ``main_grad`` is never reassigned)."""
+
+    def fold(self, weight: Any, wgrad: torch.Tensor) -> None:
+        weight.main_grad = weight.main_grad + wgrad  # Fault: rebinds
+
+
 # ---- subtle numeric faults (issue 13): real-world precision bugs, caught only by values ----
 
-class _WgradRoundedThroughBf16:
+class _WgradRoundedThroughBf16(_FusedPlainFold):
     """The weight gradient passes through bf16 once before an fp32 ``main_grad`` takes it
     (a cast left in a fused epilogue): every element loses 16 mantissa bits."""
 
     def write_buffer(self, buf: torch.Tensor, wgrad: torch.Tensor, index: int) -> None:
         super().write_buffer(buf, wgrad.to(torch.bfloat16).to(wgrad.dtype), index)  # Fault
 
-    def plain_wgrads(self, call: GemmCall, origins: Sequence[Any],
-                     grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
-                     compute_dtype: torch.dtype) -> list[torch.Tensor]:
-        if not call.fused:
-            return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
-        for w, go, x in zip(origins, grad_outs, inps):
-            wgrad = wgrad_gemm(go, x, w.main_grad.dtype)
-            w.main_grad.add_(wgrad.to(torch.bfloat16).to(w.main_grad.dtype))  # Fault
-            w.grad_added_to_main_grad = True
-        return [self.dummy_grad(w) for w in origins]
+    def fold(self, weight: Any, wgrad: torch.Tensor) -> None:
+        weight.main_grad.add_(wgrad.to(torch.bfloat16).to(wgrad.dtype))  # Fault
 
 
-class _MainGradAccumulatedInBf16:
+class _MainGradAccumulatedInBf16(_FusedPlainFold):
     """Fused, plain weights: ``main_grad`` accumulated in bf16 (the sum rounded to bf16,
     then stored back into the fp32 buffer)."""
 
-    def plain_wgrads(self, call: GemmCall, origins: Sequence[Any],
-                     grad_outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
-                     compute_dtype: torch.dtype) -> list[torch.Tensor]:
-        if not call.fused:
-            return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
-        for w, go, x in zip(origins, grad_outs, inps):
-            bf = torch.bfloat16
-            wgrad = wgrad_gemm(go, x, w.main_grad.dtype)
-            w.main_grad.copy_((w.main_grad.to(bf) + wgrad.to(bf)).to(w.main_grad.dtype))  # Fault
-            w.grad_added_to_main_grad = True
-        return [self.dummy_grad(w) for w in origins]
+    def fold(self, weight: Any, wgrad: torch.Tensor) -> None:
+        bf = torch.bfloat16
+        weight.main_grad.copy_((weight.main_grad.to(bf) + wgrad.to(bf)).to(wgrad.dtype))  # Fault
 
 
 class _DgradWithBf16Weight:
