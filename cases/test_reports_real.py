@@ -352,7 +352,10 @@ def test_reports_of_a_real_run_under_a_ledger(runs: dict[str, Any], ledgered: di
     for cid in known:
         cell = next(c for c in ledgered["cells"] if c["id"] == cid)
         assert cells[cid]["known"] == ["prefix-linear"] and cells[cid]["raw_status"] == cell["raw_status"]
-        assert cell["raw_status"] in BAD and f'href="#{cid}"' in text
+        assert cell["raw_status"] in BAD
+    # the ledger section links an entry's first 12 cells (and filters the grid to all of them)
+    linked = [cid for cid in known if f'href="#{cid}"' in text]
+    assert len(linked) >= min(len(known), 12), (len(linked), len(known))
     root = ET.parse(paths["junit"]).getroot()
     by_name = {tc.get("name"): tc for tc in root.iter("testcase")}
     for cid in known:

@@ -17,7 +17,6 @@ from types import ModuleType
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 
 from harness import compare, oracle, twin, weights
 from harness.consumer import Consumer
@@ -137,21 +136,14 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
             return _run_cell(backend, cell, ctx, example)
         kept = twin.Kept()
         result = _run_cell(backend, cell, ctx, example, kept=kept)
-        if _every_rank_ran(result, ctx, cell):
+        # Decided on this rank alone, never with a collective: a rank that raised does no
+        # more collectives on the cell's group (its peers are then stuck mid-step anyway,
+        # and the launcher attributes the hang to it); ranks that ran to the end all do.
+        if result.status in ("pass", "fail"):
             _add_twin_checks(backend, cell, ctx, example, result, kept)
         return result
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
-
-
-def _every_rank_ran(result: RankResult, ctx: RankContext, cell: Cell) -> bool:
-    """Whether every rank of the cell ran its step to the end (the twin's collectives then
-    run on all of them or none)."""
-    with _owned("harness", "twin", cell):
-        ran = torch.tensor([1.0 if result.status in ("pass", "fail") else 0.0], device=ctx.device)
-        if ctx.world_size > 1:
-            dist.all_reduce(ran, op=dist.ReduceOp.MIN, group=ctx.group)
-        return bool(ran.item())
 
 
 def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,
@@ -160,13 +152,16 @@ def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example:
     twin_kept = twin.Kept()
     twin_cell = dataclasses.replace(cell, hooks="off")
     twin_result = _run_cell(backend, twin_cell, ctx, example, seed=cell.seed, kept=twin_kept)
-    if twin_result.status not in ("pass", "fail"):
-        err = twin_result.error or {}
-        result.comparisons.append(Check("twin.ran", twin.KIND, False, message=(
-            f"the hooks-off twin did not run to the end: {err.get('type')}: {err.get('message')}")))
-    else:
-        with _owned("harness", "twin checks", cell):
-            result.comparisons.extend(twin.checks(cell.hooks, kept, twin_kept))
+    if twin_result.status != "pass" and twin_result.status != "fail":
+        # the backend raised in its twin: the cell's error, as if the hooked run had raised
+        # (so the worker treats it as any backend error: the rank's peers may be mid-collective)
+        err = dict(twin_result.error or {})
+        err["phase"] = f"hooks-off twin: {err.get('phase', '?')}"
+        result.status, result.error = twin_result.status, err
+        result.comparisons.extend(twin_result.comparisons)
+        return
+    with _owned("harness", "twin checks", cell):
+        result.comparisons.extend(twin.checks(cell.hooks, kept, twin_kept))
     result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
 
 

@@ -62,7 +62,7 @@ from harness.status import vocabulary
 
 from ._common import STATUSES
 
-KINDS: tuple[str, ...] = ("tensor", "count", "flag", "dtype", "exception")
+KINDS: tuple[str, ...] = ("tensor", "count", "flag", "dtype", "exception", "twin")
 #: thinning levels for cells that met their expectation, least lossy first.
 LEVELS: tuple[str, ...] = ("full", "fold", "top8", "top3", "none")
 #: statuses whose per-check detail may be thinned; everything else is kept whole.
@@ -243,7 +243,7 @@ def _pack_check(c: dict[str, Any], S: _Strings) -> list[Any]:
         return _trim([S.add(g("name", "?")), 0, 1 if g("ok") else 0, _ratio(g("ratio")), num(g("max_abs")),
                       num(g("max_rel")), num(g("bound_at_worst")), g("numel"), g("mismatched") or None,
                       g("index"), S.add(g("message"))])
-    k = KINDS.index(kind) if kind in KINDS else S.add(kind)  # unknown kinds travel as strings
+    k = KINDS.index(kind) if kind in KINDS else kind  # an unknown kind travels as its name
     ok = 1 if g("ok") else 0
     exp, act, msg = _jsonable(g("expected")), _jsonable(g("actual")), S.add(g("message"))
     if ok and exp == act and msg is None:
@@ -426,7 +426,7 @@ def pack(record: dict[str, Any], *, budget: int = 8_000_000,
 
 
 def _unpack_check(a: list[Any], S: list[str], kinds: list[str]) -> dict[str, Any]:
-    kind = kinds[a[1]] if isinstance(a[1], int) else S[a[1]]
+    kind = kinds[a[1]] if isinstance(a[1], int) else a[1]
     a = list(a)
     if kind == "tensor":
         a += [None] * (11 - len(a))

@@ -395,7 +395,7 @@ function main(D) {
              '<th>expected</th><th>actual</th></tr></thead><tbody>'];
     var ncol = rankCol ? 10 : 9;
     checks.forEach(function (x) {
-      var a = x.c, kind = typeof a[1] === "number" ? KINDS[a[1]] : DS[a[1]], ok = !!a[2], msg = null, t = [];
+      var a = x.c, kind = typeof a[1] === "number" ? KINDS[a[1]] : String(a[1]), ok = !!a[2], msg = null, t = [];
       t.push(rankCol ? "<td>" + x.rank + "</td>" : "");
       t.push('<td class="nm2">' + esc(DS[a[0]]) + "</td><td>" + esc(kind) + '</td><td class="ok' + (ok ? 1 : 0) + '">' + (ok ? "\u2713" : "\u2717") + "</td>");
       if (kind === "tensor") {
