@@ -132,7 +132,7 @@ class MegatronGroup:
             method = getattr(cls, name).__get__(member, cls)
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                record(*args)
+                record(*args, **kwargs)
                 out = method(*args, **kwargs)
                 if name == "materialize_group_for_forward":
                     tensors = out if isinstance(out, (list, tuple)) else [out]
@@ -143,16 +143,16 @@ class MegatronGroup:
 
             setattr(member, name, call)
 
-        def finalize(wgrads: Any) -> None:
+        def finalize(wgrads: Any, **kwargs: Any) -> None:  # wgrads= by keyword, as the protocol names it
             # logged before the call: Megatron scales the wgrads in place
             grads = list(wgrads) if isinstance(wgrads, (list, tuple)) else [wgrads]
             self.log.add("finalize", index, dtypes=[str(g.dtype).replace("torch.", "") for g in grads],
                          shapes=[list(g.shape) for g in grads])
 
-        spy("materialize_group_for_forward", lambda *a: self.log.add("materialize_forward", index))
-        spy("materialize_group_for_backward", lambda *a: self.log.add("materialize_backward", index))
+        spy("materialize_group_for_forward", lambda *a, **k: self.log.add("materialize_forward", index))
+        spy("materialize_group_for_backward", lambda *a, **k: self.log.add("materialize_backward", index))
         spy("finalize_group_grads", finalize)
-        spy("grad_buffer", lambda *a: None)
+        spy("grad_buffer", lambda *a, **k: None)
 
     def live_forward_gathers(self) -> int:
         """How many tensors handed out by forward-materialize are still alive."""
