@@ -120,6 +120,11 @@ class Entry:
         return d
 
     @classmethod
+    def from_record(cls, d: dict[str, Any]) -> "Entry":
+        """From a run record's ledger entry, whose per-run outcome keys are dropped."""
+        return cls.from_dict({k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "ledger") -> "Entry":
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
@@ -148,8 +153,7 @@ class Ledger:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Ledger":
         """From ``serialize()`` or a run record's ``ledger`` (whose per-entry outcome is dropped)."""
-        fields = set(Entry.__dataclass_fields__)
-        entries = tuple(Entry.from_dict({k: v for k, v in e.items() if k in fields}) for e in d.get("entries", []))
+        entries = tuple(Entry.from_record(e) for e in d.get("entries", []))
         return cls(d["name"], d["path"], d.get("package"), d.get("versions"), entries)
 
     def entry(self, entry_id: str) -> Entry:

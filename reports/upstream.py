@@ -18,24 +18,18 @@ class NoEvidence(ValueError):
     """The run holds no cell in which the entry reproduces."""
 
 
-def _explains(entry: dict[str, Any], name: str, text: str) -> bool:
-    """The ledger's own rule (``harness.ledger.Entry.explains``) for a recorded entry."""
-    fields = Entry.__dataclass_fields__
-    return Entry.from_dict({k: v for k, v in entry.items() if k in fields}).explains(name, text)
-
-
 def _size(cell: dict[str, Any]) -> tuple:
     """Smaller first: fewer ranks, groups and microbatches; hooks off; then the id."""
     a = cell["axes"]
     return (a["world_size"], a["num_gemms"], a["microbatches"], a["hooks"] != "off", a["bias"], cell["id"])
 
 
-def _observed(entry: dict[str, Any], cell: dict[str, Any]) -> list[str]:
+def _observed(rule: Entry, cell: dict[str, Any]) -> list[str]:
     """One line per rank and explained item: what the check saw against what it expected."""
     lines = []
     for r in cell["ranks"]:
         for c in r.get("comparisons", []):
-            if c["ok"] or not _explains(entry, c["name"], c.get("message") or ""):
+            if c["ok"] or not rule.explains(c["name"], c.get("message") or ""):
                 continue
             if c["kind"] == "tensor":
                 first = (c.get("message") or "").splitlines()[0] if c.get("message") else ""
@@ -44,7 +38,7 @@ def _observed(entry: dict[str, Any], cell: dict[str, Any]) -> list[str]:
                 lines.append(f"- rank {r['rank']}, `{c['name']}`: expected `{c.get('expected')!r}`, "
                              f"got `{c.get('actual')!r}`")
         err = r.get("error")
-        if err and _explains(entry, "exception", f"{err.get('type')}: {err.get('message')}"):
+        if err and rule.explains("exception", f"{err.get('type')}: {err.get('message')}"):
             lines.append(f"- rank {r['rank']} raised `{err.get('type')}: {err.get('message')}`")
     return lines
 
@@ -108,7 +102,7 @@ def render(record: dict[str, Any], entry_id: str) -> str:
         "",
         "## Observed",
         "",
-        *(_observed(entry, smallest) or ["- (see the cell's checks in the report)"]),
+        *(_observed(Entry.from_record(entry), smallest) or ["- (see the cell's checks in the report)"]),
         "",
         "## Expected",
         "",

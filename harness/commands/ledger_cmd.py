@@ -41,7 +41,13 @@ def _load(path: Path) -> ledgers.Ledger:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    found = [_load(args.file)] if args.file else [_load(p) for p in sorted(ledgers.LEDGER_DIR.glob("*.toml"))]
+    if args.file:
+        found = [_load(args.file)]
+    else:
+        try:
+            found = ledgers.shipped()
+        except ledgers.LedgerError as exc:
+            raise exitcodes.UsageError(str(exc)) from exc
     for led in found:
         print(f"{led.path}: {led.package or 'any package'} {led.versions or ''} ({len(led.entries)} entries)")
         for e in led.entries:
