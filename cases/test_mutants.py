@@ -156,3 +156,27 @@ def test_evidence_found_reads_checks_and_dicts():
     checks = [{"name": "exception", "ok": False,
                "message": "AssertionError: weight was removed while fuse_wgrad_accumulation=True"}]
     assert len(mutants.evidence_found(m, checks)) == 1
+
+
+def test_a_generic_torch_error_is_evidence_only_beside_a_check_about_the_fault():
+    """"shapes cannot be multiplied" is what any shape bug raises: alone it kills nothing;
+    beside the fault's own check (here the backward-materialize count) it is kept."""
+    m = mutants.MUTANTS["hooks-strip-subclass"]
+    shape_error = {"name": "exception", "ok": False,
+                   "message": "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x24 and 12x30)"}
+    assert mutants.evidence_found(m, [shape_error]) == []
+    count = {"name": "leader.materialize_backward_calls", "ok": False, "message": "expected 2, got 0"}
+    assert len(mutants.evidence_found(m, [shape_error, count])) == 2
+
+
+def test_full_shape_dummy_is_killed_by_the_autograd_shape_check():
+    """The fused dummy of the full shape: autograd's validation raises, and the runner turns
+    its message into the named check ``autograd_grad_shape`` (got vs the shard's shape)."""
+    m = mutants.MUTANTS["full-shape-dummy"]
+    cell = matrix.Cell.from_id("linear-gtp_pad16-hooks_off-fused-bf16-ws1-ddp-mb1-g1-bias-igrad-nodelay")
+    result = run_cell(m.backend, cell, RankContext())
+    shape = [c for c in result.comparisons if c.name == "autograd_grad_shape"]
+    assert result.status == "error" and len(shape) == 1 and not shape[0].ok
+    assert shape[0].actual != shape[0].expected and shape[0].expected[0] % 16 == 0
+    found = mutants.evidence_found(m, result.comparisons)
+    assert found and found[0].startswith("autograd_grad_shape:")

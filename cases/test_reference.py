@@ -7,8 +7,8 @@ wgrad on/off; bias on/off; plain weights and GTP weights injected at world size 
 in-process; fp32/bf16/fp16. Shapes, row splits (zero-row groups included), the input's
 ``requires_grad`` and the ``pad_multiple`` of the GTP weight are drawn by hypothesis.
 
-Tolerances are ``harness.compare``'s derived bound (``C * u * (roundings + sqrt(K)) *
-|A|@|B|``), with ``u`` the unit roundoff of the dtype the value is produced in (fp32
+Tolerances are ``harness.compare``'s derived bound (``harness.compare.bound``: final rounding,
+earlier roundings and fp32 accumulation), with ``u`` the unit roundoff of the dtype the value is produced in (fp32
 ``main_grad`` for fused / distributed-with-main_grad weight gradients, CONTRACTS §2).
 
 The last section checks that bad input fails early with a clear error (CONTRACTS §1-§2).

@@ -85,3 +85,13 @@ def test_selftest_multirank(tmp_path):
     # and the self-test must then fail (exit 1), not pass vacuously
     assert verdicts["shared-grad-buffer"] == "survived"
     assert proc.returncode == 1
+    # the measured detection threshold: every bf16 tensor kind caught, bracketed by two
+    # measured values, printed and recorded
+    rows = {r["kind"]: r for r in report["sensitivity"]}
+    assert set(rows) == {"output", "input_grad", "weight_grad", "bias_grad"}, rows
+    for r in rows.values():
+        assert r["dtype"] == "bf16" and r["smallest_caught"] in r["tried"], r
+        assert r["largest_missed"] is None or r["largest_missed"] == r["smallest_caught"] / 2, r
+        assert 0 < r["worst_clean_ratio"] <= 1, r
+    assert report["sensitivity_anomalies"] == []
+    assert "smallest k caught" in proc.stdout

@@ -24,7 +24,7 @@ class Reference:
     value: torch.Tensor
     magnitude: torch.Tensor
     reduction: int            # length of the GEMM reduction behind one element
-    roundings: int            # sequential roundings after the GEMM (adds, reductions)
+    roundings: int            # sequential roundings in the value's dtype, the last one included
 
 
 @dataclass
@@ -85,12 +85,21 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
     rows_total = inputs.x[0][0].shape[0]
-    # One rounding per microbatch accumulation and per rank in the reduction, plus the
-    # GEMM/scale/final add; reduction length is the rows one rank contributes per step.
-    roundings = mbs + world + 2
+    roundings = increment_roundings(mbs, world)
     wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings) for s, a in zip(wsum, wabs)]
     bgrads = [Reference(s / world, a / world, rows_total * mbs, roundings) for s, a in zip(bsum, babs)]
     return RankOracle(outputs, dgrads, wgrads, bgrads)
+
+
+def increment_roundings(microbatches: int, world: int) -> int:
+    """Sequential roundings behind a weight or bias gradient's increment (``harness.compare``).
+
+    One per microbatch's GEMM (or bias reduction) and one per accumulation of the next
+    microbatch, ``W - 1`` adds of the cross-rank reduction and the ``1/W`` scale: each
+    rounds a partial value no larger than the magnitude. (The start value's add is
+    ``record_of``'s.)
+    """
+    return 2 * microbatches - 1 + (world - 1) + (1 if world > 1 else 0)
 
 
 def record_of(ref: Reference, start: torch.Tensor | None, shard: tuple[int, int, int] | None) -> Reference:
@@ -107,7 +116,8 @@ def record_of(ref: Reference, start: torch.Tensor | None, shard: tuple[int, int,
         pad = padded - value.shape[0]
         value = torch.nn.functional.pad(value, (0, 0, 0, pad))[row0:row0 + nrows]
         magnitude = torch.nn.functional.pad(magnitude, (0, 0, 0, pad))[row0:row0 + nrows]
+    roundings = ref.roundings
     if start is not None:
         s = start.to(F64)
-        value, magnitude = value + s, magnitude + s.abs()
-    return Reference(value, magnitude, ref.reduction, ref.roundings)
+        value, magnitude, roundings = value + s, magnitude + s.abs(), roundings + 1
+    return Reference(value, magnitude, ref.reduction, roundings)

@@ -41,6 +41,7 @@ Schema (``schema = 1``), all plain JSON:
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,34 @@ class RankResult:
         )
 
 
+#: the oracle's value checks per tensor kind (``harness.runner`` names them)
+TENSOR_KINDS: dict[str, tuple[str, ...]] = {
+    "output": ("mb*.output",),
+    "input_grad": ("mb*.input_grad",),
+    "weight_grad": ("weight*.main_grad", "weight*.grad"),
+    "bias_grad": ("bias*.main_grad", "bias*.grad"),
+}
+
+
+def tensor_kind(check_name: str) -> str | None:
+    """The tensor kind a value check is about (None: not a value check of the oracle)."""
+    for kind, globs in TENSOR_KINDS.items():
+        if any(fnmatch.fnmatchcase(check_name, g) for g in globs):
+            return kind
+    return None
+
+
+def kind_ratios(ranks: "list[RankResult]") -> dict[str, float]:
+    """The largest error/bound ratio of each tensor kind over every rank's value checks."""
+    out: dict[str, float] = {}
+    for r in ranks:
+        for c in r.comparisons:
+            kind = tensor_kind(c.name) if c.ratio is not None else None
+            if kind:
+                out[kind] = max(out.get(kind, 0.0), c.ratio)
+    return out
+
+
 @dataclass
 class CellResult:
     id: str
@@ -120,9 +149,18 @@ class CellResult:
     known: list[str] | None = None
     #: the backend's own verdict of a ``known`` cell (``fail``, ``error`` or ``timeout``)
     raw_status: str | None = None
+    #: worst error/bound per tensor kind over every example the cell ran (``--examples``);
+    #: None: only the checks kept in ``ranks`` (see :meth:`ratios`)
+    example_ratios: dict[str, float] | None = None
+
+    def ratios(self) -> dict[str, float]:
+        """Worst error/bound per tensor kind: over all examples when they ran, else the checks."""
+        return dict(self.example_ratios) if self.example_ratios is not None else kind_ratios(self.ranks)
 
     def serialize(self) -> dict[str, Any]:
         extra = {"known": self.known, "raw_status": self.raw_status} if self.known else {}
+        if self.example_ratios is not None:
+            extra["example_ratios"] = self.example_ratios
         return {**extra, **{
             "id": self.id,
             "axes": self.axes,
@@ -151,6 +189,7 @@ class CellResult:
             example=d.get("example"),
             known=d.get("known"),
             raw_status=d.get("raw_status"),
+            example_ratios=d.get("example_ratios"),
         )
 
     def __bool__(self) -> bool:

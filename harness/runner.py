@@ -10,6 +10,7 @@ verdict on the backend; what the harness's own set-up and checks raise is a harn
 from __future__ import annotations
 
 import dataclasses
+import re
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -196,7 +197,8 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
                 return _judge_expected_error(cell, fault.exc, consumer, gtp, ctx.rank)
         exc = fault.exc
         return RankResult(ctx.rank, "error", [Check("exception", "exception", False,
-                                                    message=f"{type(exc).__name__}: {exc}")],
+                                                    message=f"{type(exc).__name__}: {exc}"),
+                                              *_autograd_shape_checks(exc)],
                           {**error_info(exc), "phase": fault.phase})
     finally:
         if consumer is not None:
@@ -213,6 +215,24 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
         # a twin is judged only against its hooked cell (harness.twin), not the oracle
         checks = _checks(cell, inputs, ctx, module, consumer, gtp, step, fp32_gemm) if judge else []
     return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
+
+
+_INVALID_GRADIENT = re.compile(r"Function (\w+) returned an invalid gradient at index (\d+) - got "
+                               r"\[([\d, ]*)\] but expected shape compatible with \[([\d, ]*)\]")
+
+
+def _autograd_shape_checks(exc: BaseException) -> list[Check]:
+    """§2 "autograd receives a gradient of the parameter's (the shard's) shape", as seen by
+    the only observer that can: autograd's own validation of a backward's results, which
+    raises before any hook runs. Its message names the function, the input and both shapes."""
+    m = _INVALID_GRADIENT.search(str(exc))
+    if m is None:
+        return []
+    fn, index, got, expected = m.groups()
+    shape = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    return [Check("autograd_grad_shape", "shape", False, expected=shape(expected), actual=shape(got),
+                  message=f"autograd_grad_shape: {fn} returned a gradient of shape {shape(got)} for its "
+                          f"input {index}, whose shape is {shape(expected)}")]
 
 
 def _keep(kept: twin.Kept, step: _Step, consumer: Consumer, gtp: GTPGroup | None) -> None:

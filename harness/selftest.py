@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import matrix, packing
+from harness import matrix, packing, sensitivity
 from harness.launch import LaunchOptions, Task, launch_tasks
 from harness.record import CellResult
 from harness.status import HARNESS_ERROR
@@ -49,6 +49,9 @@ class SelftestResult:
     clean: list[CellResult]
     duration_s: float
     max_ratio_per_dtype: dict[str, float]
+    thresholds: list[sensitivity.Threshold] = field(default_factory=list)
+    #: perturbation cells that raised or timed out (a harness or reference bug)
+    anomalies: list[str] = field(default_factory=list)
 
     @property
     def false_alarms(self) -> int:
@@ -65,13 +68,20 @@ class SelftestResult:
 
     @property
     def ok(self) -> bool:
-        return self.false_alarms == 0 and all(m.killed for m in self.mutants)
+        return self.false_alarms == 0 and all(m.killed for m in self.mutants) and not self.blind \
+            and not self.anomalies
+
+    @property
+    def blind(self) -> list[sensitivity.Threshold]:
+        """Tensor kinds no planted error up to the top of the ladder was caught in."""
+        return [t for t in self.thresholds if t.smallest_caught is None]
 
     def serialize(self) -> dict[str, Any]:
         return {
             "score": self.score, "false_alarms": self.false_alarms, "ok": self.ok,
             "duration_s": self.duration_s, "clean_cells": len(self.clean),
             "max_ratio_per_dtype": self.max_ratio_per_dtype,
+            "sensitivity": sensitivity.serialize(self.thresholds), "sensitivity_anomalies": self.anomalies,
             "mutants": [{**asdict(m), "killed": m.killed} for m in self.mutants],
         }
 
@@ -109,8 +119,10 @@ def max_ratios(results: list[CellResult]) -> dict[str, float]:
 
 def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
                  progress: Callable[[str, CellResult], None] = lambda b, r: None,
-                 clean_examples: int = 0) -> SelftestResult:
-    """Run the clean reference and every mutant over ``cells``; judge each mutant.
+                 clean_examples: int = 0, sensitivity_search: bool = True) -> SelftestResult:
+    """Run the clean reference and every mutant over ``cells``; judge each mutant; then
+    measure the detection threshold (``harness.sensitivity``; its first round shares the
+    mutants' launches, each later round is one more launch per launch group).
 
     ``clean_examples`` hypothesis-drawn shapes per cell hunt for false alarms on the clean
     reference (mutants need no extra examples: one kill is enough).
@@ -120,22 +132,32 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     t0 = time.monotonic()
     stream = ResultStream(opts.run_dir)
     since = stream.path.stat().st_size if stream.path.exists() else 0
-    for width, members in packing.launch_groups(cells):
-        group = [cells[i] for i in members]
-        tasks = [Task(CLEAN, c, clean_examples) for c in group]
-        for name, m in MUTANTS.items():
-            tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in group if c.module in m.modules]
-        launch_tasks(width, tasks, opts, progress)
-    # the verdicts come from the result stream alone, one per (backend, cell)
-    latest: dict[tuple[str, str], CellResult] = {v.key: v.result for v in stream.read_since(since)[0]}
+    search = sensitivity.Search(cells if sensitivity_search else [])
+    tasks = []
+    for c in cells:
+        tasks.append(Task(CLEAN, c, clean_examples))
+        tasks += [Task(MUTANT_PREFIX + name, c, 0) for name, m in MUTANTS.items() if c.module in m.modules]
+    tasks += search.tasks()
+    latest: dict[tuple[str, str], CellResult] = {}
+    while tasks:
+        for width, members in packing.launch_groups([t.cell for t in tasks]):
+            launch_tasks(width, [tasks[i] for i in members], opts, progress)
+        # the verdicts come from the result stream alone, one per (backend, cell)
+        verdicts, since = stream.read_since(since)
+        latest.update((v.key, v.result) for v in verdicts)
+        if search.pending:
+            search.observe(latest)
+        tasks = search.tasks()
     results: dict[str, list[CellResult]] = {CLEAN: []}
     for name in MUTANTS:
         results[MUTANT_PREFIX + name] = []
     for (backend, _), res in latest.items():
-        results.setdefault(backend, []).append(res)
+        if not backend.startswith(sensitivity.BACKEND_PREFIX):
+            results.setdefault(backend, []).append(res)
     verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in MUTANTS.items()]
     return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),
-                          max_ratios(results[CLEAN]))
+                          max_ratios(results[CLEAN]), search.thresholds(results[CLEAN]),
+                          search.anomalies)
 
 
 def table(result: SelftestResult) -> str:
@@ -149,6 +171,14 @@ def table(result: SelftestResult) -> str:
                  f"{len(result.clean)} cells, {result.false_alarms} false alarm(s)")
     ratios = ", ".join(f"{d} {r:.3g}" for d, r in sorted(result.max_ratio_per_dtype.items()))
     lines.append(f"largest error/bound ratio on the clean reference per dtype: {ratios or '-'}")
+    if result.thresholds:
+        lines += ["", "sensitivity: the smallest relative error k*u planted in one tensor kind (k a power "
+                  "of 2, u the unit roundoff of the value's dtype) that a value check catches",
+                  sensitivity.table(result.thresholds)]
+    for t in result.blind:
+        lines.append(f"BLIND: no {t.kind} error in {t.dtype} cells was caught up to k = {sensitivity.LADDER[-1]:g}")
+    for a in result.anomalies:
+        lines.append(f"ANOMALY: a planted value error made a cell raise: {a}")
     return "\n".join(lines)
 
 

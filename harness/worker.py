@@ -40,7 +40,7 @@ from harness import matrix
 from harness.backends import load_backend
 from harness.inputs import Example
 from harness.packing import Lane
-from harness.record import CellResult, RankResult
+from harness.record import CellResult, RankResult, kind_ratios
 from harness.runner import RankContext, error_info, run_cell
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
@@ -232,10 +232,13 @@ def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: 
             from harness.examples import search
 
             ratios = [merged.worst_ratio]
+            by_kind = kind_ratios(merged.ranks)
 
             def run_example(ex: Example) -> CellResult:
                 res = run_agreed(ex)
                 ratios.append(res.worst_ratio)
+                for kind, ratio in kind_ratios(res.ranks).items():
+                    by_kind[kind] = max(by_kind.get(kind, 0.0), ratio)
                 return res
 
             shrunk = search(cell, examples[i], run_example)
@@ -244,6 +247,7 @@ def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: 
             else:
                 # the margin that matters is the worst over every example that ran
                 merged.worst_ratio = max((r for r in ratios if r is not None), default=None)
+                merged.example_ratios = by_kind
         merged.duration_s = round(time.perf_counter() - t0, 4)
         print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
         if ctx.rank == 0:

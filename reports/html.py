@@ -269,7 +269,31 @@ def _selftest(selftest: dict[str, Any]) -> str:
         f'<p>score <b>{score_txt}</b> · {sum(1 for m in mutants if m.get("killed"))} of {len(mutants)} mutants killed'
         f' · false alarms on the clean backend: <b class="{"t-fail" if fa else "t-pass"}">{_e(fa)}</b></p>'
         '<table class="plain" style="width:100%"><tr><th>mutant</th><th>fault</th><th>verdict</th>'
-        f'<th class="num">killing cells</th><th>examples</th><th>first failing check</th></tr>{"".join(rows)}</table></section>')
+        f'<th class="num">killing cells</th><th>examples</th><th>first failing check</th></tr>{"".join(rows)}</table>'
+        f'{_sensitivity(selftest.get("sensitivity") or [])}</section>')
+
+
+def _sensitivity(rows: list[dict[str, Any]]) -> str:
+    """The measured detection threshold (``harness.sensitivity``): one row per dtype and kind."""
+    if not rows:
+        return ""
+
+    def k(value: Any, missing: str) -> str:
+        return f"{value:g}" if isinstance(value, (int, float)) else missing
+
+    def _ratio(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, (int, float)) else "-"
+
+    body = "".join(
+        f'<tr><td class="mono">{_e(r.get("dtype"))}</td><td class="mono">{_e(r.get("kind"))}</td>'
+        f'<td class="num {"" if r.get("smallest_caught") else "t-fail"}">{k(r.get("smallest_caught"), "never")}</td>'
+        f'<td class="num">{k(r.get("largest_missed"), "-")}</td>'
+        f'<td class="num">{_ratio(r.get("worst_clean_ratio"))}</td>'
+        f'<td class="idcell">{_e(r.get("catching_cell") or "")}</td></tr>' for r in rows)
+    return ('<h3>Sensitivity: the smallest relative error k·u caught per tensor kind</h3>'
+            '<table class="plain" style="width:100%"><tr><th>dtype</th><th>tensor kind</th>'
+            '<th class="num">smallest k caught</th><th class="num">largest k missed</th>'
+            f'<th class="num">worst clean ratio</th><th>caught first in</th></tr>{body}</table>')
 
 
 DEFAULT_ROWS: tuple[str, ...] = ("module", "weight", "hooks", "fused")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from harness import exitcodes
 from harness.record import load
@@ -13,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="render HTML/JUnit/markdown from a run record")
     p.add_argument("run", type=Path, help="run folder, or its results.json.gz / results.json")
     p.add_argument("--to", type=Path, help="output folder (default: the run folder)")
+    p.add_argument("--margins", action="store_true",
+                   help="print the worst error/bound ratio per dtype and tensor kind (over every "
+                        "hypothesis example) instead of rendering; exit 1 if one is above 1")
     p.set_defaults(func=run)
 
 
@@ -23,8 +27,31 @@ def run(args: argparse.Namespace) -> int:
         record = load(args.run)
     except (OSError, ValueError) as exc:
         raise exitcodes.UsageError(f"cannot read run record {str(args.run)!r}: {exc}") from exc
+    if args.margins:
+        return _print_margins(record)
     out = args.to or (args.run if args.run.is_dir() else args.run.parent)
     out.mkdir(parents=True, exist_ok=True)
     for kind, path in write_all(record.serialize(), out).items():
         print(f"{kind}: {path}")
     return exitcodes.OK
+
+
+def _print_margins(record: Any) -> int:
+    """The clean margin of a run: worst error/bound per (dtype, tensor kind), with how many
+    cells and examples it is the worst over (a cell with ``--examples N`` ran N + 1)."""
+    from harness.sensitivity import worst_ratios
+
+    examples = int((record.selection or {}).get("examples", 0) or 0)
+    cells = [c for c in record.cells if c.status in ("pass", "fail")]
+    worst = worst_ratios(cells)
+    counts: dict[tuple[str, str], int] = {}
+    for c in cells:
+        runs = examples + 1 if c.example_ratios is not None else 1
+        for kind in c.ratios():
+            counts[(c.axes["dtype"], kind)] = counts.get((c.axes["dtype"], kind), 0) + runs
+    print(f"{'dtype':6} {'tensor kind':12} {'worst ratio':>11} {'examples':>9}")
+    for (d, kind), ratio in sorted(worst.items()):
+        print(f"{d:6} {kind:12} {ratio:>11.3g} {counts[(d, kind)]:>9}")
+    print(f"{sum(examples + 1 if c.example_ratios is not None else 1 for c in cells)} examples over "
+          f"{len(cells)} cells; world sizes {record.world_sizes}")
+    return exitcodes.MISMATCH if any(r > 1 for r in worst.values()) else exitcodes.OK

@@ -42,6 +42,19 @@ class GemmCall:
 class ReferenceImpl:
     """The hook-safe behaviour (the TE fix): weight objects live on ``ctx``."""
 
+    # ---- the arithmetic: each GEMM / reduction once, so a fault can change its result ----
+    def fprop(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x @ weight.t()
+
+    def dgrad(self, grad_out: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return grad_out @ weight
+
+    def wgrad(self, grad_out: torch.Tensor, inp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return wgrad_gemm(grad_out, inp, dtype)
+
+    def bgrad(self, grad_out: torch.Tensor) -> torch.Tensor:
+        return grad_out.sum(0)
+
     # ---- forward -------------------------------------------------------------------
     def check_supported(self, module: torch.nn.Module, weights: Sequence[Any]) -> bool:
         """Validate the weight group before any collective; True when distributed.
@@ -118,11 +131,11 @@ class ReferenceImpl:
         if call.fused:
             bufs = self.grad_buffers(weights)
             for i, (buf, go, x) in enumerate(zip(bufs, grad_outs, inps)):
-                self.write_buffer(buf, wgrad_gemm(go, x, buf.dtype), i)
+                self.write_buffer(buf, self.wgrad(go, x, buf.dtype), i)
             _dw.finalize(weights, bufs)
             return [self.dummy_grad(w) for w in weights]
         wgrads = [
-            wgrad_gemm(go, x, self.wgrad_dtype(w, compute_dtype, False, True))
+            self.wgrad(go, x, self.wgrad_dtype(w, compute_dtype, False, True))
             for w, go, x in zip(weights, grad_outs, inps)
         ]
         return self.deliver_finalized(_dw.finalize(weights, wgrads), wgrads)
@@ -138,10 +151,10 @@ class ReferenceImpl:
         if call.fused:
             for w, go, x in zip(origins, grad_outs, inps):
                 main_grad = w.main_grad
-                main_grad.add_(wgrad_gemm(go, x, main_grad.dtype))
+                main_grad.add_(self.wgrad(go, x, main_grad.dtype))
                 w.grad_added_to_main_grad = True
             return [self.dummy_grad(w) for w in origins]
-        return [wgrad_gemm(go, x, compute_dtype) for go, x in zip(grad_outs, inps)]
+        return [self.wgrad(go, x, compute_dtype) for go, x in zip(grad_outs, inps)]
 
     def weight_grads(self, call: GemmCall, weights: Sequence[Any], origins: Sequence[Any],
                      distributed: bool, grad_outs: Sequence[torch.Tensor],
@@ -171,7 +184,7 @@ class GroupGemm(torch.autograd.Function):
         biases = params[call.n:] if call.has_bias else ()
         gemm_weights = impl.forward_weights(call, weights)
         xs = torch.split(inp, call.m_splits)
-        outs = [x @ w.t() for x, w in zip(xs, gemm_weights)]
+        outs = [impl.fprop(x, w) for x, w in zip(xs, gemm_weights)]
         if call.has_bias:
             outs = [o + b for o, b in zip(outs, biases)]
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
@@ -194,7 +207,7 @@ class GroupGemm(torch.autograd.Function):
 
         dgrad = None
         if ctx.needs_input_grad[0]:
-            parts = [go @ w for go, w in zip(gos, gemm_weights)]
+            parts = [impl.dgrad(go, w) for go, w in zip(gos, gemm_weights)]
             dgrad = torch.cat(parts) if len(parts) > 1 else parts[0]
 
         n = call.n
@@ -206,7 +219,7 @@ class GroupGemm(torch.autograd.Function):
 
         delayed_bias = need_b and call.delay and call.delay_bias
         if need_b and not delayed_bias:
-            b_grads = [go.sum(0) for go in gos]
+            b_grads = [impl.bgrad(go) for go in gos]
         if need_w and call.delay:
             origins = impl.origin_weights(ctx, call, weights, distributed)
             call.module._wgrad_store.put(
@@ -235,7 +248,7 @@ def _delayed_wgrad(call: GemmCall, weights: Sequence[Any], origins: Sequence[Any
                 _accumulate_grad(p, g)
         if delayed_bias:
             for i, go in enumerate(gos):
-                _accumulate_grad(getattr(call.module, f"bias{i}"), go.sum(0))
+                _accumulate_grad(getattr(call.module, f"bias{i}"), call.impl.bgrad(go))
         call.impl.fire_wgrad_hooks(call.module, call)
 
     return compute

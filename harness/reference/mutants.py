@@ -14,6 +14,10 @@ harness caught this bug" from "the harness failed for some other reason":
   (``followers.*_calls``);
 - ``text:<substring>``: a failing check whose message contains the substring - the
   ``exception`` check carries the backend's exception as ``Type: message``.
+
+A generic torch error text (``GENERIC_TEXTS``: any shape bug raises it) is evidence only
+together with a ``check:`` pattern failing in the same cell; alone it proves only that
+something broke.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from harness.reference import _dw, _modules, ops, prefix
-from harness.reference._core import GemmCall, ReferenceImpl, wgrad_gemm
+from harness.reference._core import GemmCall, ReferenceImpl
 from harness.reference.ops import OpsImpl
 
-__all__ = ["MUTANTS", "Mutant", "evidence_found", "get", "names"]
+__all__ = ["MUTANTS", "Mutant", "backend_from_fault", "evidence_found", "get", "names"]
 
 ALL_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
+#: torch's own error texts that any shape bug raises: evidence only beside a fault's check
+GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid gradient",
+                 "expected shape compatible with")
 MODULE_CLASSES = ("linear", "grouped_linear")
 
 
@@ -169,7 +176,7 @@ class _MainGradReadAfterFinalize:
         grads = super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
         for w, old, go, x in zip(weights, before, grad_outs, inps):
             if old is not None and torch.equal(w.main_grad, old):  # Fault: read right after finalize
-                local = wgrad_gemm(go, x, w.main_grad.dtype)
+                local = self.wgrad(go, x, w.main_grad.dtype)
                 rows = min(local.shape[0], w.main_grad.shape[0])
                 w.main_grad[:rows].add_(local[:rows])
         return grads
@@ -220,7 +227,7 @@ class _FusedPlainFold:
         if not call.fused:
             return super().plain_wgrads(call, origins, grad_outs, inps, compute_dtype)
         for w, go, x in zip(origins, grad_outs, inps):
-            self.fold(w, wgrad_gemm(go, x, w.main_grad.dtype))
+            self.fold(w, self.wgrad(go, x, w.main_grad.dtype))
             w.grad_added_to_main_grad = True
         return [self.dummy_grad(w) for w in origins]
 
@@ -299,7 +306,8 @@ def _backend(name: str, description: str, linear: type, grouped: type, ops_group
     return backend
 
 
-def _from_fault(name: str, description: str, fault: type, modules: Sequence[str]) -> types.ModuleType:
+def backend_from_fault(name: str, description: str, fault: type,
+                       modules: Sequence[str] = ALL_MODULES) -> types.ModuleType:
     """A backend whose modules in ``modules`` use ``fault`` over the reference's impl."""
     q = _camel(name)
     linear, grouped, ops_grouped = _modules.Linear, _modules.GroupedLinear, ops.GroupedLinear
@@ -341,7 +349,7 @@ class Mutant:
 
 def _fault(name: str, description: str, fault: type, *, min_world_size: int = 1,
            modules: Sequence[str] = ALL_MODULES, evidence: Iterable[str]) -> Mutant:
-    return Mutant(name, description, _from_fault(name, description, fault, modules),
+    return Mutant(name, description, backend_from_fault(name, description, fault, modules),
                   min_world_size, tuple(modules), tuple(evidence))
 
 
@@ -375,12 +383,12 @@ def _build() -> dict[str, Mutant]:
                "fused: the dummy gradient returned to autograd has the full (gathered) "
                "shape instead of the shard's",
                _FullShapeDummy,
-               evidence=("text:invalid gradient", "text:expected shape compatible with")),
+               evidence=("check:autograd_grad_shape",)),
         _fault("unfused-finalize-dropped",
                "unfused: finalize's return value is ignored and autograd receives the local, "
                "unreduced full wgrad",
                _UnfusedFinalizeDropped,
-               evidence=("text:invalid gradient", "check:weight*.grad", "check:weight*.main_grad")),
+               evidence=("check:autograd_grad_shape", "check:weight*.grad", "check:weight*.main_grad")),
         _fault("ops-double-add",
                "ops GroupedLinear accumulates a distributed weight's wgrad into main_grad "
                "itself and then lets finalize add it too",
@@ -410,7 +418,7 @@ def _build() -> dict[str, Mutant]:
                "unfused: when finalize returns None (asynchronous), autograd gets the wgrads "
                "finalize consumed instead",
                _WgradsReusedAfterFinalize,
-               evidence=("check:weight*.main_grad", "text:invalid gradient")),
+               evidence=("check:weight*.main_grad", "check:autograd_grad_shape")),
         _fault("main-grad-read-after-finalize",
                "reads main_grad right after finalize and, finding it not yet updated "
                "(asynchronous), accumulates its local wgrad into it",
@@ -481,7 +489,7 @@ def evidence_found(mutant: Mutant, checks: Iterable[Any]) -> list[str]:
         checks: ``Check`` objects (or dicts with ``name``/``ok``/``message``), e.g. every
             rank's ``RankResult.comparisons`` of a killed cell.
     """
-    found = []
+    found, generic, by_check = [], [], False
     for c in checks:
         get_ = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
         if get_("ok"):
@@ -489,8 +497,11 @@ def evidence_found(mutant: Mutant, checks: Iterable[Any]) -> list[str]:
         cname, message = get_("name") or "", get_("message") or ""
         for pattern in mutant.evidence:
             kind, _, value = pattern.partition(":")
-            if (kind == "check" and fnmatch.fnmatchcase(cname, value)) or (
-                    kind == "text" and value in message):
+            if kind == "check" and fnmatch.fnmatchcase(cname, value):
                 found.append(f"{cname}: {message}".strip())
+                by_check = True
                 break
-    return found
+            if kind == "text" and value in message:
+                (generic if any(g in value for g in GENERIC_TEXTS) else found).append(f"{cname}: {message}".strip())
+                break
+    return found + generic if by_check else found

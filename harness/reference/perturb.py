@@ -1,0 +1,94 @@
+"""Perturbation faults: a relative error of ``k * u`` planted in one kind of tensor.
+
+How small an error does the harness catch? Each backend of this family is the reference
+with some GEMM results scaled by ``1 + k * u`` - ``u`` the unit roundoff of the dtype the
+result is produced in, the one the tolerance charges for it (``harness.compare``) - and
+rounded back to that dtype, per cell dtype and tensor kind:
+
+- ``output``: the forward GEMM (``mb*.output``);
+- ``input_grad``: the dgrad GEMM (``mb*.input_grad``);
+- ``weight_grad``: the wgrad GEMM, whatever becomes of it - a ``main_grad`` accumulation, a
+  reduce-scatter, ``.grad`` (``weight*.main_grad`` / ``weight*.grad``);
+- ``bias_grad``: the bias-gradient reduction (``bias*.main_grad`` / ``bias*.grad``).
+
+Each GEMM feeds only its own kind (the runner's upstream gradients are fixed inputs), so
+one run measures all four kinds at once. Select one as
+``harness.reference.perturb:<spec>``, e.g. ``harness.reference.perturb:bf16.output=4,fp32.weight_grad=16``
+(``harness.sensitivity`` searches ``k`` per dtype and kind).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import torch
+
+from harness.compare import UNIT_ROUNDOFF
+from harness.inputs import DTYPES
+from harness.reference.mutants import backend_from_fault
+
+__all__ = ["KINDS", "format_spec", "get", "parse"]
+
+#: the tensor kinds a perturbation can target, each a family of check names
+KINDS: tuple[str, ...] = ("output", "input_grad", "weight_grad", "bias_grad")
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def parse(spec: str) -> dict[tuple[str, str], float]:
+    """``"bf16.output=4,fp32.bias_grad=8"`` -> ``{("bf16", "output"): 4.0, ...}``.
+
+    Raises:
+        ValueError: a malformed entry, an unknown dtype or kind, or a k that is not > 0.
+    """
+    factors: dict[tuple[str, str], float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, eq, value = item.partition("=")
+        dtype, dot, kind = key.partition(".")
+        if not (eq and dot) or dtype not in DTYPES or kind not in KINDS:
+            raise ValueError(f"bad perturbation {item!r}: expected <dtype>.<kind>=<k> with dtype one "
+                             f"of {', '.join(DTYPES)} and kind one of {', '.join(KINDS)}")
+        k = float(value)
+        if not k > 0:
+            raise ValueError(f"bad perturbation {item!r}: k must be > 0")
+        factors[(dtype, kind)] = k
+    return factors
+
+
+def format_spec(factors: dict[tuple[str, str], float]) -> str:
+    """The inverse of :func:`parse` (sorted, so equal factors name the same backend)."""
+    return ",".join(f"{d}.{k}={v:g}" for (d, k), v in sorted(factors.items()))
+
+
+class _Perturbed:
+    """Scales the result of each GEMM whose (cell dtype, kind) has a factor."""
+
+    factors: dict[tuple[str, str], float] = {}
+
+    def _planted(self, value: torch.Tensor, cell_dtype: torch.dtype, kind: str) -> torch.Tensor:
+        k = self.factors.get((_NAMES.get(cell_dtype, ""), kind))
+        if not k:
+            return value
+        u = UNIT_ROUNDOFF[_NAMES[value.dtype]]
+        return (value.to(torch.float64) * (1.0 + k * u)).to(value.dtype)
+
+    def fprop(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self._planted(super().fprop(x, weight), x.dtype, "output")
+
+    def dgrad(self, grad_out: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self._planted(super().dgrad(grad_out, weight), grad_out.dtype, "input_grad")
+
+    def wgrad(self, grad_out: torch.Tensor, inp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self._planted(super().wgrad(grad_out, inp, dtype), grad_out.dtype, "weight_grad")
+
+    def bgrad(self, grad_out: torch.Tensor) -> torch.Tensor:
+        return self._planted(super().bgrad(grad_out), grad_out.dtype, "bias_grad")
+
+
+@functools.lru_cache(maxsize=None)
+def get(spec: str) -> types.ModuleType:
+    """The backend planting ``spec`` (what ``harness.reference.perturb:<spec>`` loads)."""
+    factors = parse(spec)
+    fault: Any = type("Perturbation", (_Perturbed,), {"factors": factors, "__module__": __name__})
+    return backend_from_fault("perturbation", f"relative error k*u planted in: {format_spec(factors)}", fault)
