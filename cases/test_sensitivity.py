@@ -95,10 +95,17 @@ def test_a_kind_nothing_catches_fails_the_selftest():
     assert "> 1024" in sensitivity.table(rows)
 
 
-def test_hooked_and_raising_cells_are_left_out():
-    cells = matrix.select("ci")
-    search = sensitivity.Search(cells)
-    assert search.cells and all(c.hooks == "off" and c.expect != "error" for c in search.cells)
+def test_hooked_cells_only_where_no_hooks_off_cell_has_the_kind_and_never_raising_ones():
+    search = sensitivity.Search(matrix.select("ci"))
+    assert search.cells and all(c.expect != "error" for c in search.cells)
+    for (dtype, kind), cells in search.cells_for.items():
+        hooked = {c.hooks != "off" for c in cells}
+        assert len(hooked) == 1, (dtype, kind)
+        if hooked == {True}:   # ci: fp32 input gradients only under hooks
+            assert not any(c.hooks == "off" and c.dtype == dtype and (kind != "input_grad" or c.input_grad)
+                           and (kind != "bias_grad" or c.bias) and c.expect != "error"
+                           for c in matrix.select("ci"))
+    assert ("fp32", "input_grad") in search.cells_for
 
 
 def test_margins_cover_every_example(tmp_path, capsys):

@@ -119,7 +119,7 @@ def max_ratios(results: list[CellResult]) -> dict[str, float]:
 
 def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
                  progress: Callable[[str, CellResult], None] = lambda b, r: None,
-                 clean_examples: int = 0, sensitivity_search: bool = True) -> SelftestResult:
+                 clean_examples: int = 0) -> SelftestResult:
     """Run the clean reference and every mutant over ``cells``; judge each mutant; then
     measure the detection threshold (``harness.sensitivity``; its first round shares the
     mutants' launches, each later round is one more launch per launch group).
@@ -132,7 +132,7 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     t0 = time.monotonic()
     stream = ResultStream(opts.run_dir)
     since = stream.path.stat().st_size if stream.path.exists() else 0
-    search = sensitivity.Search(cells if sensitivity_search else [])
+    search = sensitivity.Search(cells)
     tasks = []
     for c in cells:
         tasks.append(Task(CLEAN, c, clean_examples))

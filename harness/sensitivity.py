@@ -6,9 +6,11 @@ a relative error ``k * u`` in one tensor kind; this module bisects ``k`` over a 
 powers of two, per cell dtype and tensor kind, with every kind of a round in one backend
 (the kinds do not feed each other). ``k`` is caught when any cell of that dtype fails a
 value check of that kind; the answer is the smallest ladder value caught and the largest
-missed, both measured. Cells with a saved-tensor hook are left out: their twin check
-proves their values bitwise equal to the hooks-off cell's, so they catch exactly what it
-catches. Cells expected to raise have no values.
+missed, both measured. Cells with a saved-tensor hook are left out where a hooks-off
+cell has the kind: their twin check proves their values bitwise equal to the hooks-off
+cell's, so they catch exactly what it catches; a kind that only hooked cells of a dtype have
+(``ci`` has fp32 input gradients only under hooks) is searched on those. Cells expected to
+raise have no values.
 """
 
 from __future__ import annotations
@@ -69,16 +71,29 @@ class Search:
     """Bisection of ``k`` for every (dtype, kind) the cells have, one backend per round."""
 
     def __init__(self, cells: Sequence[Cell]) -> None:
-        self.cells = [c for c in cells if c.hooks == "off" and c.expect != "error"]
-        self.brackets: dict[tuple[str, str], _Bracket] = {}
-        self.tried: dict[tuple[str, str], list[float]] = {}
-        for c in self.cells:
-            for kind in KINDS:
-                if (kind != "input_grad" or c.input_grad) and (kind != "bias_grad" or c.bias):
-                    self.brackets.setdefault((c.dtype, kind), _Bracket())
-                    self.tried.setdefault((c.dtype, kind), [])
+        runnable = [c for c in cells if c.expect != "error"]
+        #: the cells each (dtype, kind) is searched on: the hooks-off ones, or the hooked
+        #: ones where a selection has no hooks-off cell with that kind
+        self.cells_for: dict[tuple[str, str], list[Cell]] = {}
+        for hooked in (False, True):
+            found: dict[tuple[str, str], list[Cell]] = {}
+            for c in runnable:
+                if (c.hooks != "off") != hooked:
+                    continue
+                for kind in KINDS:
+                    if (kind != "input_grad" or c.input_grad) and (kind != "bias_grad" or c.bias):
+                        found.setdefault((c.dtype, kind), []).append(c)
+            for key, found_cells in found.items():
+                self.cells_for.setdefault(key, found_cells)
+        self.brackets = {key: _Bracket() for key in self.cells_for}
+        self.tried: dict[tuple[str, str], list[float]] = {key: [] for key in self.cells_for}
         self._round: dict[tuple[str, str], float] = {}
         self.anomalies: list[str] = []
+
+    @property
+    def cells(self) -> list[Cell]:
+        """Every cell some (dtype, kind) is searched on."""
+        return list({c.id: c for cs in self.cells_for.values() for c in cs}.values())
 
     @property
     def done(self) -> bool:
@@ -95,8 +110,10 @@ class Search:
         if not self._round:
             return []
         backend = self.backend()
-        dtypes = {d for d, _ in self._round}
-        return [Task(backend, c, 0) for c in self.cells if c.dtype in dtypes]
+        return [Task(backend, c, 0) for c in self._round_cells()]
+
+    def _round_cells(self) -> list[Cell]:
+        return list({c.id: c for key in self._round for c in self.cells_for[key]}.values())
 
     def backend(self) -> str:
         return BACKEND_PREFIX + format_spec(self._round)
@@ -105,17 +122,19 @@ class Search:
         """Narrow each bracket of the round from the round's verdicts ((backend, id) -> result)."""
         backend = self.backend()
         caught: dict[tuple[str, str], str] = {}
-        for c in self.cells:
+        for key in self._round:
+            for c in self.cells_for[key]:
+                res = results.get((backend, c.id))
+                if res is None:
+                    continue
+                if any(tensor_kind(check.name) == key[1] and not check.ok
+                       for rank in res.ranks for check in rank.comparisons):
+                    caught[key] = c.id
+                    break
+        for c in self._round_cells():
             res = results.get((backend, c.id))
-            if res is None:
-                continue
-            if res.status not in ("pass", "fail"):   # a scaled value must never make a cell raise
+            if res is not None and res.status not in ("pass", "fail"):   # a scaled value never raises
                 self.anomalies.append(f"{c.id} ({backend}): {res.status}: {res.first_failure}")
-            for rank in res.ranks:
-                for check in rank.comparisons:
-                    kind = tensor_kind(check.name)
-                    if kind and not check.ok and (c.dtype, kind) in self._round:
-                        caught.setdefault((c.dtype, kind), c.id)
         for key, k in self._round.items():
             b = self.brackets[key]
             self.tried[key].append(k)
