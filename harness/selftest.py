@@ -108,12 +108,10 @@ def _judge(mutant: Any, results: list[CellResult]) -> MutantVerdict:
 
 
 def max_ratios(results: list[CellResult]) -> dict[str, float]:
-    """The largest error/bound ratio of any tensor check, per cell dtype (the margin)."""
+    """The largest error/bound ratio of any value check, per cell dtype (the margin)."""
     out: dict[str, float] = {}
-    for res in results:
-        if res.worst_ratio is not None:
-            d = res.axes["dtype"]
-            out[d] = max(out.get(d, 0.0), res.worst_ratio)
+    for (d, _), ratio in sensitivity.worst_ratios(results).items():
+        out[d] = max(out.get(d, 0.0), ratio)
     return out
 
 

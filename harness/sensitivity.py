@@ -96,10 +96,6 @@ class Search:
         return list({c.id: c for cs in self.cells_for.values() for c in cs}.values())
 
     @property
-    def done(self) -> bool:
-        return not any(b.open for b in self.brackets.values())
-
-    @property
     def pending(self) -> bool:
         """A round's tasks were handed out and await :meth:`observe`."""
         return bool(self._round)

@@ -45,13 +45,14 @@ def _print_margins(record: Any) -> int:
     cells = [c for c in record.cells if c.status in ("pass", "fail")]
     worst = worst_ratios(cells)
     counts: dict[tuple[str, str], int] = {}
+    total = 0
     for c in cells:
         runs = examples + 1 if c.example_ratios is not None else 1
+        total += runs
         for kind in c.ratios():
             counts[(c.axes["dtype"], kind)] = counts.get((c.axes["dtype"], kind), 0) + runs
     print(f"{'dtype':6} {'tensor kind':12} {'worst ratio':>11} {'examples':>9}")
     for (d, kind), ratio in sorted(worst.items()):
         print(f"{d:6} {kind:12} {ratio:>11.3g} {counts[(d, kind)]:>9}")
-    print(f"{sum(examples + 1 if c.example_ratios is not None else 1 for c in cells)} examples over "
-          f"{len(cells)} cells; world sizes {record.world_sizes}")
+    print(f"{total} examples over {len(cells)} cells; world sizes {record.world_sizes}")
     return exitcodes.MISMATCH if any(r > 1 for r in worst.values()) else exitcodes.OK
