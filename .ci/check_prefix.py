@@ -1,7 +1,7 @@
 """Assert the pre-fix backend fails exactly the cells the regression predicts.
 
-Predicted: distributed-weight (any ``weight`` but ``plain``) ``linear``/``grouped_linear``
-cells with a saved-tensor hook
+Predicted: distributed-weight (any ``weight`` but ``plain``) ``linear``/``grouped_linear``/
+``layernorm_linear``/``rmsnorm_linear`` cells with a saved-tensor hook
 mode other than ``off`` and delayed wgrad off (delayed + distributed is rejected before the
 hooks matter). Everything else must pass, including the whole ops module.
 """
@@ -13,7 +13,8 @@ from harness.matrix import Cell
 
 
 def predicted(cell: Cell) -> bool:
-    return (cell.distributed and cell.module in ("linear", "grouped_linear")
+    return (cell.distributed and cell.module in ("linear", "grouped_linear", "layernorm_linear",
+                                                 "rmsnorm_linear")
             and cell.hooks != "off" and not cell.delay_wgrad)
 
 

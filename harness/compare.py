@@ -8,7 +8,8 @@ bound of that one-term form is loose")::
                              + u(out) * (roundings - 1) * magnitude  earlier roundings
                              + roundings * eta(out)                  underflow (subnormals)
                              + u(acc) * sqrt(reduction) * magnitude  fp32 accumulation
-                             + 2 * u(operand) * magnitude )          TF32 operands only
+                             + 2 * u(operand) * magnitude            TF32 operands only
+                             + u(in) * magnitude )                   an operand rounded first
 
 ``magnitude`` is the oracle's computation on absolute values (``|A| @ |B|``, plus ``|start|``
 for a ``main_grad``): every intermediate value (a partial sum, a microbatch's wgrad before
@@ -20,7 +21,10 @@ scale) costs at most ``u(out) * magnitude``. The last rounding lands on the valu
 (``fl(x) = x(1 + d) + e``, ``|e| <= eta``): it matters only for fp16, whose subnormals
 start at 6e-5. The GEMM's own accumulation in fp32 adds a random-walk ``sqrt(reduction) *
 u(fp32)``; an fp32 GEMM whose operands are rounded to TF32 (TE on CUDA, ``te-cpu-tf32``:
-``FP32_GEMM = "tf32"``) errs by up to ``2 * u(tf32)`` per product on top. ``C = 2`` is the
+``FP32_GEMM = "tf32"``) errs by up to ``2 * u(tf32)`` per product on top. ``u(in)`` is the
+unit roundoff of a precision an operand was rounded to before the GEMM, when that differs
+from the value's own: ``LayerNormLinear`` rounds its normalized input to the cell's dtype,
+and its fp32 weight gradient of record is formed from that (``Reference.operand_u``). ``C = 2`` is the
 safety margin; the self-test records the largest ratio error/bound seen per dtype and
 tensor kind, and the smallest planted relative error each catches (``harness.sensitivity``).
 
@@ -73,7 +77,8 @@ def bound(ref: Reference, precision: str, margin: float = MARGIN) -> torch.Tenso
     u_out, u_acc = UNIT_ROUNDOFF[out], UNIT_ROUNDOFF[ACCUMULATION if out != "fp64" else "fp64"]
     u_op = UNIT_ROUNDOFF["tf32"] if precision == "tf32" else 0.0
     earlier = max(ref.roundings - 1, 0)
-    per_magnitude = u_out * earlier + u_acc * math.sqrt(max(ref.reduction, 1)) + 2.0 * u_op
+    per_magnitude = (u_out * earlier + u_acc * math.sqrt(max(ref.reduction, 1)) + 2.0 * u_op
+                     + ref.operand_u)
     return margin * (u_out * ref.value.abs() + per_magnitude * ref.magnitude
                      + max(ref.roundings, 1) * UNDERFLOW[out])
 

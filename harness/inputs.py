@@ -79,10 +79,48 @@ class CellInputs:
     x: list[list[torch.Tensor]]           # [rank][mb] (rows, in)
     dy: list[list[torch.Tensor]]          # [rank][mb] (rows, out)
     splits: list[list[list[int]]]         # [rank][mb] -> per-group rows
+    norm: Norm | None = None              # the normalization before the GEMM, if any
+
+
+@dataclass
+class Norm:
+    """A normalization's parameters as a cell draws them (CONTRACTS §1 ``LayerNormLinear``).
+
+    ``gamma`` is the stored parameter: with ``zero_centered`` the applied scale is
+    ``1 + gamma``, so it is drawn around 0 there and around 1 otherwise (the applied scales
+    are alike either way). ``beta`` is None for RMSNorm.
+    """
+
+    kind: str                             # "LayerNorm" or "RMSNorm"
+    zero_centered: bool
+    gamma: torch.Tensor                   # (in,)
+    beta: torch.Tensor | None             # (in,) or None
+    eps: float = 1e-5
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """In the module's parameter order: ``layer_norm_weight``, then ``layer_norm_bias``."""
+        return [self.gamma] + ([self.beta] if self.beta is not None else [])
+
+
+def make_norm(seed: int, example: Example, dtype: torch.dtype, kind: str | None,
+              zero_centered: bool) -> Norm | None:
+    """The normalization's seeded parameters, rounded to ``dtype`` (None: no normalization)."""
+    if kind is None:
+        return None
+    s = (seed, example.salt)
+    shape = (example.in_features,)
+    offset = 0.0 if zero_centered else 1.0
+    gamma = (randn(shape, torch.float32, *s, "gamma", scale=0.5) + offset).to(dtype)
+    beta = randn(shape, dtype, *s, "beta", scale=0.5) if kind == "LayerNorm" else None
+    return Norm(kind, zero_centered, gamma, beta)
 
 
 def make_inputs(seed: int, example: Example, dtype_name: str, world_size: int,
-                microbatches: int, groups: int, bias: bool) -> CellInputs:
+                microbatches: int, groups: int, bias: bool, norm: str | None = None,
+                zero_centered: bool = False) -> CellInputs:
+    """Every tensor of one cell; ``norm`` (``"LayerNorm"``/``"RMSNorm"``) adds the
+    normalization's parameters (:func:`make_norm`)."""
     dtype = DTYPES[dtype_name]
     e = example
     s = (seed, e.salt)
@@ -93,7 +131,8 @@ def make_inputs(seed: int, example: Example, dtype_name: str, world_size: int,
     x = [[randn((e.rows, e.in_features), dtype, *s, "x", r, m) for m in mbs] for r in ranks]
     dy = [[randn((e.rows, e.out_features), dtype, *s, "dy", r, m) for m in mbs] for r in ranks]
     splits = [[draw_splits(e.rows, groups, hash_seed(s), r, m) for m in mbs] for r in ranks]
-    return CellInputs(dtype, weights, biases, x, dy, splits)
+    return CellInputs(dtype, weights, biases, x, dy, splits,
+                      make_norm(seed, example, dtype, norm, zero_centered))
 
 
 def hash_seed(parts: Any) -> int:

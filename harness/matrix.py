@@ -10,11 +10,11 @@ A cell fixes one value on each of twelve axes, in this order::
     bias, input_grad, delay_wgrad
 
 Four combinations are invalid and never generated: ``consumer='autograd'`` with
-``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4), ``module='linear'``
-with ``num_gemms != 1``, and a distributed weight (any value but ``plain``: a distributed
+``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4), a module that is not
+grouped (``linear``, ``layernorm_linear``, ``rmsnorm_linear``) with ``num_gemms != 1``, and a distributed weight (any value but ``plain``: a distributed
 weight always has a ``main_grad``, CONTRACTS §2) with ``consumer='autograd'``; and Megatron's class at world size 1, which it never
-builds. A ``linear`` cell always has ``num_gemms=1``, even
-when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
+builds. A cell of a module that is not grouped always has ``num_gemms=1``,
+even when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
 valid but *expected to raise* (CONTRACTS §2).
 
 The ``weight`` axis's default domain is every value that needs nothing installed;
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import weights
+from harness import modules, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "PRESETS", "Axis", "Cell", "MatrixError",
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "module": ("linear", "grouped_linear", "ops_grouped_linear"),
+    "module": modules.NAMES,
     "weight": weights.NAMES,
     "hooks": ("off", "identity", "offload", "save_on_cpu", "checkpoint"),
     "dtype": ("fp32", "bf16", "fp16"),
@@ -96,8 +96,8 @@ def _check_value(name: str, value: Any) -> None:
 _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("consumer", "fused", lambda c, f: not (c == "autograd" and f),
      "consumer='autograd' requires fused=False (no main_grad to fuse into)"),
-    ("module", "num_gemms", lambda m, g: m != "linear" or g == 1,
-     "module='linear' requires num_gemms=1"),
+    ("module", "num_gemms", lambda m, g: modules.KINDS[m].grouped or g == 1,
+     "a module that is not grouped (linear, layernorm_linear, rmsnorm_linear) requires num_gemms=1"),
     ("weight", "consumer", lambda w, c: c == "ddp" or not weights.KINDS[w].needs_ddp,
      "a distributed weight always has a main_grad (Megatron's GTP runs only under its DDP, "
      "CONTRACTS §2) and requires consumer='ddp'"),
@@ -284,8 +284,9 @@ Assignment = dict[str, Any]
 
 
 def _options(name: str, assign: Assignment, domains: Domains) -> tuple[Any, ...]:
-    """Values ``name`` may take given ``assign`` (a linear cell's num_gemms is always 1)."""
-    base = (1,) if name == "num_gemms" and assign.get("module") == "linear" else domains[name]
+    """Values ``name`` may take given ``assign`` (an ungrouped module's num_gemms is always 1)."""
+    single = "module" in assign and not modules.KINDS[assign["module"]].grouped
+    base = (1,) if name == "num_gemms" and single else domains[name]
     if name in assign:
         return (assign[name],) if assign[name] in base else ()
     return base
@@ -362,13 +363,14 @@ def _domains(overrides: Mapping[str, Sequence[Any] | Axis] | None) -> Domains:
 def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
     """All valid cells of the cartesian product; axes not given keep their defaults.
 
-    Linear cells take ``num_gemms=1`` whatever the num_gemms domain (deduplicated).
+    Cells of ungrouped modules take ``num_gemms=1`` whatever the num_gemms domain
+    (deduplicated).
     """
     domains = _domains({a.name: a for a in axes})
     cells: dict[Cell, None] = {}
     for combo in itertools.product(*(domains[n] for n in AXIS_NAMES)):
         assign = dict(zip(AXIS_NAMES, combo))
-        if assign["module"] == "linear":
+        if not modules.KINDS[assign["module"]].grouped:
             assign["num_gemms"] = 1
         if all(ok(assign[a], assign[b]) for a, b, ok, _ in _CONSTRAINTS):
             cells.setdefault(Cell(**assign))
@@ -388,36 +390,51 @@ def _weight_tiers(domain: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return tiers if tiers["full"] else {"full": domain, "hooks": (), "light": ()}
 
 
+def _module_slots(domain: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The modules as the covering design's loops see them: each module without a
+    normalization is a slot of its own; the normalized modules (``layernorm_linear``,
+    ``rmsnorm_linear``) share one slot and take turns in it. They run the same linear layer
+    behind different normalization arithmetic, so every combination a loop fixes reaches
+    that linear layer once, through one of the two normalizations; the all-pairs pass then
+    covers each of them against every value of every other axis."""
+    single = [(m,) for m in domain if not modules.KINDS[m].normalization]
+    norm = tuple(m for m in domain if modules.KINDS[m].normalization)
+    return single + ([norm] if norm else [])
+
+
 def _ci(domains: Domains) -> list[Cell]:
     """Covering design: (b) hooks x fused x weight per module and world size and (c)
     delayed wgrad per module, both over the weights with full coverage; (h) per weight
     with hooks coverage, every hook mode per module and world size, fused alternating; (v)
     per light weight, each module at each world size with hooks and fused rotating; then
-    (a) a greedy all-pairs pass over what they left uncovered.
+    (a) a greedy all-pairs pass over what they left uncovered. "Per module" is per slot of
+    :func:`_module_slots`: the normalized modules alternate in one slot.
     """
     tiers = _weight_tiers(domains["weight"])
+    slots = _module_slots(domains["module"])
     cells: dict[Cell, None] = {}
+    turns: dict[tuple[str, ...], int] = {}
 
-    def add(**fixed: Any) -> None:
-        cell = _complete(fixed, domains)
+    def add(slot: tuple[str, ...], **fixed: Any) -> None:
+        turn = turns.get(slot, 0)
+        turns[slot] = turn + 1
+        cell = _complete({"module": slot[turn % len(slot)], **fixed}, domains)
         if cell is not None:
             cells.setdefault(cell)
 
-    for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
-                                            domains["fused"], tiers["full"],
-                                            domains["world_size"]):
-        add(module=m, hooks=h, fused=f, weight=w, world_size=ws)
-    for m, d, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
-                                        domains["fused"], tiers["full"]):
-        add(module=m, delay_wgrad=d, fused=f, weight=w, world_size=max(domains["world_size"]))
+    for m, h, f, w, ws in itertools.product(slots, domains["hooks"], domains["fused"],
+                                            tiers["full"], domains["world_size"]):
+        add(m, hooks=h, fused=f, weight=w, world_size=ws)
+    for m, d, f, w in itertools.product(slots, domains["delay_wgrad"], domains["fused"],
+                                        tiers["full"]):
+        add(m, delay_wgrad=d, fused=f, weight=w, world_size=max(domains["world_size"]))
     hooks, fused = domains["hooks"], domains["fused"]
     for w in tiers["hooks"]:
-        for i, (m, ws, h) in enumerate(itertools.product(domains["module"],
-                                                         domains["world_size"], hooks)):
-            add(module=m, weight=w, world_size=ws, hooks=h, fused=fused[i % len(fused)])
+        for i, (m, ws, h) in enumerate(itertools.product(slots, domains["world_size"], hooks)):
+            add(m, weight=w, world_size=ws, hooks=h, fused=fused[i % len(fused)])
     for vi, w in enumerate(tiers["light"]):
-        for i, (m, ws) in enumerate(itertools.product(domains["module"], domains["world_size"])):
-            add(module=m, weight=w, world_size=ws, hooks=hooks[(i + vi) % len(hooks)],
+        for i, (m, ws) in enumerate(itertools.product(slots, domains["world_size"])):
+            add(m, weight=w, world_size=ws, hooks=hooks[(i + vi) % len(hooks)],
                 fused=fused[i % len(fused)])
 
     # (a) AETG-style greedy: start each new cell from the first uncovered pair, then give

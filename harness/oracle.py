@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.inputs import CellInputs
+from harness.inputs import CellInputs, Norm
 
 F64 = torch.float64
 
@@ -25,6 +25,10 @@ class Reference:
     magnitude: torch.Tensor
     reduction: int            # length of the GEMM reduction behind one element
     roundings: int            # sequential roundings in the value's dtype, the last one included
+    #: the unit roundoff of a rounding of the GEMM's operand in another precision than the
+    #: value's (LayerNormLinear rounds its normalized input to the cell's dtype, also when the
+    #: weight gradient is formed in fp32): it costs ``operand_u * magnitude``
+    operand_u: float = 0.0
 
 
 @dataclass
@@ -33,6 +37,51 @@ class RankOracle:
     dgrads: list[Reference]           # per microbatch
     wgrad_sums: list[Reference]       # per weight: mean over ranks of the sum over microbatches
     bgrad_sums: list[Reference]       # per bias, likewise
+    norm_sums: list[Reference]        # per normalization parameter (gamma, then beta), likewise
+
+
+@dataclass
+class _Normalized:
+    """One microbatch's normalization forward, in float64: what the GEMM receives."""
+
+    h: torch.Tensor                   # the normalized rows, scaled and shifted
+    magnitude: torch.Tensor           # |xhat| |gamma'| + |beta|: what an error in h scales with
+    xhat: torch.Tensor                # (x - mean) * rstd (RMSNorm: x * rstd)
+    rstd: torch.Tensor                # (rows, 1)
+    scale: torch.Tensor               # gamma' = gamma, or 1 + gamma when zero-centered
+
+
+def _normalize(x: torch.Tensor, norm: Norm) -> _Normalized:
+    """LayerNorm / RMSNorm over the last dimension (CONTRACTS §1 ``LayerNormLinear``)."""
+    gamma = norm.gamma.to(F64)
+    scale = gamma + 1.0 if norm.zero_centered else gamma
+    centred = x - x.mean(-1, keepdim=True) if norm.kind == "LayerNorm" else x
+    rstd = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps)
+    xhat = centred * rstd
+    h = xhat * scale
+    magnitude = xhat.abs() * scale.abs()
+    if norm.beta is not None:
+        h = h + norm.beta.to(F64)
+        magnitude = magnitude + norm.beta.to(F64).abs()
+    return _Normalized(h, magnitude, xhat, rstd, scale)
+
+
+def _normalize_backward(n: _Normalized, dh: torch.Tensor, dh_mag: torch.Tensor,
+                        layer_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input gradient of a normalization, and its magnitude.
+
+    ``dx = rstd (g - mean(g) - xhat mean(g xhat))`` with ``g = dh * gamma'`` (RMSNorm has no
+    ``mean(g)`` term). The magnitude is the same linear map with every term made positive,
+    applied to ``dh``'s magnitude: an error ``e`` in ``dh`` (its rounding, the dgrad GEMM's
+    accumulation) reaches ``dx`` through that map, so ``|J^T e| <= |J^T| |e|``.
+    """
+    g, g_mag = dh * n.scale, dh_mag * n.scale.abs()
+    dx = g - (n.xhat * (g * n.xhat).mean(-1, keepdim=True))
+    mag = g_mag + n.xhat.abs() * (g_mag * n.xhat.abs()).mean(-1, keepdim=True)
+    if layer_norm:
+        dx = dx - g.mean(-1, keepdim=True)
+        mag = mag + g_mag.mean(-1, keepdim=True)
+    return dx * n.rstd, mag * n.rstd
 
 
 def _group_rows(splits: list[int]) -> list[slice]:
@@ -48,47 +97,85 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
     ``harness.weights.Behaviour``): outputs use the forward copy, input gradients the
-    backward copy; weight gradients do not involve the weight."""
+    backward copy; weight gradients do not involve the weight.
+
+    With a normalization (``inputs.norm``) the GEMMs see its output ``h`` instead of ``x``,
+    rounded to the cell's dtype by the backend (``LayerNormLinear`` saves and multiplies
+    that rounded ``h``): one more rounding, charged to the magnitude, behind every value
+    computed from it. The input gradient goes back through the normalization from ``dh``,
+    which the dgrad GEMM rounds to the cell's dtype before the normalization's backward.
+    """
     W = [w.to(F64) for w in inputs.weights]
     Wf = [w * tags[0] for w in W]
     Wb = [w * tags[1] for w in W]
     B = [b.to(F64) for b in inputs.biases]
+    norm = inputs.norm
     world = len(inputs.x)
     mbs = len(inputs.x[0])
     n = len(W)
     out_f, in_f = W[0].shape
+    # LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u
+    operand_u = torch.finfo(inputs.dtype).eps / 2 if norm is not None else 0.0
+
+    def gemm_input(r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
+        x = inputs.x[r][m].to(F64)
+        if norm is None:
+            return x, x.abs(), None
+        normed = _normalize(x, norm)
+        return normed.h, normed.magnitude, normed
 
     outputs, dgrads = [], []
     for m in range(mbs):
-        x, dy = inputs.x[rank][m].to(F64), inputs.dy[rank][m].to(F64)
+        x, x_mag, normed = gemm_input(rank, m)
+        dy = inputs.dy[rank][m].to(F64)
         y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
         dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
         for i, rows in enumerate(_group_rows(inputs.splits[rank][m])):
             y[rows] = x[rows] @ Wf[i].t() + (B[i] if B else 0.0)
-            ya[rows] = x[rows].abs() @ Wf[i].abs().t() + (B[i].abs() if B else 0.0)
+            ya[rows] = x_mag[rows] @ Wf[i].abs().t() + (B[i].abs() if B else 0.0)
             dx[rows] = dy[rows] @ Wb[i]
             dxa[rows] = dy[rows].abs() @ Wb[i].abs()
-        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1))
-        dgrads.append(Reference(dx, dxa, reduction=out_f, roundings=1))
+        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=operand_u))
+        if normed is not None:
+            dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
+        # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
+        dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
+                                roundings=2 if normed is not None else 1))
 
     wsum = [torch.zeros(out_f, in_f, dtype=F64) for _ in range(n)]
     wabs = [torch.zeros(out_f, in_f, dtype=F64) for _ in range(n)]
     bsum = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     babs = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
+    nparams = len(norm.params) if norm is not None else 0
+    nsum = [torch.zeros(in_f, dtype=F64) for _ in range(nparams)]
+    nabs = [torch.zeros(in_f, dtype=F64) for _ in range(nparams)]
     for r in range(world):
         for m in range(mbs):
-            x, dy = inputs.x[r][m].to(F64), inputs.dy[r][m].to(F64)
+            x, x_mag, normed = gemm_input(r, m)
+            dy = inputs.dy[r][m].to(F64)
             for i, rows in enumerate(_group_rows(inputs.splits[r][m])):
                 wsum[i] += dy[rows].t() @ x[rows]
-                wabs[i] += dy[rows].abs().t() @ x[rows].abs()
+                wabs[i] += dy[rows].abs().t() @ x_mag[rows]
                 if B:
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
+            if normed is not None:
+                # dgamma = sum(dh * xhat), dbeta = sum(dh), from the dgrad GEMM's dh
+                dh, dh_mag = dy @ Wb[0], dy.abs() @ Wb[0].abs()
+                nsum[0] += (dh * normed.xhat).sum(0)
+                nabs[0] += (dh_mag * normed.xhat.abs()).sum(0)
+                if nparams > 1:
+                    nsum[1] += dh.sum(0)
+                    nabs[1] += dh_mag.sum(0)
     rows_total = inputs.x[0][0].shape[0]
     roundings = increment_roundings(mbs, world)
-    wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings) for s, a in zip(wsum, wabs)]
+    wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings, operand_u)
+              for s, a in zip(wsum, wabs)]
     bgrads = [Reference(s / world, a / world, rows_total * mbs, roundings) for s, a in zip(bsum, babs)]
-    return RankOracle(outputs, dgrads, wgrads, bgrads)
+    # dh is rounded once before the reduction: one more rounding than a bias gradient
+    ngrads = [Reference(s / world, a / world, max(rows_total * mbs, out_f), roundings + 1)
+              for s, a in zip(nsum, nabs)]
+    return RankOracle(outputs, dgrads, wgrads, bgrads, ngrads)
 
 
 def increment_roundings(microbatches: int, world: int) -> int:
@@ -120,4 +207,4 @@ def record_of(ref: Reference, start: torch.Tensor | None, shard: tuple[int, int,
     if start is not None:
         s = start.to(F64)
         value, magnitude, roundings = value + s, magnitude + s.abs(), roundings + 1
-    return Reference(value, magnitude, ref.reduction, roundings)
+    return Reference(value, magnitude, ref.reduction, roundings, ref.operand_u)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from harness import compare, oracle, twin, weights
+from harness import compare, modules, oracle, twin, weights
 from harness.consumer import Consumer
 from harness.attach import attach_weight
 from harness.gtp import GTPGroup, weight_names
@@ -40,23 +40,36 @@ class RankContext:
     group: Any = None
 
 
+def _backend_class(backend: ModuleType, api: str) -> Any:
+    """``backend.Linear`` or a nested name such as ``backend.ops.GroupedLinear``.
+
+    Raises:
+        AttributeError: the backend has no such class (a backend fault: it is called inside
+            the constructor phase).
+    """
+    obj: Any = backend
+    for part in api.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def build_module(backend: ModuleType, cell: Cell, example: Example, device: torch.device) -> torch.nn.Module:
     """Construct the cell's module with only the keyword arguments CONTRACTS §1 names."""
+    kind = modules.KINDS[cell.module]
     dtype = DTYPES[cell.dtype]
     e = example
-    if cell.module == "linear":
-        return backend.Linear(e.in_features, e.out_features, bias=cell.bias, params_dtype=dtype,
-                              device=device, fuse_wgrad_accumulation=cell.fused,
-                              delay_wgrad_compute=cell.delay_wgrad)
-    if cell.module == "grouped_linear":
-        return backend.GroupedLinear(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias,
-                                     params_dtype=dtype, device=device,
-                                     fuse_wgrad_accumulation=cell.fused,
-                                     delay_wgrad_compute=cell.delay_wgrad)
-    return backend.ops.GroupedLinear(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias,
-                                     device=device, dtype=dtype,
-                                     accumulate_into_main_grad=cell.fused,
-                                     delay_wgrad_compute=cell.delay_wgrad)
+    cls = _backend_class(backend, kind.api)
+    if kind.ops:
+        return cls(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias, device=device,
+                   dtype=dtype, accumulate_into_main_grad=cell.fused,
+                   delay_wgrad_compute=cell.delay_wgrad)
+    lead = (cell.num_gemms,) if kind.grouped else ()
+    extra: dict[str, Any] = {}
+    if kind.normalization is not None:
+        extra = {"normalization": kind.normalization, "zero_centered_gamma": kind.zero_centered_gamma}
+    return cls(*lead, e.in_features, e.out_features, bias=cell.bias, params_dtype=dtype,
+               device=device, fuse_wgrad_accumulation=cell.fused,
+               delay_wgrad_compute=cell.delay_wgrad, **extra)
 
 
 def _bias_names(module: torch.nn.Module) -> list[str]:
@@ -65,9 +78,10 @@ def _bias_names(module: torch.nn.Module) -> list[str]:
 
 
 def _call(module: torch.nn.Module, cell: Cell, splits: list[int]):
-    if cell.module == "linear":
+    convention = modules.KINDS[cell.module].splits
+    if convention == "none":
         return lambda x: module(x)
-    if cell.module == "grouped_linear":
+    if convention == "list":
         return lambda x: module(x, splits)
     sizes = torch.tensor(splits, dtype=torch.int64)
     return lambda x: module(x, sizes)
@@ -93,6 +107,9 @@ def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
             getattr(module, name).copy_(w)
         for name, b in zip(_bias_names(module), inputs.biases):
             getattr(module, name).copy_(b)
+        if inputs.norm is not None:
+            for name, t in zip(modules.NORM_PARAMS, inputs.norm.params):
+                getattr(module, name).copy_(t)
 
 
 class BackendFault(Exception):
@@ -172,9 +189,10 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
     ``kept`` receives the step's tensors and call counts for a twin, ``judge=False`` skips
     the oracle (a twin is judged only against its hooked cell)."""
     seed = cell.seed if seed is None else seed
+    kind = modules.KINDS[cell.module]
     with _owned("harness", "inputs", cell):
         inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
-                             cell.num_gemms, cell.bias)
+                             cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
     step = _Step()
@@ -321,6 +339,10 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
             checks.extend(_padding_checks(name, consumer, shard, inputs.weights[i].shape[0]))
     for i, name in enumerate(_bias_names(module)):
         ref = oracle.record_of(orc.bgrad_sums[i], consumer.start.get(name) if ddp else None, None)
+        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, dtype))
+    # the normalization's parameters are plain and replicated: judged like a bias (§1)
+    for name, ref in zip(modules.NORM_PARAMS, orc.norm_sums):
+        ref = oracle.record_of(ref, consumer.start.get(name) if ddp else None, None)
         checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, dtype))
     if ddp:
         for name in consumer.params:

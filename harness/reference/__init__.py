@@ -1,4 +1,5 @@
-"""The reference backend: hook-safe ``Linear``/``GroupedLinear``/``ops.GroupedLinear``.
+"""The reference backend: hook-safe ``Linear``/``GroupedLinear``/``ops.GroupedLinear``/
+``LayerNormLinear``.
 
 A backend is any module with the public names of ``transformer_engine.pytorch``; this one
 is pure PyTorch (CPU or CUDA, fp32/bf16/fp16). ``harness.reference.prefix`` is the same
@@ -6,6 +7,6 @@ backend with TE's pre-fix behaviour, to prove the harness catches the regression
 """
 
 from harness.reference import ops
-from harness.reference._modules import GroupedLinear, Linear
+from harness.reference._modules import GroupedLinear, LayerNormLinear, Linear
 
-__all__ = ["Linear", "GroupedLinear", "ops"]
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops"]

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from harness.reference import _dw
+from harness.reference import _dw, _norm
 
 
 def wgrad_gemm(grad_out: torch.Tensor, inp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -54,6 +54,14 @@ class ReferenceImpl:
 
     def bgrad(self, grad_out: torch.Tensor) -> torch.Tensor:
         return grad_out.sum(0)
+
+    def norm_forward(self, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None,
+                     call: "_norm.NormCall") -> torch.Tensor:
+        return _norm.forward(x, gamma, beta, call)
+
+    def norm_backward(self, dh: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor,
+                      beta: torch.Tensor | None, call: "_norm.NormCall") -> "_norm.NormGrads":
+        return _norm.backward(dh, x, gamma, beta, call)
 
     # ---- forward -------------------------------------------------------------------
     def check_supported(self, module: torch.nn.Module, weights: Sequence[Any]) -> bool:

@@ -1,4 +1,5 @@
-"""``Linear`` and ``GroupedLinear`` with the public signatures of ``transformer_engine.pytorch``."""
+"""``Linear``, ``GroupedLinear`` and ``LayerNormLinear`` with the public signatures of
+``transformer_engine.pytorch``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from harness.reference._core import GemmCall, GroupGemm, ReferenceImpl
+from harness.reference._norm import NormCall, Normalize
 from harness.reference._wgrad import DelayedWgradMixin
 
 REFERENCE_IMPL = ReferenceImpl()
@@ -115,3 +117,42 @@ class GroupedLinear(_GroupModule):
                 is_first_microbatch: bool | None = None) -> torch.Tensor:
         splits = check_splits(m_splits, self.num_gemms, inp.shape[0])
         return self._run(inp, splits)
+
+
+class LayerNormLinear(_GroupModule):
+    """``y = norm(x) W^T + b``: LayerNorm or RMSNorm, then ``Linear``.
+
+    ``layer_norm_weight`` / ``layer_norm_bias`` stay plain parameters; only ``weight`` may
+    be replaced by a DistributedWeight, and its GEMMs are ``Linear``'s (one hook-safe
+    ``GroupGemm``), fed with the normalization's output rounded to the input's dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, bias: bool = True,
+                 normalization: str = "LayerNorm", params_dtype: torch.dtype | None = None,
+                 device: Any = None, fuse_wgrad_accumulation: bool = False,
+                 zero_centered_gamma: bool = False, delay_wgrad_compute: bool = False) -> None:
+        super().__init__()
+        if normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', "
+                             f"got normalization={normalization!r}")
+        self.normalization = normalization
+        self.eps = float(eps)
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        dtype = params_dtype or torch.get_default_dtype()
+        init = torch.zeros if zero_centered_gamma else torch.ones
+        self.layer_norm_weight = torch.nn.Parameter(init(in_features, dtype=dtype, device=device))
+        if normalization == "LayerNorm":
+            self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
+        else:
+            self.layer_norm_bias = None
+        self._build(1, in_features, out_features, bias, params_dtype, device,
+                    fuse_wgrad_accumulation, delay_wgrad_compute, single=True)
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        lead = inp.shape[:-1]
+        flat = inp.reshape(-1, inp.shape[-1])
+        call = NormCall(self._impl, self.normalization, self.zero_centered_gamma, self.eps)
+        norm_params = [self.layer_norm_weight] + ([self.layer_norm_bias] if self.layer_norm_bias is not None else [])
+        normed = Normalize.apply(flat, call, *norm_params)
+        out = self._run(normed, [flat.shape[0]])
+        return out.reshape(*lead, self.out_features)

@@ -29,17 +29,21 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from harness.reference import _dw, _modules, ops, prefix
+from harness.reference import _dw, _modules, _norm, ops, prefix
 from harness.reference._core import GemmCall, ReferenceImpl
 from harness.reference.ops import OpsImpl
 
 __all__ = ["MUTANTS", "Mutant", "backend_from_fault", "evidence_found", "get", "names"]
 
+#: where the GEMM path's faults are planted: the three modules that path was written for.
+#: ``LayerNormLinear`` runs ``Linear``'s very GEMM code in the reference, so planting them
+#: there too would rerun the same code; its own faults are the normalization's (``NORM``).
 ALL_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
+NORM = ("layernorm_linear", "rmsnorm_linear")
 #: torch's own error texts that any shape bug raises: evidence only beside a fault's check
 GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid gradient",
                  "expected shape compatible with")
-MODULE_CLASSES = ("linear", "grouped_linear")
+MODULE_CLASSES = ("linear", "grouped_linear") + NORM
 
 
 # ---- the faults: one mixin per class of BUGS.md ---------------------------------------
@@ -284,6 +288,41 @@ class _Tf32WhileDeclaringIeee:
         return [round_to_tf32(c) if c.dtype == torch.float32 else c for c in copies]  # Fault
 
 
+# ---- faults of LayerNormLinear's normalization: its parameters are plain, its gradients ----
+# ---- ordinary - and a backend can still lose or misroute them ----------------------------
+
+class _NormDgammaDropped:
+    """The normalization's backward never returns ``dgamma``: ``layer_norm_weight`` keeps
+    its gradient of record from before the step."""
+
+    def norm_backward(self, dh: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor,
+                      beta: torch.Tensor | None, call: Any) -> _norm.NormGrads:
+        grads = super().norm_backward(dh, x, gamma, beta, call)
+        return _norm.NormGrads(grads.dx, None, grads.dbeta)  # Fault
+
+
+class _NormDbetaOnGamma:
+    """LayerNorm: the bias gradient is delivered to ``layer_norm_weight`` and the scale's to
+    ``layer_norm_bias`` (two same-shaped outputs in the wrong order)."""
+
+    def norm_backward(self, dh: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor,
+                      beta: torch.Tensor | None, call: Any) -> _norm.NormGrads:
+        grads = super().norm_backward(dh, x, gamma, beta, call)
+        if grads.dbeta is None:
+            return grads
+        return _norm.NormGrads(grads.dx, grads.dbeta, grads.dgamma)  # Fault
+
+
+class _NormZeroCenteredIgnoredInBackward:
+    """Zero-centered gamma: forward scales by ``1 + gamma``, backward by ``gamma``."""
+
+    def norm_backward(self, dh: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor,
+                      beta: torch.Tensor | None, call: Any) -> _norm.NormGrads:
+        # Fault: the +1 forgotten (dgamma does not involve the scale; the input gradient does)
+        call = _norm.NormCall(call.impl, call.kind, False, call.eps)
+        return super().norm_backward(dh, x, gamma, beta, call)
+
+
 # ---- building backends ------------------------------------------------------------------
 
 def _camel(name: str) -> str:
@@ -296,11 +335,13 @@ def _subclass(bases: tuple[type, ...], name: str, qualprefix: str, attrs: dict[s
     return cls
 
 
-def _backend(name: str, description: str, linear: type, grouped: type, ops_grouped: type) -> types.ModuleType:
+def _backend(name: str, description: str, linear: type, grouped: type, ops_grouped: type,
+             layernorm: type) -> types.ModuleType:
     backend = types.ModuleType(f"{__name__}:{name}", description)
-    backend.__all__ = ["Linear", "GroupedLinear", "ops"]
+    backend.__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops"]
     backend.Linear = linear
     backend.GroupedLinear = grouped
+    backend.LayerNormLinear = layernorm
     backend.ops = types.ModuleType(f"{__name__}:{name}.ops", description)
     backend.ops.GroupedLinear = ops_grouped
     return backend
@@ -311,16 +352,19 @@ def backend_from_fault(name: str, description: str, fault: type,
     """A backend whose modules in ``modules`` use ``fault`` over the reference's impl."""
     q = _camel(name)
     linear, grouped, ops_grouped = _modules.Linear, _modules.GroupedLinear, ops.GroupedLinear
+    layernorm = _modules.LayerNormLinear
     if set(modules) & set(MODULE_CLASSES):
         impl = _subclass((fault, ReferenceImpl), f"{q}Impl", q, {})()
         if "linear" in modules:
             linear = _subclass((_modules.Linear,), "Linear", q, {"_impl": impl})
         if "grouped_linear" in modules:
             grouped = _subclass((_modules.GroupedLinear,), "GroupedLinear", q, {"_impl": impl})
+        if set(modules) & set(NORM):
+            layernorm = _subclass((_modules.LayerNormLinear,), "LayerNormLinear", q, {"_impl": impl})
     if "ops_grouped_linear" in modules:
         ops_impl = _subclass((fault, OpsImpl), f"{q}OpsImpl", q, {})()
         ops_grouped = _subclass((ops.GroupedLinear,), "GroupedLinear", f"{q}.ops", {"_impl": ops_impl})
-    return _backend(name, description, linear, grouped, ops_grouped)
+    return _backend(name, description, linear, grouped, ops_grouped, layernorm)
 
 
 @dataclass(frozen=True)
@@ -359,7 +403,8 @@ def _hooks_strip_subclass() -> Mutant:
     name = "hooks-strip-subclass"
     description = ("backward decides 'distributed?' from the unpacked saved tensor, which "
                    "saved-tensor hooks turn into a plain Tensor (TE's pre-fix behaviour)")
-    backend = _backend(name, description, prefix.Linear, prefix.GroupedLinear, ops.GroupedLinear)
+    backend = _backend(name, description, prefix.Linear, prefix.GroupedLinear, ops.GroupedLinear,
+                       prefix.LayerNormLinear)
     return Mutant(name, description, backend, 1, MODULE_CLASSES, (
         "check:leader.materialize_backward_calls",
         "text:weight was removed while fuse_wgrad_accumulation=True",
@@ -450,6 +495,20 @@ def _build() -> dict[str, Mutant]:
         _fault("tf32-declared-ieee",
                "fp32 forward GEMMs with TF32 operands while the backend declares IEEE fp32",
                _Tf32WhileDeclaringIeee, evidence=("check:mb*.output",)),
+        # LayerNormLinear's normalization
+        _fault("norm-dgamma-dropped",
+               "LayerNormLinear: the normalization's backward drops the layer_norm_weight "
+               "gradient", _NormDgammaDropped, modules=NORM,
+               evidence=("check:layer_norm_weight.*",)),
+        _fault("norm-dbeta-on-gamma",
+               "LayerNormLinear (LayerNorm): the layer-norm bias gradient is delivered to "
+               "layer_norm_weight and the scale's to layer_norm_bias",
+               _NormDbetaOnGamma, modules=("layernorm_linear",),
+               evidence=("check:layer_norm_weight.*", "check:layer_norm_bias.*")),
+        _fault("norm-zero-centered-ignored-in-backward",
+               "LayerNormLinear with zero_centered_gamma: the input gradient scales by gamma "
+               "instead of 1 + gamma", _NormZeroCenteredIgnoredInBackward,
+               modules=("layernorm_linear",), evidence=("check:mb*.input_grad",)),
     ]
     return {m.name: m for m in mutants}
 

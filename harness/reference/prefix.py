@@ -5,7 +5,9 @@ hook autograd returns a plain tensor, so backward takes the plain branch: it loo
 weight up through weak references taken in forward - for ``GroupedLinear`` those point at
 the transient all-gathered weights, already freed, hence TE's
 ``weight was removed while fuse_wgrad_accumulation=True`` - and runs the GEMMs on the shard.
-The op-fuser ``GroupedLinear`` reads its weights from its attributes and is unaffected.
+``LayerNormLinear`` has the same defect as ``Linear`` (its backward asks the unpacked saved
+weight too). The op-fuser ``GroupedLinear`` reads its weights from its attributes and is
+unaffected.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from harness.reference import _modules, ops
 from harness.reference._core import GemmCall, ReferenceImpl
 
-__all__ = ["Linear", "GroupedLinear", "ops"]
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops"]
 
 
 class PrefixImpl(ReferenceImpl):
@@ -55,3 +57,9 @@ class Linear(_modules.Linear):
 
 class GroupedLinear(_modules.GroupedLinear):
     _impl = PrefixImpl(refs_to_gemm_weights=True)
+
+
+class LayerNormLinear(_modules.LayerNormLinear):
+    """TE's ``_LayerNormLinear`` decides "distributed?" from the unpacked saved weight too."""
+
+    _impl = PrefixImpl(refs_to_gemm_weights=False)

@@ -6,9 +6,11 @@ is registered under that name inside a worker rank (never in the parent process)
 - the enums TE reads at import time, with the values of TE's C headers
   (``transformer_engine.h``, ``fused_attn.h``, ``comm_gemm_overlap.h``,
   ``pytorch/csrc/common.h``);
-- real CPU kernels for what the non-quantized ``Linear``, ``GroupedLinear`` and
-  ``ops.GroupedLinear`` paths call: ``generic_gemm`` and ``te_general_grouped_gemm``
-  (numerics in :mod:`harness.cpu_gemm`), plus the version and device queries TE asks;
+- real CPU kernels for what the non-quantized ``Linear``, ``LayerNormLinear``,
+  ``GroupedLinear`` and ``ops.GroupedLinear`` paths call: ``generic_gemm`` and
+  ``te_general_grouped_gemm`` (numerics in :mod:`harness.cpu_gemm`), ``layernorm_fwd``,
+  ``layernorm_bwd``, ``rmsnorm_fwd`` and ``rmsnorm_bwd`` (numerics in
+  :mod:`harness.te_cpu.norm`), plus the version and device queries TE asks;
 - for every other name TE's Python sources reference (``STUBBED``), a stub that raises
   :class:`MissingCpuKernel` naming the extension function and the TE function that called
   it - when *called*, never silently. A name TE never references is an ``AttributeError``,
@@ -26,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness import cpu_gemm as _gemm
+from harness.te_cpu import norm as _norm
 
 MODULE_NAME = "transformer_engine_torch"
 #: what ``get_cublasLt_version`` answers: cuBLASLt 12.9.1. Below 13.3 (130300)
@@ -132,7 +135,7 @@ def fp32_mode() -> str:
 def _torch_dtype(te_dtype: Any) -> torch.dtype:
     key = DType(int(te_dtype))
     if key not in TORCH_DTYPES:
-        raise MissingCpuKernel(f"TE dtype {key.name} has no CPU GEMM output")
+        raise MissingCpuKernel(f"TE dtype {key.name} has no CPU kernel output")
     return TORCH_DTYPES[key]
 
 
@@ -153,8 +156,8 @@ def missing(name: str, detail: str = "") -> MissingCpuKernel:
     extra = f" ({detail})" if detail else ""
     return MissingCpuKernel(
         f"{MODULE_NAME}.{name}{extra}: no CPU kernel in the te-cpu layer; called from "
-        f"{_te_caller()}. te-cpu runs only TE's non-quantized Linear / GroupedLinear / "
-        f"ops.GroupedLinear GEMM paths (harness/te_cpu/extension.py)")
+        f"{_te_caller()}. te-cpu runs only TE's non-quantized Linear / LayerNormLinear / "
+        f"GroupedLinear / ops.GroupedLinear paths (harness/te_cpu/extension.py)")
 
 
 def _require_plain(name: str, **operands: Any) -> None:
@@ -219,6 +222,58 @@ def te_general_grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], tr
     return bias
 
 
+def _require_unquantized(name: str, quantizer: Any, **operands: Any) -> None:
+    """A norm with an output quantizer (FP8, MXFP8, NVFP4, ...) or a quantized operand has
+    no CPU kernel: fail loudly rather than return an unquantized output."""
+    _require_plain(name, **operands)
+    if quantizer is not None:
+        raise missing(name, f"output quantizer {type(quantizer).__name__}")
+
+
+def layernorm_fwd(input: Any, weight: Any, bias: torch.Tensor | None, eps: float, ln_out: Any,
+                  quantizer: Any, otype: Any, sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
+    """TE's ``layernorm_fwd`` (``pytorch/csrc/extensions/normalization.cpp``), unquantized.
+
+    Writes into ``ln_out`` when given, else allocates the output in ``otype``. ``sm_margin``
+    only sizes the CUDA launch. Returns ``[out, mu, rsigma]`` (fp32 statistics), as the binding does.
+    """
+    _require_unquantized("layernorm_fwd", quantizer, input=input, weight=weight, bias=bias, ln_out=ln_out)
+    res = _norm.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma=zero_centered_gamma,
+                              out_dtype=_torch_dtype(otype), out=ln_out)
+    return [res.out, res.mu, res.rsigma]
+
+
+def rmsnorm_fwd(input: Any, weight: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any,
+                sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
+    """TE's ``rmsnorm_fwd``, unquantized: as :func:`layernorm_fwd` without a bias.
+
+    Returns ``[out, None, rsigma]``, as the binding does.
+    """
+    _require_unquantized("rmsnorm_fwd", quantizer, input=input, weight=weight, ln_out=ln_out)
+    res = _norm.rmsnorm_fwd(input, weight, eps, zero_centered_gamma=zero_centered_gamma,
+                            out_dtype=_torch_dtype(otype), out=ln_out)
+    return [res.out, None, res.rsigma]
+
+
+def layernorm_bwd(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, rsigma: torch.Tensor,
+                  gamma: torch.Tensor, sm_margin: int, zero_centered_gamma: bool, /) -> list[torch.Tensor]:
+    """TE's ``layernorm_bwd`` (positional only: the binding names no arguments).
+
+    Returns ``[dx, dgamma, dbeta]``: ``dx`` in ``x``'s dtype, the others in ``gamma``'s.
+    """
+    _require_plain("layernorm_bwd", dz=dz, x=x)
+    res = _norm.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma=zero_centered_gamma)
+    return [res.dx, res.dgamma, res.dbeta]
+
+
+def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
+                sm_margin: int, zero_centered_gamma: bool, /) -> list[torch.Tensor]:
+    """TE's ``rmsnorm_bwd`` (positional only). Returns ``[dx, dgamma]``."""
+    _require_plain("rmsnorm_bwd", dz=dz, x=x)
+    res = _norm.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma=zero_centered_gamma)
+    return [res.dx, res.dgamma]
+
+
 # ---- version and device queries -----------------------------------------------------------
 def get_cublasLt_version() -> int:
     return CUBLASLT_VERSION
@@ -235,6 +290,10 @@ def get_num_cublas_streams() -> int:
 KERNELS: dict[str, Callable[..., Any]] = {
     "generic_gemm": generic_gemm,
     "te_general_grouped_gemm": te_general_grouped_gemm,
+    "layernorm_fwd": layernorm_fwd,
+    "layernorm_bwd": layernorm_bwd,
+    "rmsnorm_fwd": rmsnorm_fwd,
+    "rmsnorm_bwd": rmsnorm_bwd,
     "get_cublasLt_version": get_cublasLt_version,
     "get_cudnn_version": get_cudnn_version,
     "get_num_cublas_streams": get_num_cublas_streams,
@@ -312,8 +371,8 @@ STUBBED: tuple[str, ...] = (
     "fused_topk_with_score_function_qb_fwd", "geglu", "gelu", "get_fused_attn_backend",
     "get_grouped_gemm_setup_workspace_size", "get_stream_priority_range", "glu",
     "group_quantize", "group_requantize_inplace", "grouped_mlp_experimental",
-    "grouped_swizzle_for_gemm", "layernorm_bwd", "layernorm_fwd", "moe_permute_bwd",
-    "moe_permute_fwd", "moe_unpermute_bwd", "moe_unpermute_fwd", "multi_tensor_adam",
+    "grouped_swizzle_for_gemm", "moe_permute_bwd", "moe_permute_fwd", "moe_unpermute_bwd",
+    "moe_unpermute_fwd", "multi_tensor_adam",
     "multi_tensor_adam_capturable", "multi_tensor_adam_capturable_master",
     "multi_tensor_adam_fp8", "multi_tensor_adam_param_remainder",
     "multi_tensor_compute_scale_and_scale_inv", "multi_tensor_compute_scale_inv_e8m0",
@@ -325,8 +384,7 @@ STUBBED: tuple[str, ...] = (
     "nvfp4_data_transpose", "nvfp4_group_quantize_with_amax",
     "nvfp4_multi_tensor_2d_partial_cast", "nvfp4_multi_tensor_compute_partial_amax",
     "nvfp4_multi_tensor_fused_scale", "nvfp4_quantize_with_amax", "qgeglu", "qgelu", "quantize",
-    "reglu", "relu", "rmsnorm_bwd", "rmsnorm_bwd_add", "rmsnorm_fwd",
-    "scaled_aligned_causal_masked_softmax_backward",
+    "reglu", "relu", "rmsnorm_bwd_add", "scaled_aligned_causal_masked_softmax_backward",
     "scaled_aligned_causal_masked_softmax_forward", "scaled_clamped_dswiglu",
     "scaled_clamped_swiglu", "scaled_dsituglu", "scaled_dsrelu", "scaled_dswiglu",
     "scaled_masked_softmax_backward", "scaled_masked_softmax_forward", "scaled_situglu",
