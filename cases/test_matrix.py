@@ -14,19 +14,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import matrix, weights
+from harness import matrix, modules, weights
 from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
 #: weights that rely on main_grad: every distributed weight (CONTRACTS §2), i.e. all but plain
 NEEDS_DDP = {w for w in weights.NAMES if w != "plain"}
+#: modules that are a group of one GEMM (num_gemms is always 1)
+SINGLE = {"linear", "layernorm_linear", "rmsnorm_linear"}
+#: modules with a normalization: one slot of the ci design, taking turns (matrix._module_slots)
+NORM = ("layernorm_linear", "rmsnorm_linear")
+
+
+def slot(module, domain) -> tuple:
+    """The modules that may stand for ``module`` in a (b)/(c)/(h)/(v) cell of ci."""
+    return tuple(m for m in domain if m in NORM) if module in NORM else (module,)
 
 
 def valid(assign: dict) -> bool:
     """The three validity rules, written independently of the generator."""
     if assign.get("consumer") == "autograd" and assign.get("fused") is True:
         return False
-    if assign.get("module") == "linear" and assign.get("num_gemms", 1) != 1:
+    if assign.get("module") in SINGLE and assign.get("num_gemms", 1) != 1:
         return False
     if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
         return False
@@ -41,7 +50,7 @@ def pair_possible(a, va, b, vb, domains) -> bool:
             if n not in (a, b)]
     for combo in itertools.product(*(domains[n] for n in rest)):
         assign = {a: va, b: vb, **dict(zip(rest, combo))}
-        if assign["module"] == "linear" and "num_gemms" in rest:
+        if assign["module"] in SINGLE and "num_gemms" in rest:
             assign["num_gemms"] = 1
         if valid(assign):
             return True
@@ -68,7 +77,7 @@ def demanding(domains, **fixed) -> dict:
     d = domains
     out = {
         "microbatches": max(d["microbatches"]),
-        "num_gemms": 1 if fixed["module"] == "linear" else max(d["num_gemms"]),
+        "num_gemms": 1 if fixed["module"] in SINGLE else max(d["num_gemms"]),
         "bias": True in d["bias"], "input_grad": True in d["input_grad"],
         "dtype": "bf16" if "bf16" in d["dtype"] else d["dtype"][0],
         "consumer": "ddp" if "ddp" in d["consumer"] else "autograd",
@@ -98,7 +107,8 @@ def assert_b_and_c(cells, domains):
                                             domains["fused"], full, domains["world_size"]):
         want = demanding(domains, module=m, hooks=h, fused=f, weight=w, world_size=ws)
         if valid(want):
-            assert Cell(**want).id in ids, f"(b) missing {Cell(**want).id}"
+            assert any(Cell(**{**want, "module": x}).id in ids for x in slot(m, domains["module"])), \
+                f"(b) missing {Cell(**want).id}"
         elif w == "megatron" and ws < 2:  # Megatron never builds a GTP group of one
             continue
         else:  # only a fused (or main_grad-reliant) cell without a ddp consumer can be impossible
@@ -107,7 +117,8 @@ def assert_b_and_c(cells, domains):
                                          domains["fused"], full):
         want = demanding(domains, module=m, delay_wgrad=dl, fused=f, weight=w)
         if valid(want):
-            assert Cell(**want).id in ids, f"(c) missing {Cell(**want).id}"
+            assert any(Cell(**{**want, "module": x}).id in ids for x in slot(m, domains["module"])), \
+                f"(c) missing {Cell(**want).id}"
     if full == tuple(domains["weight"]):
         return
     # gtp_mcore: every hook mode per module and world size; each light variant: every module
@@ -115,7 +126,8 @@ def assert_b_and_c(cells, domains):
     for w in domains["weight"]:
         if w not in full:
             for m, ws in itertools.product(domains["module"], domains["world_size"]):
-                here = [c for c in cells if (c.weight, c.module, c.world_size) == (w, m, ws)]
+                here = [c for c in cells if c.weight == w and c.world_size == ws
+                        and c.module in slot(m, domains["module"])]
                 if "ddp" in domains["consumer"]:
                     assert here, f"no {w} cell for {m} at ws{ws}"
                     if w == "gtp_mcore":
@@ -129,7 +141,7 @@ def cells(draw):
     d = {n: draw(st.sampled_from(v)) for n, v in DEFAULTS.items()}
     d["world_size"] = draw(st.integers(1, 64))
     d["microbatches"] = draw(st.integers(1, 16))
-    d["num_gemms"] = 1 if d["module"] == "linear" else draw(st.integers(1, 16))
+    d["num_gemms"] = 1 if d["module"] in SINGLE else draw(st.integers(1, 16))
     if d["consumer"] == "autograd":
         d["fused"] = False
         if d["weight"] in NEEDS_DDP:
@@ -180,7 +192,7 @@ def test_constraints_on_construction():
     Cell(**base)
     with pytest.raises(MatrixError, match="consumer='autograd' requires fused=False"):
         Cell(**{**base, "fused": True})
-    with pytest.raises(MatrixError, match="module='linear' requires num_gemms=1"):
+    with pytest.raises(MatrixError, match="not grouped .* requires num_gemms=1"):
         Cell(**{**base, "module": "linear"})
     for w in sorted(NEEDS_DDP):
         with pytest.raises(MatrixError, match="always has a main_grad .* requires consumer='ddp'"):
@@ -241,14 +253,15 @@ def test_full_size_is_product_minus_invalid():
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
     expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
                    for combo in itertools.product(*domains.values()))
-    assert len(full) == expected == 32400
+    assert len(full) == expected == 45360
     assert all(valid(c.serialize()) for c in full)
-    assert len(select("full", {"weight": ["distributed", "plain"]})) == 18000
+    assert len(select("full", {"weight": ["distributed", "plain"]})) == 25200
 
 
 def test_ci_default_coverage_and_size():
     ci = select("ci")  # (how fast: benchmarks/bench_timings.py)
-    assert 200 <= len(ci) <= 340  # within ~1.6x of the 208 cells before the weight variants
+    # within ~1.35x of the 325 cells before LayerNormLinear (its two modules share a slot)
+    assert 325 <= len(ci) <= 440
     assert len({c.id for c in ci}) == len(ci)
     assert {c.weight for c in ci} == set(weights.DEFAULT_NAMES)
     assert "megatron" not in weights.DEFAULT_NAMES
@@ -256,7 +269,7 @@ def test_ci_default_coverage_and_size():
     assert_b_and_c(ci, DEFAULTS)
     # impossible pairs really are absent
     assert not any(c.consumer == "autograd" and c.fused for c in ci)
-    assert {c.num_gemms for c in ci if c.module == "linear"} == {1}
+    assert {c.num_gemms for c in ci if c.module in SINGLE} == {1}
 
 
 def test_ci_is_deterministic_and_ordered():
@@ -271,13 +284,13 @@ def test_ci_is_deterministic_and_ordered():
 def test_ci_world_size_override_adds_ws8():
     domains = {**DEFAULTS, "world_size": (1, 2, 4, 8)}
     ci = select("ci", {"world_size": [1, 2, 4, 8]})
-    assert any(c.world_size == 8 for c in ci) and 200 <= len(ci) <= 440
+    assert any(c.world_size == 8 for c in ci) and 300 <= len(ci) <= 580
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
     # (c) uses the largest world size
     assert all(c.world_size == 8 for c in ci if c.delay_wgrad and c.hooks == "off"
                and c.microbatches == 2 and c.dtype == "bf16" and c.bias and c.input_grad
-               and c.consumer == "ddp" and c.num_gemms == (1 if c.module == "linear" else 4)
+               and c.consumer == "ddp" and c.num_gemms == (1 if c.module in SINGLE else 4)
                and c.world_size >= 4)
 
 
@@ -299,7 +312,7 @@ def test_ci_coverage_under_random_overrides(overrides):
     for c in ci:
         for n in AXIS_NAMES:
             v = getattr(c, n)
-            assert v in domains[n] or (n == "num_gemms" and c.module == "linear" and v == 1)
+            assert v in domains[n] or (n == "num_gemms" and c.module in SINGLE and v == 1)
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
     assert select("ci", overrides) == ci
@@ -307,14 +320,14 @@ def test_ci_coverage_under_random_overrides(overrides):
 
 def test_full_under_overrides_adds_linear_num_gemms_1():
     full = select("full", {"num_gemms": [4], "consumer": ["ddp"], "world_size": [2]})
-    lin = [c for c in full if c.module == "linear"]
+    lin = [c for c in full if c.module in SINGLE]
     assert lin and {c.num_gemms for c in lin} == {1}
-    assert {c.num_gemms for c in full if c.module != "linear"} == {4}
+    assert {c.num_gemms for c in full if c.module not in SINGLE} == {4}
 
 
 def test_smoke():
     smoke = select("smoke")
-    assert len(smoke) == 6
+    assert len(smoke) == 2 * len(DEFAULTS["module"])
     assert {c.module for c in smoke} == set(DEFAULTS["module"])
     assert {c.hooks for c in smoke} == {"identity", "off"}
     assert all(c.world_size == 2 and c.fused and c.weight == "distributed"
@@ -432,7 +445,7 @@ def test_ci_with_chosen_weights(chosen):
 def test_megatron_ci_size():
     """``sweep --preset ci --weights megatron``: ws 2 and 4 only, hooks x fused x module each."""
     ci = select("ci", {"weight": ["megatron"]})
-    assert {c.world_size for c in ci} == {2, 4} and 60 <= len(ci) <= 90
+    assert {c.world_size for c in ci} == {2, 4} and 60 <= len(ci) <= 110
 
 
 def test_seed_preset_is_the_production_combination():

@@ -79,7 +79,7 @@ def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
     the DDP hook adds it to main_grad) - and survive the others."""
     for name in ("full-shape-dummy", "unfused-finalize-dropped"):
         m = mutants.MUTANTS[name]
-        results = _run(m.backend, CELLS)
+        results = _run(m.backend, [c for c in CELLS if c.module in m.modules])
         died = {c.id for c, r in results.items() if r.status not in GOOD}
         kinds = {c.id: weights.KINDS[c.weight] for c in results}
         if name == "full-shape-dummy":
@@ -92,9 +92,9 @@ def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
 
 
 def test_catalog_matches_bugs_md():
-    """BUGS.md's ten classes in order, then the four only a Megatron-like implementer exposes
-    (issue 12), then the one only an exact check catches and four subtle numeric faults
-    (issue 13)."""
+    """BUGS.md's ten classes in order, then the four only a Megatron-like implementer exposes,
+    then the one only an exact check catches, four subtle numeric faults and the three of
+    LayerNormLinear's normalization."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
         "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
@@ -102,24 +102,29 @@ def test_catalog_matches_bugs_md():
         "wgrads-reused-after-finalize", "main-grad-read-after-finalize", "materialized-copy-kept",
         "requires-grad-from-copies", "main-grad-rebound", "wgrad-rounded-through-bf16",
         "main-grad-accumulated-in-bf16", "dgrad-with-bf16-weight", "tf32-declared-ieee",
+        "norm-dgamma-dropped", "norm-dbeta-on-gamma", "norm-zero-centered-ignored-in-backward",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description
         assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
-        assert set(m.modules) <= set(mutants.ALL_MODULES)
-        for attr in ("Linear", "GroupedLinear"):
+        assert set(m.modules) <= set(mutants.ALL_MODULES + mutants.NORM)
+        for attr in ("Linear", "GroupedLinear", "LayerNormLinear"):
             assert isinstance(getattr(m.backend, attr), type)
         assert isinstance(m.backend.ops.GroupedLinear, type)
 
 
 def test_untouched_modules_are_the_reference_classes():
     ref = {"linear": _modules.Linear, "grouped_linear": _modules.GroupedLinear,
-           "ops_grouped_linear": ops.GroupedLinear}
+           "ops_grouped_linear": ops.GroupedLinear, "layernorm_linear": _modules.LayerNormLinear,
+           "rmsnorm_linear": _modules.LayerNormLinear}
     for m in mutants.MUTANTS.values():
         got = {"linear": m.backend.Linear, "grouped_linear": m.backend.GroupedLinear,
-               "ops_grouped_linear": m.backend.ops.GroupedLinear}
+               "ops_grouped_linear": m.backend.ops.GroupedLinear,
+               "layernorm_linear": m.backend.LayerNormLinear, "rmsnorm_linear": m.backend.LayerNormLinear}
         for module, cls in got.items():
-            if module in m.modules:
+            # one class serves both normalized modules: it deviates when either does
+            deviates = module in m.modules or (module in mutants.NORM and set(m.modules) & set(mutants.NORM))
+            if deviates:
                 assert cls is not ref[module] and issubclass(cls, ref[module]), (m.name, module)
                 assert type(cls._impl) is not type(ref[module]._impl), (m.name, module)
             else:

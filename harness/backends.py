@@ -23,7 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness import modules as _modules
+
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
+#: classes a backend may lack; cells of a module whose class is missing are refused before
+#: any launch (``harness.preflight.check_modules``)
 #: short names for backends that live in this repository (``--backend te-cpu``)
 ALIASES: dict[str, str] = {
     "reference": "harness.reference",
@@ -79,16 +83,18 @@ def load_backend(spec: str) -> Any:
     except Exception as exc:  # any import-time failure is bad input, reported in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise BackendError(f"cannot import backend {spec!r}: {type(exc).__name__}: {first}") from exc
-    missing = []
-    for name in REQUIRED:
-        obj = backend
-        for part in name.split("."):
-            obj = getattr(obj, part, None)
-        if obj is None:
-            missing.append(name)
+    missing = [name for name in REQUIRED if not has_api(backend, name)]
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} (CONTRACTS §1)")
     return backend
+
+
+def has_api(backend: Any, name: str) -> bool:
+    """Whether ``backend`` has the (possibly nested, ``ops.GroupedLinear``) class ``name``."""
+    obj = backend
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+    return obj is not None
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ class BackendInfo:
     #: the only device the backend computes on (``"cpu"`` for te-cpu), None if any
     device: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the module classes it has (``harness.modules`` ``api`` names); None: not probed
+    apis: list[str] | None = None
 
     def serialize(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,7 +142,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts)
+                       extra=facts, apis=[a for a in _modules.api_names(_modules.NAMES) if has_api(backend, a)])
 
 
 def probe_backend(spec: str, env: Mapping[str, str] | None = None, timeout: float = 300.0) -> BackendInfo:

@@ -160,7 +160,8 @@ class BatchRunner:
             raise pytest.UsageError(f"--cell-timeout must be > 0 seconds, got {self.cell_timeout:g}")
         # the backend is probed in a subprocess: a backend like te-cpu patches torch when imported
         self.info, self.device = preflight.check_run(
-            self.backend, config.getoption("harness_device"), {c.world_size for c in selected_cells(config)})
+            self.backend, config.getoption("harness_device"), {c.world_size for c in selected_cells(config)},
+            {c.module for c in selected_cells(config)})
         from harness import ledger
 
         try:

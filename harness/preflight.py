@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from harness import modules
 from harness.backends import BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
@@ -62,13 +63,35 @@ def check_device(device: str, world_sizes: Iterable[int]) -> None:
                              "are visible; choose smaller world sizes or --device cpu")
 
 
-def check_run(backend: str, device: str, world_sizes: Iterable[int]) -> tuple[BackendInfo, str]:
-    """Everything the parent can check before a launch: the backend, then the device.
+def check_modules(info: BackendInfo, selected: Iterable[str]) -> None:
+    """Every selected module value's class exists in the backend (``LayerNormLinear`` is
+    optional for a backend: one without it can still run the other modules' cells).
+
+    Raises:
+        UsageError: naming the missing class, the module values that need it and the way out.
+    """
+    if info.apis is None:
+        return
+    selected = set(selected)
+    lacking = [kind for name, kind in modules.KINDS.items() if name in selected and kind.api not in info.apis]
+    if lacking:
+        apis = ", ".join(dict.fromkeys(k.api for k in lacking))
+        keep = [n for n in modules.NAMES if n in selected and modules.KINDS[n].api in info.apis]
+        hint = f"select --modules {','.join(keep)}" if keep else "choose another backend"
+        raise UsageError(f"backend {info.spec!r} has no {apis}, which the selected module values "
+                         f"{', '.join(k.name for k in lacking)} need: {hint}")
+
+
+def check_run(backend: str, device: str, world_sizes: Iterable[int],
+              selected_modules: Iterable[str] = ()) -> tuple[BackendInfo, str]:
+    """Everything the parent can check before a launch: the backend, its module classes,
+    then the device.
 
     Returns:
         The backend's description and the device the run uses.
     """
     info = check_backend(backend)
+    check_modules(info, selected_modules)
     device = settle_device(info, device)
     check_device(device, world_sizes)
     return info, device

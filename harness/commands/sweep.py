@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     _options.check_timeout(args.cell_timeout)
     sel["examples"] = args.examples
-    info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells})
+    info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
+                                            {c.module for c in cells})
     selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args)
     progress = Progress(args.quiet)

@@ -7,8 +7,8 @@ compiled ``transformer_engine_torch`` extension (:mod:`.extension`, GEMM numeric
 (:mod:`.loader`). Only worker ranks and the backend probe (``harness.backends.probe_backend``,
 a subprocess) import it; the parent process, pytest and other backends never do.
 
-The backend exposes TE's own classes: ``Linear``, ``GroupedLinear`` and ``ops`` (with
-``ops.GroupedLinear``), nothing wrapped. ``FP32_GEMM`` says how fp32 GEMMs compute:
+The backend exposes TE's own classes: ``Linear``, ``GroupedLinear``, ``LayerNormLinear`` and
+``ops`` (with ``ops.GroupedLinear``), nothing wrapped. ``FP32_GEMM`` says how fp32 GEMMs compute:
 ``"ieee"`` by default, ``"tf32"`` when ``DW_TE_CPU_FP32=tf32`` is set at import (the
 ``te-cpu-tf32`` backend, :mod:`harness.te_cpu_tf32`, does that) - TE's fp32 GEMMs are TF32
 on CUDA, and the run's fp32 tolerance follows this value (CONTRACTS §5).
@@ -31,6 +31,7 @@ _te = loader.import_te()
 
 Linear = _te.Linear
 GroupedLinear = _te.GroupedLinear
+LayerNormLinear = _te.LayerNormLinear
 ops = _te.ops
 TE_VERSION: str = loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
@@ -49,4 +50,4 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "ops", "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]
