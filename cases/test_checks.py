@@ -284,7 +284,8 @@ def test_pre_fix_backend_fails_its_twin_in_every_hooked_distributed_cell_that_ru
     pre-fix backend runs its step to the end (world size 1: at larger sizes its plain branch
     multiplies by the shard and raises) fails a twin check - whatever its values do."""
     cells = [c for c in matrix.select("ci") if c.world_size == 1 and c.distributed and c.hooks != "off"
-             and c.module in ("linear", "grouped_linear") and not c.delay_wgrad]
+             and c.module in ("linear", "grouped_linear", "layernorm_linear", "rmsnorm_linear")
+             and not c.delay_wgrad]
     ran = 0
     for cell in cells:
         res = run_cell(prefix, cell, RankContext())

@@ -108,7 +108,8 @@ def _hooked_distributed(record: dict[str, Any]) -> set[str]:
     """The cells the pre-fix backend breaks: hooked, distributed weight, expected to pass."""
     return {c["id"] for c in record["cells"]
             if c["axes"]["weight"] != "plain" and c["axes"]["hooks"] != "off"
-            and c["axes"]["module"] in ("linear", "grouped_linear") and c["expect"] == "pass"}
+            and c["axes"]["module"] in ("linear", "grouped_linear", "layernorm_linear", "rmsnorm_linear")
+            and c["expect"] == "pass"}
 
 
 def _blobs(html_text: str) -> list[dict[str, Any]]:

@@ -1,0 +1,65 @@
+"""What ``LayerNormLinear`` costs the ``ci`` preset: the whole CLI sweep with every module
+value, side by side with the same sweep restricted to the three modules it had before
+(``--modules linear,grouped_linear,ops_grouped_linear``, the same 325 cells as then).
+
+    python benchmarks/bench_modules.py [--backend reference] [--repeats 3]
+
+The two sweeps alternate, ``--repeats`` times each, so a change in the machine's load hits
+both alike; the median of each is compared. The goal (reported, not enforced): the full ``ci``
+takes at most 1.25x the three-module one. Stores the figures in
+``benchmarks/results-<date>.json`` (key ``modules``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, machine, save, table
+
+BEFORE = "linear,grouped_linear,ops_grouped_linear"
+GOAL = 1.25
+
+
+def _sweep(backend: str, out: Path, modules: str | None) -> float:
+    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--backend", backend,
+           "--quiet", "--out", str(out)]
+    if modules:
+        cmd += ["--modules", modules]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return took
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="reference")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    times: dict[str, list[float]] = {"before": [], "all": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            times["before"].append(_sweep(args.backend, Path(tmp) / f"before{i}", BEFORE))
+            times["all"].append(_sweep(args.backend, Path(tmp) / f"all{i}", None))
+    before, after = statistics.median(times["before"]), statistics.median(times["all"])
+    ratio = after / before
+    print(table(["sweep", "cells", "median s", "runs s"], [
+        ["ci, three modules (before)", "325", f"{before:.1f}", ", ".join(f"{t:.1f}" for t in times["before"])],
+        ["ci, all five modules", "425", f"{after:.1f}", ", ".join(f"{t:.1f}" for t in times["all"])],
+    ]))
+    print(f"\nratio {ratio:.2f} (goal <= {GOAL})")
+    save("modules", {"machine": machine(), "backend": args.backend, "times_s": times,
+                     "median_before_s": before, "median_all_s": after, "ratio": ratio, "goal": GOAL})
+    return 0 if ratio <= GOAL else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
