@@ -37,6 +37,11 @@ class ModuleKind:
         normalization: ``"LayerNorm"`` or ``"RMSNorm"`` before the GEMM, or None.
         zero_centered_gamma: the normalization scales by ``1 + gamma`` (Megatron's
             "layernorm 1p"); its gradient formula is unchanged, its values are not.
+        evidence: the TE extension functions a backend that reports its path
+            (``path_evidence()``, te-cpu) must have called when the cell ran: the proof that
+            TE took the path the cell names (its forward GEMM, its normalization).
+        excludes: extension functions that must not have been called (another path's GEMM:
+            TE may fall back from one grouped path to the other without a word).
     """
 
     name: str
@@ -47,6 +52,23 @@ class ModuleKind:
     ops: bool = False
     normalization: str | None = None
     zero_centered_gamma: bool = False
+    evidence: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+
+    def path_mismatch(self, called: dict[str, int]) -> str | None:
+        """Why the extension functions ``called`` do not prove this kind's path (None: they do)."""
+        missing = [f for f in self.evidence if not called.get(f)]
+        foreign = [f for f in self.excludes if called.get(f)]
+        if not missing and not foreign:
+            return None
+        ran = ", ".join(sorted(called)) or "no extension function"
+        why = []
+        if missing:
+            why.append(f"never called {', '.join(missing)}")
+        if foreign:
+            why.append(f"called {', '.join(foreign)}, which belongs to another path")
+        return (f"path evidence: a {self.name} cell must run TE's {self.summary.split(':')[0]} "
+                f"path, but the backend {' and '.join(why)} (called: {ran})")
 
     @property
     def norm_params(self) -> tuple[str, ...]:
@@ -56,16 +78,25 @@ class ModuleKind:
         return NORM_PARAMS if self.normalization == "LayerNorm" else NORM_PARAMS[:1]
 
 
+#: TE's per-group GEMM (the split-quantize paths) and its one-GEMM-per-module kernel
+_SPLIT_GEMM, _GEMM = "te_general_grouped_gemm", "generic_gemm"
+_NORMS = ("layernorm_fwd", "rmsnorm_fwd")
+
 _ALL = (
-    ModuleKind("linear", "Linear: y = x W^T + b", "Linear"),
-    ModuleKind("grouped_linear", "GroupedLinear: N linears over row splits (m_splits list)",
-               "GroupedLinear", grouped=True, splits="list"),
-    ModuleKind("ops_grouped_linear", "ops.GroupedLinear: the op-fuser's grouped linear "
-               "(split_sizes tensor)", "ops.GroupedLinear", grouped=True, splits="tensor", ops=True),
+    ModuleKind("linear", "Linear: y = x W^T + b", "Linear", evidence=(_GEMM,),
+               excludes=_NORMS + (_SPLIT_GEMM,)),
+    ModuleKind("grouped_linear", "GroupedLinear on its split-quantize path: N linears over row "
+               "splits (m_splits list)", "GroupedLinear", grouped=True, splits="list",
+               evidence=(_SPLIT_GEMM,), excludes=(_GEMM,)),
+    ModuleKind("ops_grouped_linear", "ops.GroupedLinear on its split-quantize path: the "
+               "op-fuser's grouped linear (split_sizes tensor)", "ops.GroupedLinear", grouped=True,
+               splits="tensor", ops=True, evidence=(_SPLIT_GEMM,), excludes=(_GEMM,)),
     ModuleKind("layernorm_linear", "LayerNormLinear, LayerNorm with a zero-centered gamma, then "
-               "Linear", "LayerNormLinear", normalization="LayerNorm", zero_centered_gamma=True),
+               "Linear", "LayerNormLinear", normalization="LayerNorm", zero_centered_gamma=True,
+               evidence=("layernorm_fwd", _GEMM), excludes=("rmsnorm_fwd", _SPLIT_GEMM)),
     ModuleKind("rmsnorm_linear", "LayerNormLinear, RMSNorm, then Linear", "LayerNormLinear",
-               normalization="RMSNorm"),
+               normalization="RMSNorm", evidence=("rmsnorm_fwd", _GEMM),
+               excludes=("layernorm_fwd", _SPLIT_GEMM)),
 )
 KINDS: dict[str, ModuleKind] = {k.name: k for k in _ALL}
 NAMES: tuple[str, ...] = tuple(KINDS)

@@ -86,13 +86,17 @@ class RankResult:
     status: str
     comparisons: list[Check] = field(default_factory=list)
     error: dict[str, str] | None = None
+    #: the backend's path evidence (te-cpu: extension function -> calls), None if it has none
+    path: dict[str, int] | None = None
 
     def serialize(self) -> dict[str, Any]:
+        extra = {"path": self.path} if self.path is not None else {}
         return {
             "rank": self.rank,
             "status": self.status,
             "comparisons": [c.serialize() for c in self.comparisons],
             "error": self.error,
+            **extra,
         }
 
     @classmethod
@@ -102,6 +106,7 @@ class RankResult:
             status=d["status"],
             comparisons=[Check.from_dict(c) for c in d.get("comparisons", [])],
             error=d.get("error"),
+            path=d.get("path"),
         )
 
 

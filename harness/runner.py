@@ -149,19 +149,38 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     traceback, so it is never mistaken for a verdict on the backend.
     """
     example = example or Example()
+    evidence = getattr(backend, "path_evidence", None)
+    if callable(evidence):
+        backend.reset_path_evidence()
     try:
         if cell.hooks == "off" or cell.expect == "error":
-            return _run_cell(backend, cell, ctx, example)
-        kept = twin.Kept()
-        result = _run_cell(backend, cell, ctx, example, kept=kept)
-        # Decided on this rank alone, never with a collective: a rank that raised does no
-        # more collectives on the cell's group (its peers are then stuck mid-step anyway,
-        # and the launcher attributes the hang to it); ranks that ran to the end all do.
-        if result.status in ("pass", "fail"):
-            _add_twin_checks(backend, cell, ctx, example, result, kept)
-        return result
+            result = _run_cell(backend, cell, ctx, example)
+        else:
+            kept = twin.Kept()
+            result = _run_cell(backend, cell, ctx, example, kept=kept)
+            # Decided on this rank alone, never with a collective: a rank that raised does no
+            # more collectives on the cell's group (its peers are then stuck mid-step anyway,
+            # and the launcher attributes the hang to it); ranks that ran to the end all do.
+            if result.status in ("pass", "fail"):
+                _add_twin_checks(backend, cell, ctx, example, result, kept)
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
+    if callable(evidence):
+        _judge_path(cell, result, dict(evidence()))
+    return result
+
+
+def _judge_path(cell: Cell, result: RankResult, called: dict[str, int]) -> None:
+    """Record which TE functions ran; a step that ran to the end on another path than the
+    cell's label is a harness error (the cell would otherwise pass or fail hollow)."""
+    result.path = called
+    if result.status not in ("pass", "fail"):
+        return  # a backend that raised or was expected to raise stopped somewhere on its way
+    mismatch = modules.KINDS[cell.module].path_mismatch(called)
+    if mismatch is not None:
+        result.status = HARNESS_ERROR
+        result.error = {"type": "PathMismatch", "message": mismatch, "traceback": mismatch,
+                        "phase": "path evidence"}
 
 
 def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,

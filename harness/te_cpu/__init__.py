@@ -12,6 +12,8 @@ The backend exposes TE's own classes: ``Linear``, ``GroupedLinear``, ``LayerNorm
 ``"ieee"`` by default, ``"tf32"`` when ``DW_TE_CPU_FP32=tf32`` is set at import (the
 ``te-cpu-tf32`` backend, :mod:`harness.te_cpu_tf32`, does that) - TE's fp32 GEMMs are TF32
 on CUDA, and the run's fp32 tolerance follows this value (CONTRACTS §5).
+``path_evidence()`` says which extension kernels TE called since ``reset_path_evidence()``:
+the proof of which TE code path a cell ran.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from harness.te_cpu import cuda_surface, extension, loader
+from harness.te_cpu import cuda_surface, evidence, extension, loader
 
 FP32_ENV = "DW_TE_CPU_FP32"
 FP32_GEMM: str = os.environ.get(FP32_ENV, "ieee") or "ieee"
@@ -37,6 +39,17 @@ TE_VERSION: str = loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
 
 
+def reset_path_evidence() -> None:
+    """Forget the kernels called so far (the runner calls it before each cell)."""
+    evidence.reset()
+
+
+def path_evidence() -> dict[str, int]:
+    """The extension kernels TE called since the last reset, with their call counts: which
+    TE code path a cell really ran (``harness.modules.ModuleKind.evidence``)."""
+    return evidence.calls()
+
+
 def describe() -> dict[str, Any]:
     """What a run record shows about this backend (see ``harness.backends.BackendInfo``)."""
     return {
@@ -50,4 +63,5 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "path_evidence", "reset_path_evidence",
+           "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]

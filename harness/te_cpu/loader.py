@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness.te_cpu import extension
+from harness.te_cpu import evidence, extension
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
 SUPPORTED_VERSIONS: tuple[str, ...] = ("2.20.2",)
@@ -119,7 +119,9 @@ def import_te() -> ModuleType:
         return sys.modules["transformer_engine.pytorch"]
     if current is not None and getattr(current, "__file__", None) != extension.__file__:
         raise TeUnavailable(f"a real {extension.MODULE_NAME} is already loaded; te-cpu replaces it")
-    sys.modules[extension.MODULE_NAME] = extension.build()
+    cpu_extension = extension.build()
+    evidence.instrument(cpu_extension, extension.KERNELS)  # the cells' path evidence
+    sys.modules[extension.MODULE_NAME] = cpu_extension
     os.environ.setdefault("TRITON_INTERPRET", "1")
     previous = _set_env("NVTE_PROJECT_BUILDING", "1")
     hook = _SwapExtensionLoader()
