@@ -9,10 +9,20 @@ below is answered so that TE's own Python code runs unchanged on CPU tensors.
 ``harness.te_cpu`` - which only worker ranks and the backend probe import - so the parent
 process, pytest and other backends never see a patched ``torch``. Anything not listed is left
 alone: a CUDA API TE reaches on another path fails as it would on a CPU build of torch.
+
+Device-resident tensors: a CUDA allocation is a CPU tensor here, so it reports
+``device.type == "cpu"``. Where TE asks a caller-supplied tensor to *be* on the device
+(``GroupedLinear``'s grouped-tensor path wants its ``m_splits`` "CUDA int64 tensor",
+``module/grouped_linear.py`` ``_GroupedLinear.forward``), :func:`on_device` marks a CPU tensor
+as living in device memory: the same storage, viewed as :class:`DeviceResident`, whose
+``device`` answers ``cuda:0``. Nothing else about it changes: it takes no part in torch
+function dispatch (every op computes on the CPU storage and returns a plain tensor), and
+the extension's kernels read it through :func:`plain`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -21,11 +31,52 @@ from typing import Any, Callable
 import torch
 
 #: the device TE is told it runs on: an sm_90 (Hopper) part, TE's main production target;
-#: on the non-quantized GEMM paths this only sizes workspaces and keeps grouped GEMMs on
-#: their per-group path together with ``extension.CUBLASLT_VERSION``
+#: on the non-quantized GEMM paths this sizes workspaces, lies inside the [9.0, 11.0] range
+#: of TE's grouped-tensor gates (so ``extension``'s cuBLASLt answer decides that path: 13.4+
+#: on Hopper) and makes the grouped GEMM take one alpha/beta for all groups
 DEVICE_NAME = "te-cpu (CPU standing in for CUDA device 0)"
 COMPUTE_CAPABILITY = (9, 0)
 MULTI_PROCESSOR_COUNT = 132
+
+
+#: what a device-resident tensor's ``device`` answers: CUDA device 0, the device TE is told
+#: it runs on (``current_device`` answers 0)
+DEVICE = torch.device("cuda", 0)
+
+
+class DeviceResident(torch.Tensor):
+    """A CPU tensor standing in for a tensor in CUDA device 0's memory (module docstring).
+
+    Only ``device`` differs from the CPU tensor it views; ``__torch_function__`` is disabled,
+    so operations on it run on the CPU storage and return plain tensors (a method that
+    returns its input, such as a no-op ``to``, returns it unchanged).
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return DEVICE
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "DeviceResident":
+        return on_device(copy.deepcopy(plain(self), memo))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, tuple[torch.Tensor]]:
+        return on_device, (plain(self),)
+
+
+def on_device(t: torch.Tensor) -> DeviceResident:
+    """``t`` (a CPU tensor) marked as resident in device memory: same storage, ``device``
+    answers ``cuda:0``. For a tensor TE insists be on CUDA, e.g. ``GroupedLinear``'s
+    ``m_splits`` on its grouped-tensor path."""
+    if not isinstance(t, torch.Tensor) or torch.Tensor.device.__get__(t).type != "cpu":
+        raise TypeError(f"on_device marks a CPU tensor, got {type(t).__name__}")
+    return t.as_subclass(DeviceResident)  # type: ignore[return-value]
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor behind a device-resident one (the same storage); other tensors unchanged."""
+    return t.as_subclass(torch.Tensor) if isinstance(t, DeviceResident) else t
 
 
 @dataclass(frozen=True)

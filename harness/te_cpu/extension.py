@@ -10,7 +10,10 @@ is registered under that name inside a worker rank (never in the parent process)
   ``GroupedLinear`` and ``ops.GroupedLinear`` paths call: ``generic_gemm`` and
   ``te_general_grouped_gemm`` (numerics in :mod:`harness.cpu_gemm`), ``layernorm_fwd``,
   ``layernorm_bwd``, ``rmsnorm_fwd`` and ``rmsnorm_bwd`` (numerics in
-  :mod:`harness.te_cpu.norm`), plus the version and device queries TE asks;
+  :mod:`harness.te_cpu.norm`), and the grouped-tensor path's ``splits_to_offsets_multi``,
+  ``get_grouped_gemm_setup_workspace_size`` and
+  ``te_general_grouped_gemm_for_{grouped_tensor,discrete_in,discrete_out}`` (numerics in
+  :mod:`harness.te_cpu.grouped`), plus the version and device queries TE asks;
 - for every other name TE's Python sources reference (``STUBBED``), a stub that raises
   :class:`MissingCpuKernel` naming the extension function and the TE function that called
   it - when *called*, never silently. A name TE never references is an ``AttributeError``,
@@ -19,22 +22,30 @@ is registered under that name inside a worker rank (never in the parent process)
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from harness import cpu_gemm as _gemm
+from harness.te_cpu import cuda_surface as _cuda
+from harness.te_cpu import grouped as _grouped
 from harness.te_cpu import norm as _norm
 
 MODULE_NAME = "transformer_engine_torch"
-#: what ``get_cublasLt_version`` answers: cuBLASLt 12.9.1. Below 13.3 (130300)
-#: ``ops.GroupedLinear`` stays on its per-group ``general_grouped_gemm`` path (the
-#: cuBLASLt grouped-tensor GEMM has no CPU kernel here).
+#: what ``get_cublasLt_version`` answers by default: cuBLASLt 12.9.1. Below 13.3 (130300)
+#: ``GroupedLinear`` and ``ops.GroupedLinear`` stay on their split-quantize path
+#: (``te_general_grouped_gemm``), whatever ``use_grouped_tensor`` asks for.
 CUBLASLT_VERSION = 120901
+#: the lowest cuBLASLt with the grouped GEMM TE's grouped-tensor path needs on the device
+#: te-cpu reports (13.3 on Blackwell, 13.4 on Hopper: ``is_module_grouped_tensor_path_supported``,
+#: ``is_op_fuser_grouped_tensor_path_supported``, ``check_grouped_gemm_requirements``);
+#: answer it with :func:`cublaslt_version` to put BF16/FP16 grouped layers on that path
+GROUPED_GEMM_CUBLASLT_VERSION = 130300 if _cuda.COMPUTE_CAPABILITY >= (10, 0) else 130400
 #: what ``get_cudnn_version`` answers: cuDNN 9.12.0, TE 2.20's minimum (``MIN_CUDNN_VERSION``)
 CUDNN_VERSION = 91200
 #: ``get_num_cublas_streams``: TE's default number of compute streams for grouped GEMMs
@@ -130,6 +141,44 @@ def set_fp32_mode(mode: str) -> None:
 
 def fp32_mode() -> str:
     return _FP32_MODE[0]
+
+
+#: what ``get_cublasLt_version`` answers now (``set_cublaslt_version``)
+_CUBLASLT = [CUBLASLT_VERSION]
+
+
+def set_cublaslt_version(version: int) -> int:
+    """Make ``get_cublasLt_version`` answer ``version`` (e.g. 130400 for cuBLASLt 13.4.0);
+    returns the previous answer. No re-import needed: TE asks on every call that decides.
+
+    When TE asks (2.20.2): ``GroupedLinear`` on every ``_GroupedLinear.forward``
+    (``is_module_grouped_tensor_path_supported``), ``ops.GroupedLinear`` on every
+    ``fuser_forward`` (``is_op_fuser_grouped_tensor_path_supported``); the backward follows
+    the path its forward took (saved on the autograd context). Module construction does not
+    ask. The grouped-tensor kernels below read the answer too, when they run - as the real
+    library checks the run-time cuBLASLt version - so hold one answer over a forward *and*
+    its backward (:func:`cublaslt_version`).
+    """
+    version = int(version)
+    if version <= 0:
+        raise ValueError(f"a cuBLASLt version is a positive integer (e.g. 130400), got {version}")
+    previous, _CUBLASLT[0] = _CUBLASLT[0], version
+    return previous
+
+
+def answered_cublaslt_version() -> int:
+    return _CUBLASLT[0]
+
+
+@contextlib.contextmanager
+def cublaslt_version(version: int) -> Iterator[int]:
+    """``with cublaslt_version(GROUPED_GEMM_CUBLASLT_VERSION): loss = model(x, m_splits)...``:
+    the answer for the block (forward and backward), restored afterwards."""
+    previous = set_cublaslt_version(version)
+    try:
+        yield version
+    finally:
+        _CUBLASLT[0] = previous
 
 
 def _torch_dtype(te_dtype: Any) -> torch.dtype:
@@ -274,9 +323,140 @@ def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: 
     return [res.dx, res.dgamma]
 
 
+# ---- the grouped-tensor path ---------------------------------------------------------------
+def splits_to_offsets_multi(split_sizes: torch.Tensor, device: Any, *, strides: Sequence[int],
+                            include_leading_zero: Sequence[bool], dtypes: Sequence[torch.dtype],
+                            bulk_allocate: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """TE's ``splits_to_offsets_multi`` (``pytorch/csrc/extensions/misc.cpp``): the split
+    sizes as int64 on ``device`` and, per stride, their scaled running totals.
+
+    Returns ``(split_sizes, [offsets, ...])`` as the binding does. ``device`` must be the CUDA
+    device, which is the CPU here (``cuda_surface``): a CPU or CUDA ``device`` is accepted,
+    and a split tensor marked as device-resident (``cuda_surface.on_device``) comes back as
+    the plain CPU tensor it is.
+    """
+    if not (len(strides) == len(include_leading_zero) == len(dtypes)):
+        raise RuntimeError("strides, include_leading_zero, and dtypes must have matching lengths, but got "
+                           f"{len(strides)}, {len(include_leading_zero)}, and {len(dtypes)}.")
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type not in ("cuda", "cpu"):
+        raise RuntimeError(f"device must be CUDA, but got {dev}.")
+    sizes = _cuda.plain(split_sizes)
+    if sizes.dtype != torch.int64:
+        sizes = sizes.to(torch.int64)
+    try:
+        offsets = _grouped.splits_to_offsets(sizes, strides, include_leading_zero, dtypes, bulk_allocate)
+    except _grouped.GroupedError as exc:
+        raise RuntimeError(str(exc)) from None
+    return sizes, offsets
+
+
+def get_grouped_gemm_setup_workspace_size(num_tensors: int) -> int:
+    """Bytes of the grouped GEMM's setup workspace (per-group pointer and dimension arrays);
+    the CPU kernels do not use it, TE allocates it."""
+    return _grouped.setup_workspace_size(int(num_tensors))
+
+
+def _check_grouped_gemm_requirements(api: str) -> None:
+    """``check_grouped_gemm_requirements``: the device and the *run-time* cuBLASLt version
+    (what ``get_cublasLt_version`` answers now) must have the grouped GEMM."""
+    sm, version = _cuda.COMPUTE_CAPABILITY, _CUBLASLT[0]
+    if sm < (9, 0):
+        raise RuntimeError(f"{api} requires Hopper (SM90) or newer architecture.")
+    if version < 130300:
+        raise RuntimeError(f"{api} requires cuBLAS 13.3+, but run-time cuBLAS version is {version}")
+    if sm < (10, 0) and version < 130400:
+        raise RuntimeError(f"{api} on Hopper (SM90) requires cuBLAS 13.4+, but run-time cuBLAS version is "
+                           f"{version}")
+
+
+def _grouped_operand(name: str, arg: str, t: Any) -> tuple[list[_grouped.Member], list[torch.Tensor]]:
+    """The members of a non-quantized ``GroupedTensorStorage`` operand (its row-wise data)."""
+    if not hasattr(t, "num_tensors") or not hasattr(t, "rowwise_data"):
+        raise TypeError(f"{name}: {arg} must be a GroupedTensor, got {type(t).__name__}")
+    if t.quantizer is not None or t.scale_inv is not None or t.columnwise_scale_inv is not None:
+        raise missing(name, f"{arg} is a quantized grouped tensor")
+    if t.rowwise_data is None:
+        raise missing(name, f"{arg} has no row-wise data")
+    members = _grouped.layout(t.num_tensors, t.logical_shape, t.first_dims, t.last_dims, t.tensor_offsets)
+    return members, _grouped.member_views(t.rowwise_data, members)
+
+
+def _discrete_operand(name: str, arg: str, tensors: Any) -> list[torch.Tensor]:
+    for i, t in enumerate(tensors):
+        _require_plain(name, **{f"{arg}[{i}]": t})
+        if getattr(t, "_quantizer", None) is not None:  # TE's QuantizedTensor subclasses
+            raise missing(name, f"{arg}[{i}] is a {type(t).__name__}: quantized GEMM operand")
+    return [_gemm.as_2d(t) for t in tensors]
+
+
+def _grouped_gemm_binding(name: str, api: str, A: Any, transa: bool, B: Any, transb: bool, D: Any, bias: Any,
+                          bias_scale: torch.Tensor | None, alpha: torch.Tensor, beta: torch.Tensor, *,
+                          discrete_a: bool = False, discrete_d: bool = False) -> Any:
+    """The three grouped-GEMM bindings: resolve the operands (grouped tensors, or lists where
+    the binding takes discrete A or D), run the GEMM of every group, then the bias add."""
+    if discrete_d and bias is not None:
+        raise RuntimeError("Bias is not supported for discrete output grouped GEMM.")
+    if bias_scale is not None and bias is None:
+        raise RuntimeError("bias_scale requires bias to be provided.")
+    b = _grouped_operand(name, "B", B)[1]
+    a = _discrete_operand(name, "A", A) if discrete_a else _grouped_operand(name, "A", A)[1]
+    d_members, d = ([], _discrete_operand(name, "D", D)) if discrete_d else _grouped_operand(name, "D", D)
+    if not (len(a) == len(b) == len(d)):
+        raise RuntimeError(f"Grouped GEMM requires A, B and D to have the same num_tensors "
+                           f"(got {len(a)}, {len(b)} and {len(d)}).")
+    _check_grouped_gemm_requirements(api)
+    try:
+        _grouped.grouped_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta,
+                              per_group_alpha_beta=_cuda.COMPUTE_CAPABILITY >= (10, 0), fp32_mode=fp32_mode())
+        if bias is not None:  # the separate bias-add kernel TE runs after the GEMM (a second rounding)
+            row_starts = [m.offset // m.cols if m.cols else 0 for m in d_members]
+            scale = None if bias_scale is None else bias_scale.reshape(-1)
+            _grouped.grouped_bias_add(d, _grouped_operand(name, "bias", bias)[1], scale, row_starts)
+    except (_grouped.GroupedError, _gemm.GemmError) as exc:
+        raise RuntimeError(f"{api}: {exc}") from None
+    return D
+
+
+def te_general_grouped_gemm_for_grouped_tensor(A: Any, transa: bool, B: Any, transb: bool, D: Any, bias: Any,
+                                               bias_scale: torch.Tensor | None, alpha: torch.Tensor,
+                                               beta: torch.Tensor, workspace_setup: torch.Tensor,
+                                               workspace_cublas: torch.Tensor, use_split_accumulator: bool,
+                                               math_sm_count: int) -> Any:
+    """TE's ``te_general_grouped_gemm_for_grouped_tensor`` (``pytorch/csrc/extensions/gemm.cpp``):
+    A, B and D are grouped tensors; ``D_i = alpha * op(B_i) @ op(A_i) + beta * D_i`` per group
+    (``nvte_grouped_gemm``), then ``nvte_grouped_bias_add`` when ``bias`` is given (with
+    ``bias_scale``: the scaled bias add). The workspaces and the split-accumulator / SM-count
+    hints only steer CUDA. Returns ``D``, as the binding does."""
+    return _grouped_gemm_binding("te_general_grouped_gemm_for_grouped_tensor", "nvte_grouped_gemm", A, transa, B,
+                                 transb, D, bias, bias_scale, alpha, beta)
+
+
+def te_general_grouped_gemm_for_discrete_in(A: Any, transa: bool, B: Any, transb: bool, D: Any, bias: Any,
+                                            bias_scale: torch.Tensor | None, alpha: torch.Tensor,
+                                            beta: torch.Tensor, workspace_setup: torch.Tensor,
+                                            workspace_cublas: torch.Tensor, use_split_accumulator: bool,
+                                            math_sm_count: int) -> Any:
+    """``te_general_grouped_gemm_for_discrete_in``: A is a list of tensors (the per-group
+    weights), B and D grouped tensors; otherwise as the grouped-tensor GEMM. Returns ``D``."""
+    return _grouped_gemm_binding("te_general_grouped_gemm_for_discrete_in", "nvte_grouped_gemm_with_discrete_inputA",
+                                 A, transa, B, transb, D, bias, bias_scale, alpha, beta, discrete_a=True)
+
+
+def te_general_grouped_gemm_for_discrete_out(A: Any, transa: bool, B: Any, transb: bool, D: Any, bias: Any,
+                                             bias_scale: torch.Tensor | None, alpha: torch.Tensor,
+                                             beta: torch.Tensor, workspace_setup: torch.Tensor,
+                                             workspace_cublas: torch.Tensor, use_split_accumulator: bool,
+                                             math_sm_count: int) -> Any:
+    """``te_general_grouped_gemm_for_discrete_out``: A and B grouped tensors, D a list of
+    tensors (the per-group weight gradients, e.g. fp32 ``main_grad``s); no bias. Returns ``D``."""
+    return _grouped_gemm_binding("te_general_grouped_gemm_for_discrete_out", "nvte_grouped_gemm_with_discrete_out",
+                                 A, transa, B, transb, D, bias, bias_scale, alpha, beta, discrete_d=True)
+
+
 # ---- version and device queries -----------------------------------------------------------
 def get_cublasLt_version() -> int:
-    return CUBLASLT_VERSION
+    return _CUBLASLT[0]
 
 
 def get_cudnn_version() -> int:
@@ -294,6 +474,11 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "layernorm_bwd": layernorm_bwd,
     "rmsnorm_fwd": rmsnorm_fwd,
     "rmsnorm_bwd": rmsnorm_bwd,
+    "splits_to_offsets_multi": splits_to_offsets_multi,
+    "get_grouped_gemm_setup_workspace_size": get_grouped_gemm_setup_workspace_size,
+    "te_general_grouped_gemm_for_grouped_tensor": te_general_grouped_gemm_for_grouped_tensor,
+    "te_general_grouped_gemm_for_discrete_in": te_general_grouped_gemm_for_discrete_in,
+    "te_general_grouped_gemm_for_discrete_out": te_general_grouped_gemm_for_discrete_out,
     "get_cublasLt_version": get_cublasLt_version,
     "get_cudnn_version": get_cudnn_version,
     "get_num_cublas_streams": get_num_cublas_streams,
@@ -369,7 +554,7 @@ STUBBED: tuple[str, ...] = (
     "fused_score_for_moe_aux_loss_bwd", "fused_score_for_moe_aux_loss_fwd",
     "fused_topk_with_score_function_bwd", "fused_topk_with_score_function_fwd",
     "fused_topk_with_score_function_qb_fwd", "geglu", "gelu", "get_fused_attn_backend",
-    "get_grouped_gemm_setup_workspace_size", "get_stream_priority_range", "glu",
+    "get_stream_priority_range", "glu",
     "group_quantize", "group_requantize_inplace", "grouped_mlp_experimental",
     "grouped_swizzle_for_gemm", "moe_permute_bwd", "moe_permute_fwd", "moe_unpermute_bwd",
     "moe_unpermute_fwd", "multi_tensor_adam",
@@ -390,10 +575,8 @@ STUBBED: tuple[str, ...] = (
     "scaled_masked_softmax_backward", "scaled_masked_softmax_forward", "scaled_situglu",
     "scaled_softmax_backward", "scaled_softmax_forward", "scaled_srelu", "scaled_swiglu",
     "scaled_upper_triang_masked_softmax_backward", "scaled_upper_triang_masked_softmax_forward",
-    "silu", "situglu", "split_quantize", "splits_to_offsets", "splits_to_offsets_multi",
+    "silu", "situglu", "split_quantize", "splits_to_offsets",
     "sreglu", "srelu", "swap_first_dims", "swiglu", "swizzle_scales_for_gemm_",
-    "te_general_grouped_gemm_for_discrete_in", "te_general_grouped_gemm_for_discrete_out",
-    "te_general_grouped_gemm_for_grouped_tensor",
     "thd_copy_valid_tokens_from_per_split_to_rank_local", "thd_cp_rank_order_to_sequence_order",
     "thd_get_partitioned_indices", "thd_grad_correction", "thd_out_correction",
     "thd_read_half_tensor", "thd_read_second_half_lse", "thd_second_half_lse_correction",
