@@ -1,7 +1,7 @@
 """Assert the pre-fix backend fails exactly the cells the regression predicts.
 
-Predicted: distributed-weight (any ``weight`` but ``plain``) ``linear``/``grouped_linear``/
-``layernorm_linear``/``rmsnorm_linear`` cells with a saved-tensor hook
+Predicted: distributed-weight (any ``weight`` but ``plain``) cells of the ``Linear``,
+``GroupedLinear`` (both paths) and ``LayerNormLinear`` classes with a saved-tensor hook
 mode other than ``off`` and delayed wgrad off (delayed + distributed is rejected before the
 hooks matter). Everything else must pass, including the whole ops module.
 """
@@ -9,12 +9,15 @@ hooks matter). Everything else must pass, including the whole ops module.
 import sys
 import xml.etree.ElementTree as ET
 
+from harness import modules
 from harness.matrix import Cell
+
+#: the classes whose backward asks the saved tensor (the op-fuser reads its attributes)
+SAVED_TENSOR_DISPATCH = ("Linear", "GroupedLinear", "LayerNormLinear")
 
 
 def predicted(cell: Cell) -> bool:
-    return (cell.distributed and cell.module in ("linear", "grouped_linear", "layernorm_linear",
-                                                 "rmsnorm_linear")
+    return (cell.distributed and modules.KINDS[cell.module].api in SAVED_TENSOR_DISPATCH
             and cell.hooks != "off" and not cell.delay_wgrad)
 
 

@@ -22,13 +22,18 @@ DEFAULTS = {a.name: a.values for a in AXES}
 NEEDS_DDP = {w for w in weights.NAMES if w != "plain"}
 #: modules that are a group of one GEMM (num_gemms is always 1)
 SINGLE = {"linear", "layernorm_linear", "rmsnorm_linear"}
-#: modules with a normalization: one slot of the ci design, taking turns (matrix._module_slots)
-NORM = ("layernorm_linear", "rmsnorm_linear")
+#: TE's grouped-tensor paths: bf16 / fp16 only
+TENSOR = {"grouped_linear_tensor", "ops_grouped_linear_tensor"}
+#: the TE class of each module value: the values of one class share one slot of the ci
+#: design and take turns in it (matrix._module_slots)
+CLASS = {"linear": "Linear", "grouped_linear": "GroupedLinear", "grouped_linear_tensor": "GroupedLinear",
+         "ops_grouped_linear": "ops", "ops_grouped_linear_tensor": "ops",
+         "layernorm_linear": "LayerNormLinear", "rmsnorm_linear": "LayerNormLinear"}
 
 
 def slot(module, domain) -> tuple:
     """The modules that may stand for ``module`` in a (b)/(c)/(h)/(v) cell of ci."""
-    return tuple(m for m in domain if m in NORM) if module in NORM else (module,)
+    return tuple(m for m in domain if CLASS[m] == CLASS[module])
 
 
 def valid(assign: dict) -> bool:
@@ -36,6 +41,8 @@ def valid(assign: dict) -> bool:
     if assign.get("consumer") == "autograd" and assign.get("fused") is True:
         return False
     if assign.get("module") in SINGLE and assign.get("num_gemms", 1) != 1:
+        return False
+    if assign.get("module") in TENSOR and assign.get("dtype") == "fp32":
         return False
     if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
         return False
@@ -46,7 +53,7 @@ def valid(assign: dict) -> bool:
 
 def pair_possible(a, va, b, vb, domains) -> bool:
     """Brute force: some valid completion holds a=va and b=vb (linear forces num_gemms=1)."""
-    rest = [n for n in ("module", "fused", "consumer", "num_gemms", "weight", "world_size")
+    rest = [n for n in ("module", "fused", "consumer", "num_gemms", "weight", "world_size", "dtype")
             if n not in (a, b)]
     for combo in itertools.product(*(domains[n] for n in rest)):
         assign = {a: va, b: vb, **dict(zip(rest, combo))}
@@ -105,20 +112,24 @@ def assert_b_and_c(cells, domains):
     full = full_coverage_weights(domains["weight"])
     for m, h, f, w, ws in itertools.product(domains["module"], domains["hooks"],
                                             domains["fused"], full, domains["world_size"]):
-        want = demanding(domains, module=m, hooks=h, fused=f, weight=w, world_size=ws)
-        if valid(want):
-            assert any(Cell(**{**want, "module": x}).id in ids for x in slot(m, domains["module"])), \
-                f"(b) missing {Cell(**want).id}"
+        wants = [demanding(domains, module=x, hooks=h, fused=f, weight=w, world_size=ws)
+                 for x in slot(m, domains["module"])]
+        wants = [x for x in wants if valid(x)]
+        if wants:  # some module value of the slot takes the combination
+            assert any(Cell(**x).id in ids for x in wants), f"(b) missing {Cell(**wants[0]).id}"
         elif w == "megatron" and ws < 2:  # Megatron never builds a GTP group of one
+            continue
+        elif m in TENSOR and set(domains["dtype"]) == {"fp32"}:  # no grouped-tensor path in fp32
             continue
         else:  # only a fused (or main_grad-reliant) cell without a ddp consumer can be impossible
             assert "ddp" not in domains["consumer"] and (f is True or w in NEEDS_DDP)
     for m, dl, f, w in itertools.product(domains["module"], domains["delay_wgrad"],
                                          domains["fused"], full):
-        want = demanding(domains, module=m, delay_wgrad=dl, fused=f, weight=w)
-        if valid(want):
-            assert any(Cell(**{**want, "module": x}).id in ids for x in slot(m, domains["module"])), \
-                f"(c) missing {Cell(**want).id}"
+        wants = [demanding(domains, module=x, delay_wgrad=dl, fused=f, weight=w)
+                 for x in slot(m, domains["module"])]
+        wants = [x for x in wants if valid(x)]
+        if wants:
+            assert any(Cell(**x).id in ids for x in wants), f"(c) missing {Cell(**wants[0]).id}"
     if full == tuple(domains["weight"]):
         return
     # gtp_mcore: every hook mode per module and world size; each light variant: every module
@@ -128,7 +139,8 @@ def assert_b_and_c(cells, domains):
             for m, ws in itertools.product(domains["module"], domains["world_size"]):
                 here = [c for c in cells if c.weight == w and c.world_size == ws
                         and c.module in slot(m, domains["module"])]
-                if "ddp" in domains["consumer"]:
+                fp32_only = set(domains["dtype"]) == {"fp32"}
+                if "ddp" in domains["consumer"] and not (fp32_only and set(slot(m, domains["module"])) <= TENSOR):
                     assert here, f"no {w} cell for {m} at ws{ws}"
                     if w == "gtp_mcore":
                         assert {c.hooks for c in here} >= set(domains["hooks"]), (w, m, ws)
@@ -142,6 +154,8 @@ def cells(draw):
     d["world_size"] = draw(st.integers(1, 64))
     d["microbatches"] = draw(st.integers(1, 16))
     d["num_gemms"] = 1 if d["module"] in SINGLE else draw(st.integers(1, 16))
+    if d["module"] in TENSOR and d["dtype"] == "fp32":
+        d["dtype"] = "bf16"
     if d["consumer"] == "autograd":
         d["fused"] = False
         if d["weight"] in NEEDS_DDP:
@@ -253,9 +267,9 @@ def test_full_size_is_product_minus_invalid():
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
     expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
                    for combo in itertools.product(*domains.values()))
-    assert len(full) == expected == 45360
+    assert len(full) == expected == 62640
     assert all(valid(c.serialize()) for c in full)
-    assert len(select("full", {"weight": ["distributed", "plain"]})) == 25200
+    assert len(select("full", {"weight": ["distributed", "plain"]})) == 34800
 
 
 def test_ci_default_coverage_and_size():

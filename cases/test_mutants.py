@@ -24,7 +24,7 @@ import types
 
 import pytest
 
-from harness import matrix, weights
+from harness import matrix, modules, weights
 from harness.reference import _core, _modules, mutants, ops
 from harness.reference import Linear as RefLinear
 from harness.runner import RankContext, run_cell
@@ -94,7 +94,7 @@ def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
 def test_catalog_matches_bugs_md():
     """BUGS.md's ten classes in order, then the four only a Megatron-like implementer exposes,
     then the one only an exact check catches, four subtle numeric faults and the three of
-    LayerNormLinear's normalization."""
+    GroupedLinear's grouped-tensor path and LayerNormLinear's normalization."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
         "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
@@ -102,28 +102,35 @@ def test_catalog_matches_bugs_md():
         "wgrads-reused-after-finalize", "main-grad-read-after-finalize", "materialized-copy-kept",
         "requires-grad-from-copies", "main-grad-rebound", "wgrad-rounded-through-bf16",
         "main-grad-accumulated-in-bf16", "dgrad-with-bf16-weight", "tf32-declared-ieee",
-        "norm-dgamma-dropped", "norm-dbeta-on-gamma", "norm-zero-centered-ignored-in-backward",
+        "grouped-tensor-path-no-dw", "norm-dgamma-dropped", "norm-dbeta-on-gamma",
+        "norm-zero-centered-ignored-in-backward",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description
         assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
-        assert set(m.modules) <= set(mutants.ALL_MODULES + mutants.NORM)
+        assert set(m.modules) <= set(modules.NAMES)
         for attr in ("Linear", "GroupedLinear", "LayerNormLinear"):
             assert isinstance(getattr(m.backend, attr), type)
         assert isinstance(m.backend.ops.GroupedLinear, type)
 
 
+def _classes(backend) -> dict[str, type]:
+    """Each module value's class in ``backend`` (values of one TE class share it)."""
+    by_api = {"Linear": backend.Linear, "GroupedLinear": backend.GroupedLinear,
+              "ops.GroupedLinear": backend.ops.GroupedLinear, "LayerNormLinear": backend.LayerNormLinear}
+    return {name: by_api[kind.api] for name, kind in modules.KINDS.items()}
+
+
 def test_untouched_modules_are_the_reference_classes():
-    ref = {"linear": _modules.Linear, "grouped_linear": _modules.GroupedLinear,
-           "ops_grouped_linear": ops.GroupedLinear, "layernorm_linear": _modules.LayerNormLinear,
-           "rmsnorm_linear": _modules.LayerNormLinear}
+    import harness.reference as reference
+
+    ref = _classes(reference)
     for m in mutants.MUTANTS.values():
-        got = {"linear": m.backend.Linear, "grouped_linear": m.backend.GroupedLinear,
-               "ops_grouped_linear": m.backend.ops.GroupedLinear,
-               "layernorm_linear": m.backend.LayerNormLinear, "rmsnorm_linear": m.backend.LayerNormLinear}
+        got = _classes(m.backend)
         for module, cls in got.items():
-            # one class serves both normalized modules: it deviates when either does
-            deviates = module in m.modules or (module in mutants.NORM and set(m.modules) & set(mutants.NORM))
+            # one class serves every module value of its TE class: it deviates when any does
+            api = modules.KINDS[module].api
+            deviates = any(modules.KINDS[x].api == api for x in m.modules)
             if deviates:
                 assert cls is not ref[module] and issubclass(cls, ref[module]), (m.name, module)
                 assert type(cls._impl) is not type(ref[module]._impl), (m.name, module)

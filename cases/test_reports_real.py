@@ -44,7 +44,7 @@ from harness.reports import _common  # noqa: E402
 from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
 from harness.reports.html import ALWAYS_COUNTED  # noqa: E402
 from harness.reports.diff import diff_records  # noqa: E402
-from harness import recordfile
+from harness import modules, recordfile
 
 
 def _sweep_all(root: Path) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def _hooked_distributed(record: dict[str, Any]) -> set[str]:
     """The cells the pre-fix backend breaks: hooked, distributed weight, expected to pass."""
     return {c["id"] for c in record["cells"]
             if c["axes"]["weight"] != "plain" and c["axes"]["hooks"] != "off"
-            and c["axes"]["module"] in ("linear", "grouped_linear", "layernorm_linear", "rmsnorm_linear")
+            and not modules.KINDS[c["axes"]["module"]].ops
             and c["expect"] == "pass"}
 
 

@@ -101,6 +101,9 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("weight", "consumer", lambda w, c: c == "ddp" or not weights.KINDS[w].needs_ddp,
      "a distributed weight always has a main_grad (Megatron's GTP runs only under its DDP, "
      "CONTRACTS §2) and requires consumer='ddp'"),
+    ("module", "dtype", lambda m, d: d in modules.KINDS[m].dtypes,
+     "TE's grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) exists for "
+     "bf16 and fp16 only (its grouped GEMM rejects fp32; TE falls back to the split path)"),
     ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
      "weight='megatron' requires world_size >= 2 (Megatron never builds a GTP group of one)"),
 )
@@ -391,15 +394,16 @@ def _weight_tiers(domain: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 
 def _module_slots(domain: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The modules as the covering design's loops see them: each module without a
-    normalization is a slot of its own; the normalized modules (``layernorm_linear``,
-    ``rmsnorm_linear``) share one slot and take turns in it. They run the same linear layer
-    behind different normalization arithmetic, so every combination a loop fixes reaches
-    that linear layer once, through one of the two normalizations; the all-pairs pass then
-    covers each of them against every value of every other axis."""
-    single = [(m,) for m in domain if not modules.KINDS[m].normalization]
-    norm = tuple(m for m in domain if modules.KINDS[m].normalization)
-    return single + ([norm] if norm else [])
+    """The modules as the covering design's loops see them: the module values of one TE class
+    share one slot and take turns in it - ``layernorm_linear`` / ``rmsnorm_linear``
+    (``LayerNormLinear``), and each grouped class's split-quantize and grouped-tensor paths.
+    They run one distributed-weight contract through different arithmetic or GEMM kernels,
+    so every combination a loop fixes reaches that class once, through one of its values;
+    the all-pairs pass then covers each value against every value of every other axis."""
+    slots: dict[str, list[str]] = {}
+    for m in domain:
+        slots.setdefault(modules.KINDS[m].api, []).append(m)
+    return [tuple(v) for v in slots.values()]
 
 
 def _ci(domains: Domains) -> list[Cell]:
@@ -408,7 +412,7 @@ def _ci(domains: Domains) -> list[Cell]:
     with hooks coverage, every hook mode per module and world size, fused alternating; (v)
     per light weight, each module at each world size with hooks and fused rotating; then
     (a) a greedy all-pairs pass over what they left uncovered. "Per module" is per slot of
-    :func:`_module_slots`: the normalized modules alternate in one slot.
+    :func:`_module_slots`: the module values of one TE class alternate in one slot.
     """
     tiers = _weight_tiers(domains["weight"])
     slots = _module_slots(domains["module"])
@@ -418,9 +422,11 @@ def _ci(domains: Domains) -> list[Cell]:
     def add(slot: tuple[str, ...], **fixed: Any) -> None:
         turn = turns.get(slot, 0)
         turns[slot] = turn + 1
-        cell = _complete({"module": slot[turn % len(slot)], **fixed}, domains)
-        if cell is not None:
-            cells.setdefault(cell)
+        for i in range(len(slot)):  # this turn's module, or the next one the combination admits
+            cell = _complete({"module": slot[(turn + i) % len(slot)], **fixed}, domains)
+            if cell is not None:
+                cells.setdefault(cell)
+                return
 
     for m, h, f, w, ws in itertools.product(slots, domains["hooks"], domains["fused"],
                                             tiers["full"], domains["world_size"]):

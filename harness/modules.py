@@ -13,8 +13,9 @@ stay free of torch; :mod:`harness.runner` turns a kind into a module inside a ra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ModuleKind", "KINDS", "NAMES", "NORM_KINDS", "NORM_PARAMS", "api_names"]
+__all__ = ["ModuleKind", "KINDS", "NAMES", "NORM_KINDS", "NORM_PARAMS", "api_names", "out_features"]
 
 #: a normalization's parameters, in order (RMSNorm has only the first)
 NORM_PARAMS: tuple[str, ...] = ("layer_norm_weight", "layer_norm_bias")
@@ -30,8 +31,10 @@ class ModuleKind:
         api: the backend attribute that builds it (``"ops.GroupedLinear"`` is nested).
         grouped: N GEMMs over row splits (the ``num_gemms`` axis applies); otherwise a group
             of one, and a cell always has ``num_gemms=1``.
-        splits: how ``forward`` takes the row splits: ``"none"``, ``"list"`` (``m_splits``)
-            or ``"tensor"`` (``split_sizes``, an int64 tensor).
+        splits: how ``forward`` takes the row splits: ``"none"``, ``"list"`` (``m_splits``),
+            ``"tensor"`` (``split_sizes``, an int64 CPU tensor) or ``"device"`` (an int64
+            tensor in the run's device memory, as the grouped-tensor path insists: on te-cpu
+            the backend's ``device_tensor`` marks a CPU tensor device-resident).
         ops: built with the op-fuser's keywords (``dtype``, ``accumulate_into_main_grad``)
             instead of the module keywords (``params_dtype``, ``fuse_wgrad_accumulation``).
         normalization: ``"LayerNorm"`` or ``"RMSNorm"`` before the GEMM, or None.
@@ -42,6 +45,14 @@ class ModuleKind:
             TE took the path the cell names (its forward GEMM, its normalization).
         excludes: extension functions that must not have been called (another path's GEMM:
             TE may fall back from one grouped path to the other without a word).
+        path: the TE execution path (``"split_quantize"``, ``"grouped_tensor"``) or ``""``;
+            a backend that can choose (``use_path``, te-cpu: its cuBLASLt version answer) is
+            told before each cell.
+        options: extra constructor keywords (``use_grouped_tensor=True``).
+        dtypes: the cell dtypes the path exists for (TE's grouped-tensor GEMM: bf16, fp16).
+        bias_multiple: with a bias, ``out_features`` is rounded up to a multiple of this
+            (the grouped-tensor path adds the bias with a vectorised kernel that needs 8
+            16-bit elements per row; TE refuses other widths).
     """
 
     name: str
@@ -54,6 +65,10 @@ class ModuleKind:
     zero_centered_gamma: bool = False
     evidence: tuple[str, ...] = ()
     excludes: tuple[str, ...] = ()
+    path: str = ""
+    options: tuple[tuple[str, Any], ...] = ()
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    bias_multiple: int = 1
 
     def path_mismatch(self, called: dict[str, int]) -> str | None:
         """Why the extension functions ``called`` do not prove this kind's path (None: they do)."""
@@ -81,27 +96,49 @@ class ModuleKind:
 #: TE's per-group GEMM (the split-quantize paths) and its one-GEMM-per-module kernel
 _SPLIT_GEMM, _GEMM = "te_general_grouped_gemm", "generic_gemm"
 _NORMS = ("layernorm_fwd", "rmsnorm_fwd")
+#: the grouped-tensor paths' GEMMs: discrete weights in (forward, dgrad) and out (wgrad)
+_GT_IN, _GT_OUT, _GT_SINGLE = ("te_general_grouped_gemm_for_discrete_in",
+                               "te_general_grouped_gemm_for_discrete_out",
+                               "te_general_grouped_gemm_for_grouped_tensor")
+_GT = (_GT_IN, _GT_OUT, _GT_SINGLE)
+_HALF = ("bf16", "fp16")
 
 _ALL = (
     ModuleKind("linear", "Linear: y = x W^T + b", "Linear", evidence=(_GEMM,),
                excludes=_NORMS + (_SPLIT_GEMM,)),
     ModuleKind("grouped_linear", "GroupedLinear on its split-quantize path: N linears over row "
                "splits (m_splits list)", "GroupedLinear", grouped=True, splits="list",
-               evidence=(_SPLIT_GEMM,), excludes=(_GEMM,)),
+               evidence=(_SPLIT_GEMM,), excludes=(_GEMM,) + _GT, path="split_quantize"),
     ModuleKind("ops_grouped_linear", "ops.GroupedLinear on its split-quantize path: the "
                "op-fuser's grouped linear (split_sizes tensor)", "ops.GroupedLinear", grouped=True,
-               splits="tensor", ops=True, evidence=(_SPLIT_GEMM,), excludes=(_GEMM,)),
+               splits="tensor", ops=True, evidence=(_SPLIT_GEMM,), excludes=(_GEMM,) + _GT,
+               path="split_quantize"),
     ModuleKind("layernorm_linear", "LayerNormLinear, LayerNorm with a zero-centered gamma, then "
                "Linear", "LayerNormLinear", normalization="LayerNorm", zero_centered_gamma=True,
                evidence=("layernorm_fwd", _GEMM), excludes=("rmsnorm_fwd", _SPLIT_GEMM)),
     ModuleKind("rmsnorm_linear", "LayerNormLinear, RMSNorm, then Linear", "LayerNormLinear",
                normalization="RMSNorm", evidence=("rmsnorm_fwd", _GEMM),
                excludes=("layernorm_fwd", _SPLIT_GEMM)),
+    ModuleKind("grouped_linear_tensor", "GroupedLinear on its grouped-tensor path "
+               "(use_grouped_tensor=True): one grouped GEMM over device-resident m_splits",
+               "GroupedLinear", grouped=True, splits="device", evidence=(_GT_IN,),
+               excludes=(_SPLIT_GEMM, _GEMM), path="grouped_tensor",
+               options=(("use_grouped_tensor", True),), dtypes=_HALF, bias_multiple=8),
+    ModuleKind("ops_grouped_linear_tensor", "ops.GroupedLinear on its grouped-tensor path: "
+               "one grouped GEMM (split_sizes tensor)", "ops.GroupedLinear", grouped=True,
+               splits="tensor", ops=True, evidence=(_GT_IN,), excludes=(_SPLIT_GEMM, _GEMM),
+               path="grouped_tensor", dtypes=_HALF, bias_multiple=8),
 )
 KINDS: dict[str, ModuleKind] = {k.name: k for k in _ALL}
 NAMES: tuple[str, ...] = tuple(KINDS)
 #: the values with a normalization before the GEMM
 NORM_KINDS: tuple[str, ...] = tuple(k.name for k in _ALL if k.normalization)
+
+
+def out_features(kind: ModuleKind, out: int, bias: bool) -> int:
+    """The ``out_features`` a cell of ``kind`` builds with, given the example's ``out``."""
+    m = kind.bias_multiple if bias else 1
+    return -(-out // m) * m
 
 
 def api_names(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:

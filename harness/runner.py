@@ -62,11 +62,11 @@ def build_module(backend: ModuleType, cell: Cell, example: Example, device: torc
     if kind.ops:
         return cls(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias, device=device,
                    dtype=dtype, accumulate_into_main_grad=cell.fused,
-                   delay_wgrad_compute=cell.delay_wgrad)
+                   delay_wgrad_compute=cell.delay_wgrad, **dict(kind.options))
     lead = (cell.num_gemms,) if kind.grouped else ()
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(kind.options)
     if kind.normalization is not None:
-        extra = {"normalization": kind.normalization, "zero_centered_gamma": kind.zero_centered_gamma}
+        extra.update(normalization=kind.normalization, zero_centered_gamma=kind.zero_centered_gamma)
     return cls(*lead, e.in_features, e.out_features, bias=cell.bias, params_dtype=dtype,
                device=device, fuse_wgrad_accumulation=cell.fused,
                delay_wgrad_compute=cell.delay_wgrad, **extra)
@@ -77,14 +77,26 @@ def _bias_names(module: torch.nn.Module) -> list[str]:
     return sorted(names, key=lambda n: int(n[4:] or 0))
 
 
-def _call(module: torch.nn.Module, cell: Cell, splits: list[int]):
+def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: ModuleType,
+          device: torch.device):
     convention = modules.KINDS[cell.module].splits
     if convention == "none":
         return lambda x: module(x)
     if convention == "list":
         return lambda x: module(x, splits)
     sizes = torch.tensor(splits, dtype=torch.int64)
+    if convention == "device":
+        # in device memory, as a caller of the grouped-tensor path passes them (TE insists);
+        # a CPU backend that stands in for a device marks them resident (te-cpu)
+        mark = getattr(backend, "device_tensor", None)
+        sizes = mark(sizes) if callable(mark) else sizes.to(device)
     return lambda x: module(x, sizes)
+
+
+def fitted(example: Example, cell: Cell) -> Example:
+    """``example`` with the out_features the cell's module accepts (``modules.out_features``)."""
+    out = modules.out_features(modules.KINDS[cell.module], example.out_features, cell.bias)
+    return example if out == example.out_features else dataclasses.replace(example, out_features=out)
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -148,10 +160,13 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     error); a failure of the harness's own phases returns status ``harness_error`` with the
     traceback, so it is never mistaken for a verdict on the backend.
     """
-    example = example or Example()
+    example = fitted(example or Example(), cell)
     evidence = getattr(backend, "path_evidence", None)
     if callable(evidence):
         backend.reset_path_evidence()
+    use_path = getattr(backend, "use_path", None)
+    if callable(use_path):
+        use_path(modules.KINDS[cell.module].path)  # held for the whole cell, twin included
     try:
         if cell.hooks == "off" or cell.expect == "error":
             result = _run_cell(backend, cell, ctx, example)
@@ -225,7 +240,7 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
             consumer = Consumer(cell.consumer, module, sharded, seed, ctx.rank, ctx.world_size, ctx.group)
         with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):
             consumer.register_hooks()
-        _run_step(module, cell, inputs, ctx, step, consumer, gtp)
+        _run_step(module, cell, inputs, ctx, step, consumer, gtp, backend)
         with _owned("harness", "consumer", cell):
             consumer.finish_step()
     except BackendFault as fault:  # the backend's failure is a result, not a harness crash
@@ -284,7 +299,8 @@ def _keep(kept: twin.Kept, step: _Step, consumer: Consumer, gtp: GTPGroup | None
 
 
 def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext,
-              step: _Step, consumer: Consumer, gtp: GTPGroup | None = None) -> None:
+              step: _Step, consumer: Consumer, gtp: GTPGroup | None = None,
+              backend: ModuleType | None = None) -> None:
     dev = ctx.device
     for mb in range(cell.microbatches):
         with _owned("harness", "inputs", cell):
@@ -292,7 +308,7 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
             dy = inputs.dy[ctx.rank][mb].to(dev)
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
-            out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb]), x)
+            out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb], backend, dev), x)
         with _owned("harness", "consumer", cell):
             if gtp is not None:
                 step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers())

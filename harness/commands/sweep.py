@@ -82,21 +82,23 @@ class Progress:
 
 def summary(record: RunRecord) -> str:
     counts = record.counts
-    lines = [f"{'module':22} " + " ".join(f"{s:>13}" for s in STATUSES)]
     per: dict[str, Counter] = {}
     for c in record.cells:
         per.setdefault(c.axes["module"], Counter())[c.status] += 1
+    w = max([len("module")] + [len(m) for m in per])
+    lines = [f"{'module':{w}} " + " ".join(f"{s:>13}" for s in STATUSES)]
     for mod, cnt in per.items():
-        lines.append(f"{mod:22} " + " ".join(f"{cnt.get(s, 0):>13}" for s in STATUSES))
-    lines.append(f"{'total':22} " + " ".join(f"{counts.get(s, 0):>13}" for s in STATUSES))
+        lines.append(f"{mod:{w}} " + " ".join(f"{cnt.get(s, 0):>13}" for s in STATUSES))
+    lines.append(f"{'total':{w}} " + " ".join(f"{counts.get(s, 0):>13}" for s in STATUSES))
     if record.ledger:
         lines.append("")
         lines.append(f"ledger {record.ledger['path']}:")
+        idw = max(len(e["id"]) for e in record.ledger["entries"]) if record.ledger["entries"] else 0
         for e in record.ledger["entries"]:
             state = ("STALE: no longer reproduces" if e["stale"] else
                      f"{len(e['known_cells'])} known, reproduced in {len(e['reproduced'])}/{len(e['selected'])} "
                      "selected cell(s)" if e["selected"] else "selects no cell of this run")
-            lines.append(f"  {e['id']:46} {e['upstream']:20} {state}")
+            lines.append(f"  {e['id']:{idw}} {e['upstream']:20} {state}")
     bad = [c for c in record.cells if not c]
     if bad:
         lines.append("")

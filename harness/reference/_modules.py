@@ -105,11 +105,14 @@ class GroupedLinear(_GroupModule):
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
                  params_dtype: torch.dtype | None = None, device: Any = None,
-                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False) -> None:
+                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False,
+                 use_grouped_tensor: bool = False) -> None:
         super().__init__()
         if num_gemms < 1:
             raise ValueError(f"num_gemms must be >= 1, got num_gemms={num_gemms}")
         self.num_gemms = num_gemms
+        # TE's two execution paths share one contract (CONTRACTS §1): one hook-safe path here
+        self.use_grouped_tensor = bool(use_grouped_tensor)
         self._build(num_gemms, in_features, out_features, bias, params_dtype, device,
                     fuse_wgrad_accumulation, delay_wgrad_compute)
 

@@ -40,10 +40,14 @@ __all__ = ["MUTANTS", "Mutant", "backend_from_fault", "evidence_found", "get", "
 #: there too would rerun the same code; its own faults are the normalization's (``NORM``).
 ALL_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
 NORM = ("layernorm_linear", "rmsnorm_linear")
+#: the grouped-tensor paths: in the reference, the split paths' classes (one contract)
+TENSOR = ("grouped_linear_tensor", "ops_grouped_linear_tensor")
 #: torch's own error texts that any shape bug raises: evidence only beside a fault's check
 GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid gradient",
                  "expected shape compatible with")
-MODULE_CLASSES = ("linear", "grouped_linear") + NORM
+#: the module values whose classes decide "distributed?" in the reference's GroupGemm (the
+#: op-fuser's read their own attributes)
+MODULE_CLASSES = ("linear", "grouped_linear", "grouped_linear_tensor") + NORM
 
 
 # ---- the faults: one mixin per class of BUGS.md ---------------------------------------
@@ -288,6 +292,24 @@ class _Tf32WhileDeclaringIeee:
         return [round_to_tf32(c) if c.dtype == torch.float32 else c for c in copies]  # Fault
 
 
+class _GroupedTensorPathNoDw:
+    """``GroupedLinear``'s grouped-tensor path as TE 2.20.2 wrote it: forward keeps the
+    gathered copies for backward, and backward runs on them as if the weights were plain -
+    no backward-materialize, no ``grad_buffer()``, no finalize."""
+
+    def save(self, ctx: Any, call: GemmCall, inp: torch.Tensor, weights: Sequence[Any],
+             gemm_weights: Sequence[torch.Tensor]) -> None:
+        super().save(ctx, call, inp, weights, gemm_weights)
+        if getattr(call.module, "use_grouped_tensor", False):
+            ctx.weight_objects = tuple(gemm_weights)  # Fault: the gathered copies, kept
+
+    def origin_weights(self, ctx: Any, call: GemmCall, weights: Sequence[Any],
+                       distributed: bool) -> list[Any]:
+        if getattr(call.module, "use_grouped_tensor", False):
+            return list(ctx.weight_objects)  # Fault: main_grad looked up on the copies
+        return super().origin_weights(ctx, call, weights, distributed)
+
+
 # ---- faults of LayerNormLinear's normalization: its parameters are plain, its gradients ----
 # ---- ordinary - and a backend can still lose or misroute them ----------------------------
 
@@ -357,11 +379,11 @@ def backend_from_fault(name: str, description: str, fault: type,
         impl = _subclass((fault, ReferenceImpl), f"{q}Impl", q, {})()
         if "linear" in modules:
             linear = _subclass((_modules.Linear,), "Linear", q, {"_impl": impl})
-        if "grouped_linear" in modules:
+        if {"grouped_linear", "grouped_linear_tensor"} & set(modules):
             grouped = _subclass((_modules.GroupedLinear,), "GroupedLinear", q, {"_impl": impl})
         if set(modules) & set(NORM):
             layernorm = _subclass((_modules.LayerNormLinear,), "LayerNormLinear", q, {"_impl": impl})
-    if "ops_grouped_linear" in modules:
+    if {"ops_grouped_linear", "ops_grouped_linear_tensor"} & set(modules):
         ops_impl = _subclass((fault, OpsImpl), f"{q}OpsImpl", q, {})()
         ops_grouped = _subclass((ops.GroupedLinear,), "GroupedLinear", f"{q}.ops", {"_impl": ops_impl})
     return _backend(name, description, linear, grouped, ops_grouped, layernorm)
@@ -495,6 +517,12 @@ def _build() -> dict[str, Mutant]:
         _fault("tf32-declared-ieee",
                "fp32 forward GEMMs with TF32 operands while the backend declares IEEE fp32",
                _Tf32WhileDeclaringIeee, evidence=("check:mb*.output",)),
+        _fault("grouped-tensor-path-no-dw",
+               "GroupedLinear's grouped-tensor path keeps the gathered copies for backward "
+               "and runs backward on them as on plain weights (no materialize, no finalize)",
+               _GroupedTensorPathNoDw, modules=("grouped_linear_tensor",),
+               evidence=("check:leader.materialize_backward_calls", "check:leader.finalize_calls",
+                         "check:forward_gathers_alive_at_backward")),
         # LayerNormLinear's normalization
         _fault("norm-dgamma-dropped",
                "LayerNormLinear: the normalization's backward drops the layer_norm_weight "

@@ -39,6 +39,23 @@ TE_VERSION: str = loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
 
 
+def use_path(path: str) -> None:
+    """Make TE choose ``path`` from here on: TE picks its grouped-tensor paths by the cuBLASLt
+    version (asked at every forward; the backward follows its forward), so the answer is the
+    grouped GEMM's minimum for ``"grouped_tensor"`` and 12.9.1 otherwise. The runner calls it
+    before each cell; the answer holds over the cell's whole step."""
+    grouped = path == "grouped_tensor"
+    extension.set_cublaslt_version(extension.GROUPED_GEMM_CUBLASLT_VERSION if grouped
+                                   else extension.CUBLASLT_VERSION)
+
+
+def device_tensor(t: Any) -> Any:
+    """``t`` (a CPU tensor) as TE sees a tensor in CUDA memory: the grouped-tensor path
+    insists that ``m_splits`` be there (``module/grouped_linear.py``: "requires CUDA
+    m_splits"); TE's code then hands it to the CPU kernels unchanged."""
+    return cuda_surface.on_device(t)
+
+
 def reset_path_evidence() -> None:
     """Forget the kernels called so far (the runner calls it before each cell)."""
     evidence.reset()
@@ -64,4 +81,5 @@ def describe() -> dict[str, Any]:
 
 
 __all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "path_evidence", "reset_path_evidence",
+           "use_path", "device_tensor",
            "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]
