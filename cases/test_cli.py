@@ -40,6 +40,8 @@ def bad_backend(tmp_path):
 def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str], str]]:
     """case -> (argv after the command, a phrase the error line must contain)."""
     (tmp_path / "file").write_text("a regular file, so file/out cannot be a folder")
+    no_layernorm = tmp_path / "no_layernorm_backend.py"
+    no_layernorm.write_text("from harness.reference import GroupedLinear, Linear, ops  # noqa: F401\n")
     return {
         "unknown axis value": (["sweep", "--dtypes", "fp64"], "Unknown value 'fp64' for axis dtype"),
         "malformed filter": (["sweep", "--filter", "module =="], "Malformed filter 'module =='"),
@@ -64,6 +66,11 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
         "selftest world size too large": (["selftest", "--world-sizes", "16"], "world size 16"),
         "selftest cell timeout zero": (["selftest", *SMALL, "--cell-timeout", "0"], "--cell-timeout must be > 0"),
         "rerun-failed without resume": (["sweep", *SMALL, "--rerun-failed"], "--rerun-failed needs --resume"),
+        "backend lacks a selected module's class": (
+            ["sweep", "--preset", "smoke", "--backend", str(no_layernorm)],
+            "has no LayerNormLinear, which the selected module values layernorm_linear, rmsnorm_linear "
+            "need: select --modules linear,grouped_linear,ops_grouped_linear,grouped_linear_tensor,"
+            "ops_grouped_linear_tensor"),
     }
 
 
@@ -72,7 +79,7 @@ CASES = ["unknown axis value", "malformed filter", "unknown name in filter", "ba
          "empty selection", "unknown preset", "repro malformed cell id", "resume without a record",
          "list unknown value", "cell timeout zero", "cell timeout negative", "repro cell timeout zero",
          "repro unknown example key", "repro malformed example", "selftest world size too large",
-         "selftest cell timeout zero", "rerun-failed without resume"]
+         "selftest cell timeout zero", "rerun-failed without resume", "backend lacks a selected module's class"]
 
 
 @pytest.mark.parametrize("case", CASES)

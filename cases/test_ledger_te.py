@@ -2,8 +2,8 @@
 
 What must hold (issue 10's acceptance): ``sweep --backend te-cpu --preset ci`` exits 0 with
 every non-passing cell ``known`` and no stale entry; every entry reproduces (in the ``ci``
-sweep, or - the input-needs-no-grad variant of the seed, which ``ci`` does not select - in a
-targeted sweep of Linear/GroupedLinear x hooks x no input gradient); removing any one entry
+sweep, or - the entries ``ci`` selects no cell of (``TARGETED``) - in a targeted sweep: the
+seed's input-needs-no-grad variant, delayed wgrad on the grouped-tensor path); removing any one entry
 turns the cells only it explains red (exit 1, each named); an entry that cannot reproduce
 is stale (exit 1, "delete it"). Re-judging uses ``sweep --resume`` of a copy of the run
 folder with another ``--ledger``: nothing runs again, every verdict is judged anew.
@@ -29,7 +29,15 @@ NOIGRAD = ["--preset", "full", "--modules", "linear,grouped_linear", "--weights"
            "--hooks", "identity,offload", "--input-grad", "off", "--delay-wgrad", "off", "--consumers", "ddp",
            "--world-sizes", "1,2", "--dtypes", "bf16", "--microbatches", "2", "--num-gemms", "1,4", "--bias", "on",
            "--filter", 'module == "linear" or num_gemms == 4']
-SWEEPS = {"ci": ["--preset", "ci"], "noigrad": NOIGRAD}
+#: delayed wgrad with a distributed weight on GroupedLinear's grouped-tensor path (ci gives that
+#: combination to the class's split-quantize path: the two take turns in one slot)
+GT_DELAY = ["--preset", "full", "--modules", "grouped_linear_tensor", "--weights", "distributed",
+            "--hooks", "off,identity", "--delay-wgrad", "on", "--consumers", "ddp", "--world-sizes", "2",
+            "--dtypes", "bf16", "--microbatches", "2", "--num-gemms", "4", "--bias", "on", "--input-grad", "on"]
+SWEEPS = {"ci": ["--preset", "ci"], "noigrad": NOIGRAD, "gt_delay": GT_DELAY}
+#: the entries ci selects no cell of, and the targeted sweep each reproduces in
+TARGETED = {"hooks-strip-distributed-weight-noigrad": "noigrad",
+            "delayed-wgrad-distributed-not-rejected-grouped-tensor": "gt_delay"}
 
 
 def _harness(*args: str) -> subprocess.CompletedProcess:
@@ -40,7 +48,7 @@ def _harness(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def te_runs(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
-    """The two TE sweeps under the shipped ledger, run once per pytest run."""
+    """The TE sweeps under the shipped ledger, run once per pytest run."""
     def run_all(root: Path) -> None:
         for name, selection in SWEEPS.items():
             proc = _harness("sweep", "--backend", "te-cpu", *selection, "--out", str(root / name), "--quiet")
@@ -97,7 +105,7 @@ def _without(entry_id: str) -> str:
 
 @pytest.mark.parametrize("entry_id", [e.id for e in SHIPPED.entries])
 def test_removing_an_entry_turns_its_cells_red(te_runs, tmp_path, entry_id):
-    name = "noigrad" if entry_id.endswith("-noigrad") else "ci"
+    name = TARGETED.get(entry_id, "ci")
     run, _, _ = te_runs[name]
     before = {c["id"]: c for c in recordfile.read(run)["cells"]}
     others = [e for e in SHIPPED.entries if e.id != entry_id]
