@@ -67,11 +67,15 @@ def test_shards_merge_to_the_unsharded_sweep(runs):
 
 def test_resume_of_a_finished_shard_runs_nothing(runs):
     run_dir = runs["root"] / "s2"
-    before = (run_dir / "cells.jsonl").read_text()
+    before = recordfile.read(run_dir)
+    # a finished run keeps its record, not its result stream (harness.sweep.retire)
+    assert not (run_dir / "cells.jsonl").exists() and not (run_dir / "ranks").exists()
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert (run_dir / "cells.jsonl").read_text() == before
+    assert not (run_dir / "cells.jsonl").exists(), "the resume appended verdicts: it ran cells"
+    after = recordfile.read(run_dir)
+    assert after["cells"] == before["cells"] and len(after["launches"]) == len(before["launches"])
     assert recordfile.read(run_dir)["selection"]["shard"] == {"index": 2, "count": N}
 
 

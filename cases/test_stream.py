@@ -70,3 +70,23 @@ def test_progress_line_has_counts_rate_and_eta(capsys) -> None:
     assert "24 pass, 1 fail" in line and "cells/s" in line and "ETA" in line, line
     progress.waiting("launch ws2-0: starting 2 rank(s) (0 ready after 10 s)")
     assert "starting 2 rank(s)" in capsys.readouterr().out
+
+
+def test_a_retired_stream_reads_its_record_then_what_was_appended_since(tmp_path: Path) -> None:
+    """A complete run's stream is folded into its record and deleted (a finished folder costs
+    no more than its record); reading it gives the record's verdict per cell, then any
+    verdict appended later (a ``--resume``), the later one winning."""
+    from harness import recordfile
+
+    stream = ResultStream(tmp_path)
+    for i in (1, 2):
+        stream.append(_result(i, "fail"), "b")
+    recordfile.write({"backend": "b", "cells": [_result(1, "fail").serialize(), _result(2, "fail").serialize(),
+                                                 CellResult("cell-3", {}, "pass", "skipped").serialize()]}, tmp_path)
+    stream.retire()
+    assert not stream.path.exists() and (tmp_path / "cells.retired").exists()
+    assert [(v.result.id, v.result.status) for v in stream.read()] == [("cell-1", "fail"), ("cell-2", "fail")]
+    assert stream.read_since(0) == ([], 0)  # live readers see only live appends
+    stream.append(_result(2, "pass"), "b")
+    assert [(v.result.id, v.result.status) for v in stream.read()] == [("cell-1", "fail"), ("cell-2", "pass")]
+    assert {i: r.status for i, r in stream.latest("b").items()} == {"cell-1": "fail", "cell-2": "pass"}

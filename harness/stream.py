@@ -13,6 +13,12 @@ before the lock is released, so a crash loses nothing that was appended. A torn 
 The on-disk format is private to this module (today ``cells.jsonl``, one
 ``{"backend", "launch", "result"}`` object a line); callers use ``append``, ``read`` and
 ``read_since`` only, so the format can change without touching them.
+
+Once a sweep is complete its run record (``harness.recordfile``) holds every verdict, and
+the stream is *retired* (``retire``): deleted, with a marker left, so a finished run folder
+costs no more than its record. Reading a retired stream (``read``, ``latest``) reads the
+record's verdict of every cell - one per cell - then whatever was appended since (a later
+``--resume``); ``read_since`` reads only what is appended live.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from harness import recordfile
 from harness.record import CellResult
 
 FILENAME = "cells.jsonl"
+#: left in a run folder whose stream was folded into its final record
+RETIRED = "cells.retired"
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,27 @@ class ResultStream:
                 os.fsync(f.fileno())
 
     def read(self) -> list[Verdict]:
-        """Every verdict appended so far, in order."""
-        return self.read_since(0)[0]
+        """Every verdict appended so far, in order (a retired stream: see the module docstring)."""
+        live = self.read_since(0)[0]
+        if not (self.run_dir / RETIRED).exists():
+            return live
+        rerun = {v.key for v in live}
+        return [v for v in self._archived() if v.key not in rerun] + live
+
+    def retire(self) -> None:
+        """Drop the stream of a complete run whose record is final (it holds every verdict)."""
+        (self.run_dir / RETIRED).write_text(
+            f"the verdicts of {FILENAME} are in {recordfile.FILENAME} (the run is complete)\n")
+        self.path.unlink(missing_ok=True)
+
+    def _archived(self) -> list[Verdict]:
+        """The record's verdicts (a cell never reached has none)."""
+        try:
+            record = recordfile.read(self.run_dir)
+        except (OSError, ValueError):
+            return []
+        return [Verdict(record["backend"], CellResult.from_dict(c)) for c in record.get("cells", ())
+                if c.get("status") != "skipped"]
 
     def read_since(self, offset: int) -> tuple[list[Verdict], int]:
         """The verdicts appended after ``offset``; returns them and the offset to read on from.

@@ -10,6 +10,7 @@ marked ``incomplete``; ``resume`` reruns exactly the cells without a verdict in 
 from __future__ import annotations
 
 import shlex
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +144,18 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     finally:
         record.finished = runinfo.now()
         fold(final=True)
+    if record.status == "complete":
+        retire(run_dir, stream)
     return record
+
+
+def retire(run_dir: Path, stream: ResultStream) -> None:
+    """A complete run keeps only what it needs: its record holds every verdict with every
+    rank's checks and errors, so the result stream and the ranks' event reports (the
+    launcher's live view, folded into the verdicts) go; the launch logs, plans and reports
+    stay. An interrupted run keeps everything ``--resume`` reads."""
+    stream.retire()
+    shutil.rmtree(run_dir / "ranks", ignore_errors=True)
 
 
 def unrun(cell: matrix.Cell, why: str) -> CellResult:
