@@ -34,10 +34,7 @@ same accumulation, one more term.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,7 +42,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.install import te as te_component
+from fixtures.te_script import run_te_script
 
 ROOT = Path(__file__).resolve().parents[1]
 U32 = 2.0**-24  # unit roundoff of the fp32 compute type
@@ -333,22 +330,14 @@ _SCRIPT = """
                 y.sum().backward()
     facts["asked"] = dict(asked)
     saved["facts"] = facts
-    torch.save(saved, os.environ["DW_GROUPED_OUT"])
+    torch.save(saved, os.environ["DW_TE_SCRIPT_OUT"])
 """
 
 
 @pytest.fixture(scope="module")
 def te_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """TE's grouped layers run on te-cpu in a subprocess (never in this process): its tensors."""
-    why = te_component.missing()
-    if why is not None:
-        pytest.fail(f"te-cpu needs TransformerEngine: {why}: run `python -m harness install te`", pytrace=False)
-    out = tmp_path_factory.mktemp("te_grouped") / "run.pt"
-    code = textwrap.dedent(_SCRIPT).format(G=G, IN=IN, OUT=OUT, SPLITS=SPLITS, STEPS=STEPS, CONFIGS=CONFIGS)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "DW_GROUPED_OUT": str(out)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out)
+    return run_te_script(tmp_path_factory, 'te_grouped', _SCRIPT, timeout=600, G=G, IN=IN, OUT=OUT, SPLITS=SPLITS, STEPS=STEPS, CONFIGS=CONFIGS)
 
 
 def _groups(t: torch.Tensor) -> list[torch.Tensor]:

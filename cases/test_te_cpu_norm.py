@@ -29,10 +29,7 @@ forms ``gamma + 1`` in the weight dtype, is rejected (``test_bound_rejects_*``).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -41,7 +38,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.install import te as te_component
+from fixtures.te_script import run_te_script
 
 ROOT = Path(__file__).resolve().parents[1]
 U32 = 2.0**-24  # unit roundoff of the fp32 compute type
@@ -334,22 +331,14 @@ _SCRIPT = """
         except extension.MissingCpuKernel as exc:
             facts["quantizer_" + name] = str(exc)
     saved["facts"] = facts
-    torch.save(saved, os.environ["DW_NORM_OUT"])
+    torch.save(saved, os.environ["DW_TE_SCRIPT_OUT"])
 """
 
 
 @pytest.fixture(scope="module")
 def te_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """TE's LayerNormLinear run on te-cpu in a subprocess (never in this process): its tensors."""
-    why = te_component.missing()
-    if why is not None:
-        pytest.fail(f"te-cpu needs TransformerEngine: {why}: run `python -m harness install te`", pytrace=False)
-    out = tmp_path_factory.mktemp("te_norm") / "run.pt"
-    code = textwrap.dedent(_SCRIPT).format(IN=IN, OUT=OUT, LEAD=LEAD)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "DW_NORM_OUT": str(out)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out)
+    return run_te_script(tmp_path_factory, 'te_norm', _SCRIPT, timeout=300, IN=IN, OUT=OUT, LEAD=LEAD)
 
 
 @dataclass(frozen=True)
