@@ -124,18 +124,34 @@ class Consumer:
                     self._reduce(p)
 
     def finish_step(self) -> None:
-        """Average replicated (non-GTP) parameters' gradients of record across ranks."""
-        for name, p in self.params.items():
-            if name in self.sharded:
-                continue
-            if self.mode == "ddp":
-                inc = p.main_grad - self.start[name].to(p.main_grad.device)
-                if self.world_size > 1:
-                    dist.all_reduce(inc, group=self.group)
-                p.main_grad.copy_(self.start[name].to(inc.device) + inc / self.world_size)
-            elif p.grad is not None and self.world_size > 1:
-                dist.all_reduce(p.grad, group=self.group)
-                p.grad.div_(self.world_size)
+        """Average replicated (non-GTP) parameters' gradients of record across ranks.
+
+        One all-reduce per dtype for all of them, as a DDP reduces its gradient buckets:
+        a collective per parameter costs a scheduling round-trip of every rank each."""
+        replicated = {n: p for n, p in self.params.items() if n not in self.sharded}
+        if self.mode == "ddp":
+            incs = {n: p.main_grad - self.start[n].to(p.main_grad.device) for n, p in replicated.items()}
+            self._all_reduce(list(incs.values()))
+            for n, p in replicated.items():
+                p.main_grad.copy_(self.start[n].to(incs[n].device) + incs[n] / self.world_size)
+        elif self.world_size > 1:
+            grads = [p.grad for p in replicated.values() if p.grad is not None]
+            self._all_reduce(grads)
+            for g in grads:
+                g.div_(self.world_size)
+
+    def _all_reduce(self, tensors: list[torch.Tensor]) -> None:
+        """Sum ``tensors`` across the ranks in place, one flat collective per dtype."""
+        if self.world_size == 1:
+            return
+        by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault((t.dtype, t.device), []).append(t)
+        for group in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            dist.all_reduce(flat, group=self.group)
+            for t, part in zip(group, flat.split([t.numel() for t in group])):
+                t.copy_(part.view_as(t))
 
     def main_grad_kept(self, name: str) -> bool:
         """Whether parameter ``name`` still has the ``main_grad`` object (and storage) the
