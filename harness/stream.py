@@ -84,13 +84,18 @@ class ResultStream:
         self.path.unlink(missing_ok=True)
 
     def _archived(self) -> list[Verdict]:
-        """The record's verdicts (a cell never reached has none)."""
+        """The record's verdicts (a cell never reached has none), each with the last launch
+        whose cells name it - the one its verdict came from."""
         try:
             record = recordfile.read(self.run_dir)
         except (OSError, ValueError):
             return []
-        return [Verdict(record["backend"], CellResult.from_dict(c)) for c in record.get("cells", ())
-                if c.get("status") != "skipped"]
+        launch_of: dict[str, str] = {}
+        for launch in record.get("launches", ()):
+            name = Path(launch.get("log_dir") or "").name or None
+            launch_of.update((cell_id, name) for cell_id in launch.get("cells", ()))
+        return [Verdict(record["backend"], CellResult.from_dict(c), launch_of.get(c["id"]))
+                for c in record.get("cells", ()) if c.get("status") != "skipped"]
 
     def read_since(self, offset: int) -> tuple[list[Verdict], int]:
         """The verdicts appended after ``offset``; returns them and the offset to read on from.
