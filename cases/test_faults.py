@@ -214,8 +214,12 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     env = _env(tmp_path / "fired", "hang", cell=3)
     proc = subprocess.Popen(_sweep_cmd(run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    err = interrupt_when(proc, lambda: len(ResultStream(run_dir).read()) >= 2, signal.SIGINT, run_dir,
-                         "no two results")
+    # interrupted once the hang has fired (its once-marker exists), not merely after two
+    # results: else a loaded machine can interrupt before rank 1 reaches the third cell, and
+    # the resumed sweep's third module hangs instead
+    fired = tmp_path / "fired"
+    err = interrupt_when(proc, lambda: fired.exists() and len(ResultStream(run_dir).read()) >= 2,
+                         signal.SIGINT, run_dir, "no two results and a fired hang")
     assert proc.returncode == 130, err[-3000:]
     record = recordfile.read(run_dir)
     assert record["status"] == "incomplete"
