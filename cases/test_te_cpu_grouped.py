@@ -33,32 +33,19 @@ same accumulation, one more term.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-from fixtures.te_script import run_te_script
+from fixtures.te_script import load_kernels, run_te_script
 
-ROOT = Path(__file__).resolve().parents[1]
 U32 = 2.0**-24  # unit roundoff of the fp32 compute type
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _load_grouped() -> ModuleType:
-    """``harness/te_cpu/grouped.py`` without its package (whose import patches torch)."""
-    spec = importlib.util.spec_from_file_location("_te_cpu_grouped_kernels", ROOT / "harness" / "te_cpu" / "grouped.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-grouped = _load_grouped()
+grouped = load_kernels("grouped")
 
 
 def _assert_within(name: str, actual: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> None:

@@ -28,19 +28,15 @@ forms ``gamma + 1`` in the weight dtype, is rejected (``test_bound_rejects_*``).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-from fixtures.te_script import run_te_script
+from fixtures.te_script import load_kernels, run_te_script
 
-ROOT = Path(__file__).resolve().parents[1]
 U32 = 2.0**-24  # unit roundoff of the fp32 compute type
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NORMS = ("LayerNorm", "RMSNorm")
@@ -49,16 +45,7 @@ EPS = 1e-5
 ELEMENTWISE = 32
 
 
-def _load_norm() -> ModuleType:
-    """``harness/te_cpu/norm.py`` without its package (whose import patches torch)."""
-    spec = importlib.util.spec_from_file_location("_te_cpu_norm_kernels", ROOT / "harness" / "te_cpu" / "norm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-norm = _load_norm()
+norm = load_kernels("norm")
 
 
 # ---- float64 references ---------------------------------------------------------------------
