@@ -142,7 +142,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts, apis=[a for a in _modules.api_names(_modules.NAMES) if has_api(backend, a)])
+                       extra=facts, apis=[a for a in _modules.APIS if has_api(backend, a)])
 
 
 def probe_backend(spec: str, env: Mapping[str, str] | None = None, timeout: float = 300.0) -> BackendInfo:

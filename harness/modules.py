@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModuleKind", "KINDS", "NAMES", "NORM_KINDS", "NORM_PARAMS", "api_names", "out_features"]
+__all__ = ["ModuleKind", "KINDS", "NAMES", "APIS", "NORM_PARAMS"]
 
 #: a normalization's parameters, in order (RMSNorm has only the first)
 NORM_PARAMS: tuple[str, ...] = ("layer_norm_weight", "layer_norm_bias")
@@ -70,6 +70,11 @@ class ModuleKind:
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
     bias_multiple: int = 1
 
+    def out_features(self, out: int, bias: bool) -> int:
+        """The ``out_features`` a cell builds with, given the example's ``out``."""
+        m = self.bias_multiple if bias else 1
+        return -(-out // m) * m
+
     def path_mismatch(self, called: dict[str, int]) -> str | None:
         """Why the extension functions ``called`` do not prove this kind's path (None: they do)."""
         missing = [f for f in self.evidence if not called.get(f)]
@@ -84,13 +89,6 @@ class ModuleKind:
             why.append(f"called {', '.join(foreign)}, which belongs to another path")
         return (f"path evidence: a {self.name} cell must run TE's {self.summary.split(':')[0]} "
                 f"path, but the backend {' and '.join(why)} (called: {ran})")
-
-    @property
-    def norm_params(self) -> tuple[str, ...]:
-        """The normalization's parameters (plain, replicated, with ordinary gradients)."""
-        if self.normalization is None:
-            return ()
-        return NORM_PARAMS if self.normalization == "LayerNorm" else NORM_PARAMS[:1]
 
 
 #: TE's per-group GEMM (the split-quantize paths) and its one-GEMM-per-module kernel
@@ -131,16 +129,6 @@ _ALL = (
 )
 KINDS: dict[str, ModuleKind] = {k.name: k for k in _ALL}
 NAMES: tuple[str, ...] = tuple(KINDS)
-#: the values with a normalization before the GEMM
-NORM_KINDS: tuple[str, ...] = tuple(k.name for k in _ALL if k.normalization)
+#: the backend classes the values need, in axis order (``ops.GroupedLinear`` is nested)
+APIS: tuple[str, ...] = tuple(dict.fromkeys(k.api for k in _ALL))
 
-
-def out_features(kind: ModuleKind, out: int, bias: bool) -> int:
-    """The ``out_features`` a cell of ``kind`` builds with, given the example's ``out``."""
-    m = kind.bias_multiple if bias else 1
-    return -(-out // m) * m
-
-
-def api_names(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """The backend attributes that the given module values need, in axis order, deduplicated."""
-    return tuple(dict.fromkeys(KINDS[n].api for n in NAMES if n in names))

@@ -8,6 +8,7 @@ reduction length and with cancellation instead of being fixed ``atol``/``rtol`` 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +118,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     # LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u
     operand_u = torch.finfo(inputs.dtype).eps / 2 if norm is not None else 0.0
 
+    @functools.cache  # each (rank, microbatch) is normalized once: outputs and grads share it
     def gemm_input(r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
         x = inputs.x[r][m].to(F64)
         if norm is None:

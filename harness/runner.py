@@ -94,8 +94,8 @@ def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: Modul
 
 
 def fitted(example: Example, cell: Cell) -> Example:
-    """``example`` with the out_features the cell's module accepts (``modules.out_features``)."""
-    out = modules.out_features(modules.KINDS[cell.module], example.out_features, cell.bias)
+    """``example`` with the out_features the cell's module accepts (``ModuleKind.out_features``)."""
+    out = modules.KINDS[cell.module].out_features(example.out_features, cell.bias)
     return example if out == example.out_features else dataclasses.replace(example, out_features=out)
 
 

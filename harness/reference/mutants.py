@@ -40,8 +40,6 @@ __all__ = ["MUTANTS", "Mutant", "backend_from_fault", "evidence_found", "get", "
 #: there too would rerun the same code; its own faults are the normalization's (``NORM``).
 ALL_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
 NORM = ("layernorm_linear", "rmsnorm_linear")
-#: the grouped-tensor paths: in the reference, the split paths' classes (one contract)
-TENSOR = ("grouped_linear_tensor", "ops_grouped_linear_tensor")
 #: torch's own error texts that any shape bug raises: evidence only beside a fault's check
 GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid gradient",
                  "expected shape compatible with")
