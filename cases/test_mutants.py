@@ -1,4 +1,4 @@
-"""The planted faults of BUGS.md die in-process, for the right reason; the reference lives.
+"""The planted faults of docs/fault-classes.md die in-process, for the right reason; the reference lives.
 
 Every mutant of ``harness.reference.mutants`` runs the world-size-1 cells of the ``ci``
 preset in this process. A mutant that can show at ws=1 must be *killed* (some cell's status
@@ -92,7 +92,7 @@ def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
 
 
 def test_catalog_matches_bugs_md():
-    """BUGS.md's ten classes in order, then the four only a Megatron-like implementer exposes,
+    """docs/fault-classes.md's ten classes in order, then the four only a Megatron-like implementer exposes,
     then the one only an exact check catches, four subtle numeric faults and the three of
     GroupedLinear's grouped-tensor path and LayerNormLinear's normalization."""
     assert list(mutants.MUTANTS) == [

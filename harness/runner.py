@@ -1,7 +1,7 @@
 """One cell on one rank: build, inject, run the microbatches, check against the oracle.
 
 The worker calls ``run_cell`` for every cell of its launch; the in-process tests call it
-with world size 1. Every check traces to a sentence of CONTRACTS.md (quoted in comments).
+with world size 1. Every check traces to a sentence of docs/contracts.md (quoted in comments).
 
 Every step is tagged with its owner (``_owned``): what the backend's code raises is a
 verdict on the backend; what the harness's own set-up and checks raise is a harness bug.

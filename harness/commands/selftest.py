@@ -16,7 +16,7 @@ from harness.selftest import CLEAN, run_selftest, table, write
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("selftest", help="prove the harness kills every known fault class "
-                       "(../shared/design/BUGS.md) with zero false alarms")
+                       "(docs/fault-classes.md) with zero false alarms")
     selection.add_selection(p)
     p.add_argument("--out", type=Path, help="run folder (default: runs/selftest-<timestamp>)")
     _options.add_timeout_and_device(p)

@@ -1,4 +1,4 @@
-"""Planted faults: each class of BUGS.md as a named, minimal deviation of the reference.
+"""Planted faults: each class of docs/fault-classes.md as a named, minimal deviation of the reference.
 
 A mutant is a backend (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``) whose modules
 use a subclass of ``ReferenceImpl`` (or ``OpsImpl``) that overrides one decision - two where
@@ -48,7 +48,7 @@ GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid 
 MODULE_CLASSES = ("linear", "grouped_linear", "grouped_linear_tensor") + NORM
 
 
-# ---- the faults: one mixin per class of BUGS.md ---------------------------------------
+# ---- the faults: one mixin per class of docs/fault-classes.md ---------------------------------------
 # Each mixin is placed before ReferenceImpl / OpsImpl in the MRO, so ``super()`` is the
 # correct behaviour and the override reads as "the fix, minus one thing".
 
@@ -389,10 +389,10 @@ def backend_from_fault(name: str, description: str, fault: type,
 
 @dataclass(frozen=True)
 class Mutant:
-    """One planted fault of BUGS.md.
+    """One planted fault of docs/fault-classes.md.
 
     Attributes:
-        name: the BUGS.md id; ``harness.reference.mutants:<name>`` selects it.
+        name: the docs/fault-classes.md id; ``harness.reference.mutants:<name>`` selects it.
         description: one line: what the backend does wrong.
         backend: a backend module (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``).
         min_world_size: the smallest world size at which the fault changes anything the
@@ -543,7 +543,7 @@ MUTANTS: dict[str, Mutant] = _build()
 
 
 def names() -> list[str]:
-    """The mutant names, in BUGS.md order."""
+    """The mutant names, in docs/fault-classes.md order."""
     return list(MUTANTS)
 
 
