@@ -1,14 +1,17 @@
 """The known-defects ledger as a fold over verdicts (CONTRACTS §7), without launching.
 
-What must hold: a cell is ``known`` only when every failing item on every rank is explained
-by an entry selecting it - one unexplained check keeps it ``fail``; a harness error is never
-``known``; an entry selecting cells that reproduces in none is stale and fails the gate (but
-not in a shard); the fold is idempotent; a malformed ledger is one clear line.
+What must hold: a cell is ``known`` only when every failing item on every rank matches the
+signature of an entry reproducing in it - one unexplained check, a value off by more than the
+entry's band, another exception, a consequence without its cause: each keeps it ``fail``; a
+harness error is never ``known``; an entry selecting cells that reproduces in none is stale
+and fails the gate (but not in a shard); the fold is idempotent; a malformed ledger, or an
+entry broader than a signature, is one clear line.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -23,9 +26,14 @@ OTHER = matrix.Cell(**{**CELL.serialize(), "module": "linear", "num_gemms": 1})
 
 
 def _entry(id: str = "dtype", cells: str = 'module == "grouped_linear"', checks=("finalize_dtypes",),
-           error: str | None = None, upstream: str = "TE PR #3397 (open)") -> ledger.Entry:
+           error: tuple[str, str] | None = None, upstream: str = "TE PR #3397 (open)",
+           also: tuple[ledger.Symptom, ...] = ()) -> ledger.Entry:
+    """An entry whose checks fail with ``_result``'s message and whose exception is ``error``."""
+    fails = tuple(ledger.Symptom(check=c, message=" off$") for c in checks)
+    if error:
+        fails += (ledger.Symptom(exception=error[0], message=error[1]),)
     return ledger.Entry(id=id, title=id, upstream=upstream, row="unfused wgrad", kind="defect", cells=cells,
-                        checks=tuple(checks), error=error)
+                        fails=fails + also)
 
 
 def _ledger(*entries: ledger.Entry) -> ledger.Ledger:
@@ -64,12 +72,83 @@ def test_one_unexplained_check_keeps_the_cell_failing():
     assert run_exit_code(c.status for c in cells) == exitcodes.MISMATCH
 
 
-def test_exception_explained_only_by_an_error_pattern():
+def test_exception_explained_only_by_its_type_and_text():
     err = ("AssertionError", "weight was removed while fuse_wgrad_accumulation=True")
     by_checks = ledger.apply([_result(CELL, error=err)], _ledger(_entry(checks=("weight*.main_grad",))))[0]
     assert by_checks[0].status == "error"
-    by_error = ledger.apply([_result(CELL, error=err)], _ledger(_entry(checks=(), error="weight was removed")))[0]
+    by_error = ledger.apply([_result(CELL, error=err)], _ledger(_entry(checks=(), error=("AssertionError",
+                                                                                         "weight was removed"))))[0]
     assert by_error[0].status == "known" and by_error[0].raw_status == "error"
+    other_type = ledger.apply([_result(CELL, error=err)], _ledger(_entry(checks=(), error=("RuntimeError",
+                                                                                           "weight was removed"))))[0]
+    assert other_type[0].status == "error"
+
+
+def _value(cell: matrix.Cell, ratio: float, name: str = "weight0.main_grad") -> CellResult:
+    """A cell whose finalize ran in bf16 and whose ``name`` is off by ``ratio`` times its bound."""
+    checks = [Check("finalize_dtypes", "dtype", False, message="finalize_dtypes: expected ['float32'], got ['bfloat16']"),
+              Check(name, "tensor", False, message="Tensors are not close!", ratio=ratio)]
+    return CellResult(cell.id, cell.serialize(), cell.expect, "fail", ranks=[RankResult(0, "fail", checks)])
+
+
+BF16_WGRAD = _entry(checks=(), also=(
+    ledger.Symptom(check="finalize_dtypes", message="got \\['bfloat16'"),
+    ledger.Symptom(check="weight*.main_grad", ratio=(300.0, 30000.0), also=True)))
+
+
+def test_a_value_failure_is_known_only_inside_its_band():
+    """A wgrad rounded to bf16 is the defect; a wgrad off by 10^6 in the same cell is not."""
+    assert ledger.apply([_value(CELL, 2000.0)], _ledger(BF16_WGRAD))[0][0].status == "known"
+    far = ledger.apply([_value(CELL, 6e5)], _ledger(BF16_WGRAD))[0][0]
+    assert far.status == "fail"
+    assert [i.name for i in ledger.unexplained(far, [BF16_WGRAD])] == ["weight0.main_grad"]
+
+
+def test_a_consequence_alone_is_no_evidence():
+    """``also`` symptoms are explained only where the entry reproduces by its evidence."""
+    res = _value(CELL, 2000.0)
+    res.ranks[0].comparisons[0] = Check("finalize_dtypes", "dtype", True)
+    cells, outcome = ledger.apply([res], _ledger(BF16_WGRAD))
+    assert cells[0].status == "fail" and outcome["stale"] == ["dtype"]
+
+
+def test_when_narrows_a_form_to_some_cells():
+    fp16_only = _entry(checks=(), also=(ledger.Symptom(check="finalize_dtypes", message="got \\['bfloat16'",
+                                                       when='dtype == "fp16"'),))
+    assert ledger.apply([_value(CELL, 2000.0)], _ledger(fp16_only))[0][0].status == "fail"
+
+
+def test_an_exception_with_generic_text_is_pinned_by_its_frame():
+    err = {"type": "AttributeError", "message": "'NoneType' object has no attribute 'size'",
+           "traceback": 'Traceback (most recent call last):\n  File "/x/transformer_engine/pytorch/module/'
+                        'grouped_linear.py", line 1413, in backward\n    *weights[0].size(),\n'}
+    res = CellResult(CELL.id, CELL.serialize(), CELL.expect, "error", ranks=[RankResult(
+        0, "error", [Check("exception", "exception", False, message=f"AttributeError: {err['message']}")], err)])
+    pinned = _entry(checks=(), also=(ledger.Symptom(exception="AttributeError", message=err["message"],
+                                                    at="module/grouped_linear.py:backward"),))
+    assert ledger.apply([res], _ledger(pinned))[0][0].status == "known"
+    elsewhere = _entry(checks=(), also=(ledger.Symptom(exception="AttributeError", message=err["message"],
+                                                       at="module/linear.py:backward"),))
+    assert ledger.apply([res], _ledger(elsewhere))[0][0].status == "error"
+    with pytest.raises(ledger.LedgerError, match="also matches"):
+        _entry(checks=(), error=("AttributeError", "'NoneType' object has no attribute"))
+
+
+def test_another_exception_in_a_must_raise_cell_is_not_the_known_one():
+    """A must-raise cell whose backend raised something else: exception_names_both quotes it."""
+    cell = matrix.Cell(**{**CELL.serialize(), "delay_wgrad": True})
+    entry = _entry(cells="delay_wgrad", checks=(), also=(ledger.Symptom(
+        check="exception_names_both", message="\\(raised RuntimeError: attempting to assign a gradient"),))
+
+    def raised(text: str) -> CellResult:
+        rank = RankResult(0, "fail", [Check("exception_names_both", "exception", False,
+                                            message=f"exception_names_both: expected True, got False (raised {text})")],
+                          {"type": text.split(":")[0], "message": text.split(": ", 1)[1], "traceback": ""})
+        return CellResult(cell.id, cell.serialize(), cell.expect, "fail", ranks=[rank])
+
+    known = raised("RuntimeError: attempting to assign a gradient of size '[30, 24]'")
+    assert ledger.apply([known], _ledger(entry))[0][0].status == "known"
+    assert ledger.apply([raised("ValueError: planted")], _ledger(entry))[0][0].status == "fail"
 
 
 def test_entries_explain_only_the_cells_they_select():
@@ -120,10 +199,11 @@ def test_a_must_raise_cell_is_judged_by_its_checks_not_its_exception():
     """Delayed wgrad + distributed weight must raise (§2): the raising itself is no failure."""
     cell = matrix.Cell(**{**CELL.serialize(), "delay_wgrad": True})
     rank = RankResult(0, "fail", [Check("exception_names_both", "exception", True),
-                                  Check("collectives_before_error", "count", False, expected=0, actual=2)],
+                                  Check("collectives_before_error", "count", False, message="collectives_before_error off",
+                                        expected=0, actual=2)],
                       {"type": "AssertionError", "message": "delayed wgrad unsupported", "traceback": ""})
     res = CellResult(cell.id, cell.serialize(), cell.expect, "fail", ranks=[rank])
-    assert [n for _, n, _ in ledger.failing_items(res)] == ["collectives_before_error"]
+    assert [i.name for i in ledger.failing_items(res)] == ["collectives_before_error"]
     cells, _ = ledger.apply([res], _ledger(_entry(cells="delay_wgrad", checks=("collectives_before_error",))))
     assert cells[0].status == "known"
 
@@ -142,7 +222,7 @@ upstream = "unreported"
 row = "unfused wgrad"
 kind = "defect"
 cells = 'not fused'
-checks = ["finalize_dtypes"]
+fails = [{ check = "finalize_dtypes", message = "got \\\\['bfloat16'" }]
 '''
 
 
@@ -159,17 +239,36 @@ def test_a_ledger_file_loads(tmp_path):
     assert ledger.Ledger.from_dict(ledger.apply([], led)[1]) == led
 
 
+FAILS = 'fails = [{ check = "finalize_dtypes", message = "got \\\\[\'bfloat16\'" }]'
+
+
+def _fails(text: str) -> "Callable[[str], str]":
+    return lambda t: t.replace(FAILS, f"fails = [{text}]")
+
+
 @pytest.mark.parametrize("edit, says", [
     (lambda t: t.replace('kind = "defect"', 'kind = "bug"'), "kind='bug'"),
     (lambda t: t.replace('upstream = "unreported"', 'upstream = "#3545"'), "upstream='#3545'"),
     (lambda t: t.replace("cells = 'not fused'", "cells = 'modul == 1'"), "Unknown name 'modul'"),
-    (lambda t: t.replace('checks = ["finalize_dtypes"]', ''), "names neither checks nor an error pattern"),
-    (lambda t: t.replace('"finalize_dtypes"', '"exception"'), "give an error pattern"),
+    (lambda t: t.replace(FAILS, ''), "lacks fails"),
+    (lambda t: t.replace(FAILS, 'checks = ["finalize_dtypes"]'), "state its signature as fails"),
     (lambda t: t.replace('kind = "defect"', 'kind = "defect"\nseverity = 3'), "unknown key(s) ['severity']"),
     (lambda t: t + t[t.index("[[entry]]"):], "duplicate entry id(s) ['dtype']"),
     (lambda t: t.replace('">=2.20.2,<2.21"', '"two twenty"'), "is no version range"),
     (lambda t: t.replace("[[entry]]", "[[entry]"), "not valid TOML"),
-    (lambda t: t.replace('checks = ["finalize_dtypes"]', "error = '(unclosed'"), "error pattern"),
+    # broader than a signature
+    (_fails('{ check = "*", message = "got 0$" }'), "broader than a check name"),
+    (_fails('{ check = "exception", message = "boom here" }'), "state its type and message"),
+    (_fails('{ exception = "RuntimeError", message = "." }'), "also matches"),
+    (_fails('{ exception = "RuntimeError" }'), "needs a message pattern"),
+    (_fails('{ check = "weight*.main_grad" }'), "needs the form of its failure"),
+    (_fails('{ check = "weight*.main_grad", ratio = [1, 1e6] }'), "ratio band"),
+    (_fails('{ check = "weight*.main_grad", ratio = [0.5, 100] }'), "ratio band"),
+    (_fails('{ check = "finalize_dtypes", message = "got 0$", also = true }'), "no symptom that is evidence"),
+    (_fails('{ check = "finalize_dtypes", message = "(unclosed" }'), "message pattern"),
+    (_fails('{ check = "finalize_dtypes", message = "got 0", when = "modul" }'), "when:"),
+    (_fails('{ exception = "Bad Type", message = "boom here" }'), "exception type name"),
+    (_fails('{ exception = "AttributeError", message = "boom here", at = "linear" }'), "file.py:function"),
 ])
 def test_a_malformed_ledger_is_one_clear_line(tmp_path, edit, says):
     with pytest.raises(ledger.LedgerError) as e:

@@ -28,9 +28,15 @@ SELECTION = ["--preset", "full", "--modules", "grouped_linear", "--weights", "di
              "--num-gemms", "4", "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off"]
 
 
+def _symptom(check: str) -> str:
+    """The planted mutant's form: a follower materialized (expected 0 calls)."""
+    return f'{{ check = "{check}", message = "expected 0, got [1-9]" }}'
+
+
 def _entry(id: str, checks: list[str], cells: str = 'module == "grouped_linear"') -> str:
     return (f'[[entry]]\nid = "{id}"\ntitle = "{id}"\nupstream = "unreported"\nrow = "planted"\n'
-            f'kind = "defect"\ncells = \'{cells}\'\nchecks = {checks!r}\n'
+            f'kind = "defect"\ncells = \'{cells}\'\n'
+            f'fails = [{", ".join(_symptom(c) for c in checks)}]\n'
             'where = "harness/reference/mutants.py"\ncontract = "CONTRACTS §2: on the leader only"\n\n')
 
 

@@ -126,7 +126,7 @@ def test_an_entry_that_cannot_reproduce_is_stale(te_runs, tmp_path):
     run, _, _ = te_runs["ci"]
     stale = ('\n[[entry]]\nid = "fixed-upstream"\ntitle = "fixed"\nupstream = "TE PR #1 (merged)"\n'
              'row = "a fixed defect"\nkind = "defect"\ncells = \'module == "linear"\'\n'
-             'checks = ["leader.materialize_forward_calls"]\n')
+             'fails = [{ check = "leader.materialize_forward_calls", message = "expected 0, got [1-9]" }]\n')
     proc, record = _rejudge(run, tmp_path, Path(SHIPPED.path).read_text() + stale)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert record["ledger"]["stale"] == ["fixed-upstream"]

@@ -18,6 +18,7 @@ import pytest
 
 from harness import cli, matrix, recordfile, shard
 from harness.cost import cell_cost
+from fixtures.ledgers import PREFIX_HOOKS_FAILS
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear,grouped_linear", "--world-sizes", "1,2", "--dtypes", "bf16",
@@ -148,9 +149,7 @@ upstream = "TE PR #3545 (open)"
 row = "_Linear / _GroupedLinear backward decide distributed from the saved tensor"
 kind = "defect"
 cells = 'weight != "plain" and hooks != "off" and module not in ("ops_grouped_linear", "ops_grouped_linear_tensor") and not delay_wgrad'
-checks = ["*"]
-error = "."
-
+''' + PREFIX_HOOKS_FAILS + '''
 [[entry]]
 id = "never-reproduces"
 title = "selects cells of every shard, reproduces in none"
@@ -158,7 +157,7 @@ upstream = "unreported"
 row = "none"
 kind = "defect"
 cells = 'module == "linear"'
-checks = ["no.such.check"]
+fails = [{ check = "no.such.check", message = "never fails so" }]
 '''
 
 

@@ -3,19 +3,34 @@
 A ledger is a plain TOML file shipped with the harness (``harness/ledgers/``), one per
 upstream package and version range, or any file a user names with ``--ledger FILE``. Its
 entries each name a defect or difference of CONTRACTS §6, its upstream reference, the
-cells it affects (a filter over the axes, as ``sweep --filter``) and what it makes fail:
-check names (glob patterns such as ``weight*.main_grad``) and/or a regular expression
-over a rank's exception (``Type: message``).
+cells it affects (a filter over the axes, as ``sweep --filter``) and its *signature*: the
+failures the defect causes, each stated precisely (``fails``, a list of :class:`Symptom`):
+
+- an exception: its exact type and a regular expression over TE's own message;
+- a failed check: a glob over check names (``weight*.main_grad``) and the form of the
+  failure - a regular expression over the check's message (``got ['bfloat16']``) and, for a
+  value check, the band of error/bound ratios it fails by (``ratio = [300, 30000]``),
+  optionally for one cell dtype only.
+
+A symptom marked ``also`` is a consequence that fails *alongside* the defect (a wrong
+``main_grad`` after a wrong finalize dtype), never its evidence on its own.
 
 Applying a ledger to the verdicts is a pure fold (no torch; used by the sweep, ``merge``,
 the pytest plugin and ``repro``):
 
+- an entry *reproduces* in a cell that it selects when one of its (not ``also``) symptoms
+  matches a failure of the cell;
 - a cell that missed its expectation (``fail``, ``error``, ``timeout``) becomes ``known``
-  when at least one entry selects it and *every* failing item on every rank (each failed
-  check, each exception) is explained by an entry that selects the cell; one unexplained
-  item keeps it ``fail``/``error``/``timeout``. A harness error is never ``known``.
-- an entry that selects cells of the run but reproduces (explains an item) in none of
-  them is *stale*: a fix landed, the gate fails until the entry is deleted.
+  when *every* failing item on every rank (each failed check, each exception) matches a
+  symptom of an entry that reproduces in it; any other failure keeps it
+  ``fail``/``error``/``timeout`` - a regression hiding in a known cell stays red. A harness
+  error is never ``known``.
+- an entry that selects cells of the run but reproduces in none of them is *stale*: a fix
+  landed, the gate fails until the entry is deleted.
+
+Entries are checked when loaded, and an entry broader than a signature is refused: no
+wildcard-only check pattern, no message pattern that matches generic text, no value check
+without a ratio band of at most three decades.
 
 The fold is idempotent: a ``known`` cell keeps its backend verdict in ``raw_status`` and is
 judged again from it.
@@ -38,8 +53,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LEDGER_DIR", "apply", "choose", "load", "failing_items",
-           "stale_message"]
+__all__ = ["Entry", "Item", "Ledger", "LedgerError", "Symptom", "LEDGER_DIR", "apply", "choose", "load",
+           "failing_items", "stale_message"]
 
 #: the ledgers shipped with the harness
 LEDGER_DIR = Path(__file__).resolve().parent / "ledgers"
@@ -47,10 +62,146 @@ LEDGER_DIR = Path(__file__).resolve().parent / "ledgers"
 EXPLAINABLE = ("fail", "error", "timeout")
 KINDS = ("defect", "difference")
 _UPSTREAM = re.compile(r"^(unreported|(TE|Megatron-LM|PyTorch) (PR|issue) #\d+( \(\w+\))?)$")
+#: texts a message pattern must not match: empty, filler, generic Python errors and the
+#: generic forms of the harness's own messages - a pattern matching one would explain
+#: failures that have nothing to do with the defect
+GENERIC_TEXTS = (
+    "", "x", "0", "'NoneType' object has no attribute 'size'", "list index out of range", "division by zero",
+    "Tensors are not close! Mismatched elements: 3 / 4 (75.0%)",
+    "unsupported operand type(s) for +: 'int' and 'str'", "CUDA error: an illegal memory access was encountered",
+)
+#: the widest ratio band a value symptom may state (upper / lower): three decades
+MAX_BAND = 1000.0
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 class LedgerError(ValueError):
     """A ledger file that cannot be used: unreadable, malformed, or an entry that is wrong."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One failure of a cell, as the ledger judges it: a failed check or a rank's exception."""
+
+    rank: int
+    name: str  #: the check's name, or ``exception``
+    kind: str  #: the check's kind (``tensor``, ``count``, ``flag``, ``dtype`` ...) or ``exception``
+    text: str  #: the check's message, or the exception's message
+    ratio: float | None = None  #: a value check's error/bound ratio
+    type: str | None = None  #: the exception's type
+    where: str | None = None  #: ``path:function`` of the frame that raised the exception
+
+    def describe(self) -> str:
+        if self.kind == "exception":
+            return f"rank {self.rank}: {self.type}: {self.text}"
+        ratio = f" (error/bound {self.ratio:.3g})" if self.ratio is not None else ""
+        return f"rank {self.rank}: {self.name}: {self.text.splitlines()[0] if self.text else ''}{ratio}"
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """One failure a defect causes, stated precisely enough that nothing else matches it.
+
+    Attributes:
+        check: glob over failed check names (``weight*.main_grad``); or
+        exception: the exact exception type a rank raises (``RuntimeError``).
+        message: regular expression searched in the check's message or the exception's
+            message (TE's own text); required for exceptions and for checks without a ratio.
+        ratio: ``(low, high)``: a value check fails by an error/bound ratio in this band.
+        at: ``file:function`` (a suffix of the path) of the frame that raised: pins an
+            exception whose text alone is generic (``'NoneType' object has no attribute``).
+        when: a filter over the axes (``sweep --filter``): the cells this form is for,
+            e.g. ``dtype == "fp16"`` for the fp16 band.
+        also: a consequence failing alongside the defect, not evidence of it on its own.
+    """
+
+    check: str | None = None
+    exception: str | None = None
+    message: str | None = None
+    ratio: tuple[float, float] | None = None
+    at: str | None = None
+    when: str | None = None
+    also: bool = False
+
+    def validate(self, where: str) -> None:
+        """Raises LedgerError when the symptom is malformed or broader than a signature."""
+        if (self.check is None) == (self.exception is None):
+            raise LedgerError(f"{where}: a symptom names exactly one of check or exception")
+        if self.message is not None:
+            try:
+                rx = re.compile(self.message)
+            except re.error as exc:
+                raise LedgerError(f"{where}: message pattern {self.message!r}: {exc}") from None
+            generic = next((t for t in GENERIC_TEXTS if rx.search(t)), None)
+            if generic is not None and self.at is None:
+                raise LedgerError(f"{where}: message pattern {self.message!r} also matches {generic!r}: "
+                                  "state the defect's own text, or pin the raising frame with at")
+        if self.exception is not None:
+            if not _IDENT.fullmatch(self.exception):
+                raise LedgerError(f"{where}: exception={self.exception!r} must be an exception type name")
+            if self.message is None:
+                raise LedgerError(f"{where}: exception {self.exception} needs a message pattern (TE's text)")
+            if self.ratio is not None:
+                raise LedgerError(f"{where}: an exception has no ratio")
+            if self.at is not None and not re.fullmatch(r"[\w./-]+\.py:\w+", self.at):
+                raise LedgerError(f"{where}: at={self.at!r} must be file.py:function (e.g. module/linear.py:backward)")
+        elif self.at is not None:
+            raise LedgerError(f"{where}: at is for exceptions only")
+        if self.when is not None:
+            try:
+                object.__setattr__(self, "_when", matrix.compile_filter(self.when))
+            except matrix.MatrixError as exc:
+                raise LedgerError(f"{where}: when: {exc}") from None
+        if self.exception is not None:
+            return
+        if not re.match(r"[A-Za-z]", self.check) or not re.search(r"[A-Za-z_]{3}", self.check):
+            raise LedgerError(f"{where}: check pattern {self.check!r} is broader than a check name "
+                              "(it must start with a name, as weight*.main_grad)")
+        if self.check == "exception":
+            raise LedgerError(f"{where}: check 'exception' would explain any exception; state its type and message")
+        if self.message is None and self.ratio is None:
+            raise LedgerError(f"{where}: check {self.check} needs the form of its failure: a message "
+                              "pattern, or a ratio band for a value check")
+        if self.ratio is not None:
+            lo, hi = self.ratio
+            if not 1.0 <= lo < hi or hi / lo > MAX_BAND:
+                raise LedgerError(f"{where}: ratio band {list(self.ratio)} must be [low, high] with "
+                                  f"1 <= low < high <= {MAX_BAND:g} x low")
+
+    def matches(self, item: Item, cell: matrix.Cell) -> bool:
+        if self.when is not None and not self._when(cell):  # type: ignore[attr-defined]
+            return False
+        if self.exception is not None:
+            return (item.kind == "exception" and item.type == self.exception
+                    and re.search(self.message or "", item.text) is not None
+                    and (self.at is None or _raised_at(item.where, self.at)))
+        if item.name == "exception" or not fnmatch.fnmatchcase(item.name, self.check or ""):
+            return False
+        if item.ratio is not None or self.ratio is not None:  # a value check: its band says how wrong
+            if item.ratio is None or self.ratio is None or not self.ratio[0] <= item.ratio <= self.ratio[1]:
+                return False
+        return self.message is None or re.search(self.message, item.text) is not None
+
+    def serialize(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        if self.ratio is not None:
+            d["ratio"] = list(self.ratio)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> "Symptom":
+        if not isinstance(d, dict):
+            raise LedgerError(f"{where}: each of fails is a table such as "
+                              "{ check = \"finalize_dtypes\", message = \"got \\\\['bfloat16'\" }")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise LedgerError(f"{where}: a symptom has unknown key(s) {unknown}")
+        ratio = d.get("ratio")
+        if ratio is not None:
+            if not (isinstance(ratio, list) and len(ratio) == 2 and all(isinstance(x, (int, float)) for x in ratio)):
+                raise LedgerError(f"{where}: ratio must be [low, high], got {ratio!r}")
+            ratio = (float(ratio[0]), float(ratio[1]))
+        return cls(**{**d, "ratio": ratio})
 
 
 @dataclass(frozen=True)
@@ -66,8 +217,7 @@ class Entry:
         kind: ``defect`` (loses or corrupts a gradient, or fails, under a supported use) or
             ``difference`` (a choice upstream may keep).
         cells: filter over the axes selecting the cells it affects (``sweep --filter``).
-        checks: glob patterns over the names of the failed checks it explains.
-        error: regular expression searched in a rank's exception (``Type: message``).
+        fails: its signature: the failures it causes (:class:`Symptom`).
         where: the upstream source that causes it (file and function).
         contract: the CONTRACTS sentence it breaks (quoted in the upstream report).
     """
@@ -78,8 +228,7 @@ class Entry:
     row: str
     kind: str
     cells: str
-    checks: tuple[str, ...] = ()
-    error: str | None = None
+    fails: tuple[Symptom, ...] = ()
     where: str = ""
     contract: str = ""
 
@@ -91,15 +240,10 @@ class Entry:
             raise LedgerError(f"{where}: kind={self.kind!r} (choose from {', '.join(KINDS)})")
         if not _UPSTREAM.match(self.upstream):
             raise LedgerError(f"{where}: upstream={self.upstream!r} (write 'TE PR #N', 'TE issue #N' or 'unreported')")
-        if not self.checks and not self.error:
-            raise LedgerError(f"{where}: names neither checks nor an error pattern: it would explain nothing")
-        if "exception" in self.checks:
-            raise LedgerError(f"{where}: 'exception' in checks would explain any exception; give an error pattern")
-        if self.error is not None:
-            try:
-                re.compile(self.error)
-            except re.error as exc:
-                raise LedgerError(f"{where}: error pattern {self.error!r}: {exc}") from None
+        if not any(not s.also for s in self.fails):
+            raise LedgerError(f"{where}: fails states no symptom that is evidence of the defect (all 'also' or none)")
+        for s in self.fails:
+            s.validate(where)
         try:
             object.__setattr__(self, "_select", matrix.compile_filter(self.cells))
         except matrix.MatrixError as exc:
@@ -108,15 +252,13 @@ class Entry:
     def selects(self, axes: dict[str, Any]) -> bool:
         return self._select(matrix.Cell.from_dict(axes))  # type: ignore[attr-defined]
 
-    def explains(self, name: str, text: str) -> bool:
-        """Whether this entry explains a failing item (a check's name, or ``exception``)."""
-        if name == "exception":
-            return self.error is not None and re.search(self.error, text) is not None
-        return any(fnmatch.fnmatchcase(name, p) for p in self.checks)
+    def symptom(self, item: Item, cell: matrix.Cell) -> Symptom | None:
+        """The first of this entry's symptoms ``item`` (a failure of ``cell``) matches, if any."""
+        return next((s for s in self.fails if s.matches(item, cell)), None)
 
     def serialize(self) -> dict[str, Any]:
         d = asdict(self)
-        d["checks"] = list(self.checks)
+        d["fails"] = [s.serialize() for s in self.fails]
         return d
 
     @classmethod
@@ -126,14 +268,18 @@ class Entry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "ledger") -> "Entry":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
+        name = d.get("id", "?")
+        if "checks" in d or "error" in d:
+            raise LedgerError(f"{where}: entry {name!r} uses checks/error, which explain any failure of "
+                              "those names: state its signature as fails = [...] (docs/ledgers.md)")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
-            raise LedgerError(f"{where}: entry {d.get('id', '?')!r} has unknown key(s) {unknown}")
-        missing = [k for k in ("id", "title", "upstream", "row", "kind", "cells") if k not in d]
+            raise LedgerError(f"{where}: entry {name!r} has unknown key(s) {unknown}")
+        missing = [k for k in ("id", "title", "upstream", "row", "kind", "cells", "fails") if k not in d]
         if missing:
-            raise LedgerError(f"{where}: entry {d.get('id', '?')!r} lacks {', '.join(missing)}")
-        return cls(**{**d, "checks": tuple(d.get("checks", ()))})
+            raise LedgerError(f"{where}: entry {name!r} lacks {', '.join(missing)}")
+        fails = tuple(Symptom.from_dict(s, f"{where}: entry {name!r}") for s in d["fails"])
+        return cls(**{**d, "fails": fails})
 
 
 @dataclass(frozen=True)
@@ -228,27 +374,70 @@ def choose(option: str | None, package: str | None, version: str | None) -> Ledg
     return found[0] if found else None
 
 
-def failing_items(cell: CellResult) -> list[tuple[int, str, str]]:
-    """Every failing item of a cell: ``(rank, name, text)`` per failed check, and a rank's
-    exception (name ``exception``, text ``Type: message``) where no failed check carries it."""
+def failing_items(cell: CellResult) -> list[Item]:
+    """Every failing item of a cell: each failed check, and a rank's exception where no failed
+    check of kind ``exception`` carries it. In a cell that must raise (CONTRACTS §2) raising
+    is what the contract asks: ``exception_names_both`` judges the exception and, when it
+    fails, quotes it - its message pattern is the exception's form."""
     items = []
     for r in cell.ranks:
         if r.status in ("pass", "xfail"):
             continue
         failed = [c for c in r.comparisons if not c.ok]
-        mine = [(r.rank, c.name, c.message or "") for c in failed]
-        # the exception is its own item unless a failed check carries it; in a cell that
-        # must raise (CONTRACTS §2) raising is what the contract asks: its checks say what
-        # was wrong with it
-        carried = any(c.kind == "exception" for c in failed) or (cell.expect == "error" and failed)
+        mine = [_exception(r.rank, r.error, c.message) if c.name == "exception" else
+                Item(r.rank, c.name, c.kind, c.message or "", c.ratio) for c in failed]
+        carried = any(c.kind == "exception" for c in failed) or cell.expect == "error"
         if r.error and not carried:
-            mine.append((r.rank, "exception", f"{r.error.get('type')}: {r.error.get('message')}"))
+            mine.append(_exception(r.rank, r.error, None))
         if not mine:  # a rank that missed its expectation with nothing to show for it
-            mine.append((r.rank, "exception", f"{r.status}: no check and no exception recorded"))
+            mine.append(Item(r.rank, "exception", "exception", f"{r.status}: no check and no exception recorded"))
         items.extend(mine)
     if not items:
-        items.append((-1, "exception", f"{cell.status}: {cell.first_failure or 'no rank result'}"))
+        items.append(Item(-1, "exception", "exception", f"{cell.status}: {cell.first_failure or 'no rank result'}"))
     return items
+
+
+def _exception(rank: int, error: dict[str, str] | None, message: str | None) -> Item:
+    """A rank's exception as an item: from its error record, else from the ``Type: message``
+    of the check that carries it."""
+    if error:
+        return Item(rank, "exception", "exception", str(error.get("message")), type=error.get("type"),
+                    where=_innermost(error.get("traceback") or ""))
+    typ, _, text = (message or "").partition(": ")
+    return Item(rank, "exception", "exception", text, type=typ)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)', re.M)
+
+
+def _innermost(traceback: str) -> str | None:
+    """``path:function`` of the last frame of a formatted traceback."""
+    frames = _FRAME.findall(traceback)
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else None
+
+
+def _raised_at(where: str | None, at: str) -> bool:
+    if where is None:
+        return False
+    path, _, function = where.rpartition(":")
+    want_path, _, want_function = at.rpartition(":")
+    return function == want_function and path.replace("\\", "/").endswith("/" + want_path)
+
+
+def unexplained(cell: CellResult, entries: Sequence[Entry]) -> list[Item]:
+    """The failures of ``cell`` that no entry reproducing in it explains (all of them when no
+    entry reproduces): in a cell the ledger knows, these are the regressions."""
+    return _explain(cell, [e for e in entries if e.selects(cell.axes)])[1]
+
+
+def _explain(cell: CellResult, selecting: Sequence[Entry]) -> tuple[set[str], list[Item]]:
+    """The entries reproducing in ``cell`` and its failing items none of them explains."""
+    axes = matrix.Cell.from_dict(cell.axes)
+    items = failing_items(cell)
+    matched = [{e.id: s for e in selecting if (s := e.symptom(item, axes)) is not None} for item in items]
+    reproduced = {i for m in matched for i, s in m.items() if not s.also}
+    left = [item for item, m in zip(items, matched) if not reproduced.intersection(m)]
+    return reproduced, left
 
 
 @dataclass
@@ -265,13 +454,8 @@ def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[
     selecting = [e for e in entries if e.selects(cell.axes)]
     if base not in EXPLAINABLE or not selecting:
         return raw, selecting, set()
-    reproduced: set[str] = set()
-    unexplained = 0
-    for _, name, text in failing_items(raw):
-        by = [e.id for e in selecting if e.explains(name, text)]
-        reproduced.update(by)
-        unexplained += not by
-    if unexplained:
+    reproduced, left = _explain(raw, selecting)
+    if left or not reproduced:
         return raw, selecting, reproduced
     ids = [e.id for e in selecting if e.id in reproduced]
     return replace(raw, status="known", raw_status=base, known=ids), selecting, reproduced

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from harness.ledger import Entry
+from harness import matrix
+from harness.ledger import Entry, failing_items
+from harness.record import CellResult
 
 
 class NoEvidence(ValueError):
@@ -25,21 +27,24 @@ def _size(cell: dict[str, Any]) -> tuple:
 
 
 def _observed(rule: Entry, cell: dict[str, Any]) -> list[str]:
-    """One line per rank and explained item: what the check saw against what it expected."""
+    """One line per rank and failure the entry's signature matches: what the check saw
+    against what it expected, or what was raised."""
+    result = CellResult.from_dict(cell)
+    axes = matrix.Cell.from_dict(cell["axes"])
+    checks = {(r.rank, c.name): c for r in result.ranks for c in r.comparisons}
     lines = []
-    for r in cell["ranks"]:
-        for c in r.get("comparisons", []):
-            if c["ok"] or not rule.explains(c["name"], c.get("message") or ""):
-                continue
-            if c["kind"] == "tensor":
-                first = (c.get("message") or "").splitlines()[0] if c.get("message") else ""
-                lines.append(f"- rank {r['rank']}, `{c['name']}`: {first} (error/bound ratio {c.get('ratio', 0):.3g})")
-            else:
-                lines.append(f"- rank {r['rank']}, `{c['name']}`: expected `{c.get('expected')!r}`, "
-                             f"got `{c.get('actual')!r}`")
-        err = r.get("error")
-        if err and rule.explains("exception", f"{err.get('type')}: {err.get('message')}"):
-            lines.append(f"- rank {r['rank']} raised `{err.get('type')}: {err.get('message')}`")
+    for item in failing_items(result):
+        if rule.symptom(item, axes) is None:
+            continue
+        c = checks.get((item.rank, item.name))
+        if item.kind == "exception" and item.type:
+            lines.append(f"- rank {item.rank} raised `{item.type}: {item.text}`")
+        elif c is not None and c.kind == "tensor":
+            first = item.text.splitlines()[0] if item.text else ""
+            lines.append(f"- rank {item.rank}, `{item.name}`: {first} (error/bound ratio {item.ratio or 0:.3g})")
+        elif c is not None:
+            lines.append(f"- rank {item.rank}, `{item.name}`: expected `{c.expected!r}`, got `{c.actual!r}`"
+                         + (f" ({item.text})" if c.expected is None and item.text else ""))
     return lines
 
 
