@@ -109,7 +109,16 @@ def test_a_consequence_alone_is_no_evidence():
     res = _value(CELL, 2000.0)
     res.ranks[0].comparisons[0] = Check("finalize_dtypes", "dtype", True)
     cells, outcome = ledger.apply([res], _ledger(BF16_WGRAD))
-    assert cells[0].status == "fail" and outcome["stale"] == ["dtype"]
+    assert cells[0].status == "fail" and outcome["entries"][0]["reproduced"] == []
+
+
+def test_an_entry_masked_by_another_is_not_stale():
+    """Every cell it selects fails earlier (another entry's exception): nothing says it is fixed."""
+    err = ("RuntimeError", "GEMM requested the columnwise representation")
+    hooks = _entry("hooks", checks=(), error=err)
+    cells, outcome = ledger.apply([_result(CELL, error=err)], _ledger(_entry(), hooks))
+    assert cells[0].status == "known" and outcome["stale"] == []
+    assert [e["verdict"] for e in outcome["entries"]] == [ledger.NOT_EXERCISED, ledger.FAILING]
 
 
 def test_when_narrows_a_form_to_some_cells():
@@ -294,3 +303,56 @@ def test_every_shipped_ledger_is_well_formed():
         assert led.package and led.versions and led.entries, led.path
         for e in led.entries:
             assert e.where and e.contract and e.contract.startswith("CONTRACTS §"), e.id
+
+
+# ---- a change under review (sweep --fixes) ----------------------------------------------
+
+def _reviewed(cells: list[CellResult], *entries: ledger.Entry, required=("dtype",)) -> "review.Review":
+    from harness import review
+
+    judged, outcome = ledger.apply(cells, _ledger(*entries), required=list(required))
+    rev = review.review({"ledger": outcome, "cells": [c.serialize() for c in judged]})
+    assert rev is not None
+    return rev
+
+
+def test_review_is_green_when_the_required_entry_is_fixed_and_nothing_regressed():
+    from harness import review
+
+    rev = _reviewed([_result(CELL), _result(OTHER)], _entry(), _entry("other", cells='module == "linear"'))
+    assert [(e.id, e.verdict, e.required) for e in rev.entries] == [
+        ("dtype", review.FIXED, True), ("other", review.FIXED, False)]
+    assert rev.green and rev.reasons() == []
+    # under review an entry fixed here is the news, never stale
+    _, outcome = ledger.apply([_result(CELL)], _ledger(_entry()), required=["dtype"])
+    assert outcome["stale"] == [] and outcome["unfixed"] == []
+
+
+def test_review_is_red_naming_the_entry_still_failing_and_every_regression():
+    from harness import review
+
+    rev = _reviewed([_result(CELL, ("finalize_dtypes",)), _result(OTHER, ("leader.finalize_calls",))], _entry())
+    assert [e.verdict for e in rev.entries] == [review.FAILING] and not rev.green
+    assert rev.unfixed_ids == ["dtype"]
+    reasons = rev.reasons()
+    assert reasons[0].startswith("ledger entry dtype must be fixed by this change but is still failing")
+    assert [r.cell for r in rev.regressions] == [OTHER.id]
+    assert "leader.finalize_calls" in rev.regressions[0].failures[0]
+    assert run_exit_code(["known", "fail"], stale=True) == exitcodes.MISMATCH
+
+
+def test_a_required_entry_that_no_cell_selects_is_not_proven_fixed():
+    from harness import review
+
+    rev = _reviewed([_result(OTHER)], _entry())
+    assert rev.entries[0].verdict == review.NOT_EXERCISED and not rev.green
+
+
+def test_fixes_names_entries_by_id_glob_or_all():
+    from harness import review
+
+    led = _ledger(_entry(), _entry("dtype-linear"), _entry("buffer"))
+    assert review.required_entries(["dtype*"], led) == ["dtype", "dtype-linear"]
+    assert review.required_entries(["all"], led) == ["dtype", "dtype-linear", "buffer"]
+    with pytest.raises(review.ReviewError, match="names no entry"):
+        review.required_entries(["nope"], led)

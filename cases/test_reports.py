@@ -395,9 +395,12 @@ def test_html_ledger_section(ledger_record: dict[str, Any], ledger_html: str) ->
         row = _section(section, f'<tr id="ledger-{e["id"]}"', "</tr>")
         for field in ("title", "upstream", "kind", "row"):
             assert html.escape(e[field]) in row, (e["id"], field)
-        assert html.escape(", ".join(e["checks"])) in row and html.escape(e["cells"]) in row
-        if e["error"]:
-            assert f"/{html.escape(e['error'])}/" in row
+        assert html.escape(e["cells"]) in row
+        for f in e["fails"]:  # every form of the signature is shown
+            assert html.escape(f.get("check") or f.get("exception")) in row, (e["id"], f)
+        for f in e["fails"]:
+            if f.get("message"):
+                assert f"/{html.escape(f['message'])}/" in row
         for cid in e["known_cells"]:
             assert f'href="#{cid}"' in row
         assert ('data-entry="' in row) == bool(e["known_cells"])

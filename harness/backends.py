@@ -1,4 +1,5 @@
-"""Loading a backend: an alias, an import path, ``path/to/file.py``, or ``module:attribute``.
+"""Loading a backend: an alias, an import path, ``path/to/file.py``, or ``module:attribute``,
+each optionally followed by ``@TREE``: a TransformerEngine source tree to import TE from.
 
 A backend is anything exposing ``Linear``, ``GroupedLinear`` and ``ops.GroupedLinear``
 (CONTRACTS §1) - the reference, the pre-fix reference, a mutant, real
@@ -8,6 +9,13 @@ A backend is anything exposing ``Linear``, ``GroupedLinear`` and ``ops.GroupedLi
 process validates a backend with ``probe_backend``, which imports it in a short subprocess
 with the ranks' environment - some backends patch ``torch`` when imported (``te-cpu``
 answers ``torch.cuda`` for CPU), and the parent must never see that.
+
+``SPEC@TREE`` (``te-cpu@/src/TransformerEngine``; ``--te-tree TREE`` writes it): before
+``SPEC`` is imported, ``TREE`` is validated (``harness.te_tree.inspect``), named in
+``DW_TE_TREE`` and put first on ``sys.path``, so ``transformer_engine`` comes from the tree
+(te-cpu also builds its extension stand-in for it). The tree travels inside the backend
+string: the run record's ``backend``, the repro lines, ``--resume``, ``merge`` and ``diff``
+carry it as they carry any backend.
 """
 
 from __future__ import annotations
@@ -43,13 +51,76 @@ class BackendError(ValueError):
     """The backend cannot be used (bad spec, import failure, missing names)."""
 
 
+def split_tree(spec: str) -> tuple[str, str | None]:
+    """``("te-cpu", "/src/TE")`` for ``"te-cpu@/src/TE"``; ``(spec, None)`` without a tree.
+
+    The part after an ``@`` is a tree when it starts with ``/``, ``.`` or ``~`` or is an
+    existing folder; the first such ``@`` splits. So a ``.py`` path with an ``@`` in a folder
+    name stays a file (``/x/a@b/m.py``), and a tree path may hold an ``@`` itself
+    (``te-cpu@/src/te@d0067d0``).
+    """
+    start = 0
+    while (at := spec.find("@", start)) != -1:
+        base, tail = spec[:at], spec[at + 1:]
+        if base and tail and (tail.startswith(("/", ".", "~")) or Path(tail).is_dir()):
+            return base, tail
+        start = at + 1
+    return spec, None
+
+
+def with_tree(spec: str, tree: str) -> str:
+    """``spec`` with ``tree`` attached (``te-cpu@/abs/tree``); the tree path made absolute."""
+    return f"{spec}@{Path(tree).expanduser().resolve()}"
+
+
 def resolve(spec: str) -> str:
-    """The import target of ``spec`` (an alias resolved, anything else unchanged)."""
-    return ALIASES.get(spec, spec)
+    """The import target of ``spec`` (an alias resolved, a ``@TREE`` dropped, anything else unchanged)."""
+    base, _ = split_tree(spec)
+    return ALIASES.get(base, base)
+
+
+def use_tree(tree_path: str) -> Any:
+    """Make this process import TransformerEngine from ``tree_path``: validated, named in
+    ``DW_TE_TREE``, first on ``sys.path``. Returns the ``harness.te_tree.Tree``.
+
+    Raises:
+        BackendError: the folder is not a TE tree, or another ``transformer_engine`` was
+            already imported in this process.
+    """
+    from harness import te_tree
+
+    try:
+        tree = te_tree.inspect(tree_path)
+    except te_tree.TreeError as exc:
+        raise BackendError(str(exc)) from exc
+    loaded = sys.modules.get("transformer_engine")
+    if loaded is not None and not tree.contains(getattr(loaded, "__file__", None)):
+        raise BackendError(f"transformer_engine was already imported from {getattr(loaded, '__file__', None)} in "
+                           f"this process, not from the tree {tree.path}")
+    os.environ[te_tree.ENV] = tree.path
+    if sys.path[:1] != [tree.path]:
+        sys.path.insert(0, tree.path)
+    importlib.invalidate_caches()
+    return tree
+
+
+def _check_tree_origin(spec: str, tree: Any) -> None:
+    """Whatever the backend imported of TransformerEngine must come from the tree."""
+    for name in ("transformer_engine.pytorch", "transformer_engine"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            file = getattr(mod, "__file__", None)
+            if not tree.contains(file):
+                raise BackendError(f"backend {spec!r} imported {name} from {file}, not the tree's "
+                                   f"({tree.package})")
+            return
 
 
 def _import_target(spec: str) -> Any:
-    spec = resolve(spec)
+    spec, tree = split_tree(spec)
+    if tree is not None:
+        use_tree(tree)
+    spec = ALIASES.get(spec, spec)
     if spec.endswith(".py"):
         path = Path(spec)
         if not path.is_file():
@@ -78,6 +149,11 @@ def load_backend(spec: str) -> Any:
     """
     try:
         backend = _import_target(spec)
+        tree = split_tree(spec)[1]
+        if tree is not None:
+            from harness import te_tree
+
+            _check_tree_origin(spec, te_tree.inspect(tree))
     except BackendError:
         raise
     except Exception as exc:  # any import-time failure is bad input, reported in one line
@@ -139,6 +215,11 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     facts = dict(backend.describe()) if callable(getattr(backend, "describe", None)) else {}
     origin = getattr(backend, "__file__", None) or getattr(sys.modules.get(getattr(backend, "__module__", "")),
                                                            "__file__", None)
+    tree = split_tree(spec)[1]
+    if tree is not None and "te_tree" not in facts:  # a backend that does not say it: the spec does
+        from harness import te_tree
+
+        facts["te_tree"] = te_tree.inspect(tree).serialize()
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),

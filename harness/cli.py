@@ -21,12 +21,12 @@ from harness.matrix import MatrixError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.commands import diff, install, ledger_cmd, list_cmd, merge, repro, report, selftest, sweep
+    from harness.commands import diff, install, ledger_cmd, list_cmd, merge, patch_te, repro, report, selftest, sweep
 
     parser = argparse.ArgumentParser(prog="dw-harness", description="Verification harness for "
                                      "distributed-weight autograd (TE Linear/GroupedLinear + GTP).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (list_cmd, sweep, merge, repro, report, diff, selftest, ledger_cmd, install):
+    for mod in (list_cmd, sweep, merge, repro, report, diff, selftest, ledger_cmd, install, patch_te):
         mod.add_parser(sub)
     return parser
 

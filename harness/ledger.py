@@ -25,8 +25,10 @@ the pytest plugin and ``repro``):
   symptom of an entry that reproduces in it; any other failure keeps it
   ``fail``/``error``/``timeout`` - a regression hiding in a known cell stays red. A harness
   error is never ``known``.
-- an entry that selects cells of the run but reproduces in none of them is *stale*: a fix
-  landed, the gate fails until the entry is deleted.
+- an entry that selects cells of the run, reproduces in none of them and has at least one
+  of them meet its expectation is *stale*: a fix landed, the gate fails until the entry is
+  deleted. (An entry whose cells all fail earlier, for another entry's defect, is masked
+  there: not exercised, never stale.)
 
 Entries are checked when loaded, and an entry broader than a signature is refused: no
 wildcard-only check pattern, no message pattern that matches generic text, no value check
@@ -53,8 +55,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["Entry", "Item", "Ledger", "LedgerError", "Symptom", "LEDGER_DIR", "apply", "choose", "load",
-           "failing_items", "stale_message"]
+__all__ = ["Entry", "Item", "Ledger", "LedgerError", "Symptom", "LEDGER_DIR", "FIXED", "FAILING", "NOT_EXERCISED",
+           "apply", "choose", "load", "failing_items", "stale_message", "unexplained"]
 
 #: the ledgers shipped with the harness
 LEDGER_DIR = Path(__file__).resolve().parent / "ledgers"
@@ -445,6 +447,7 @@ class _Tally:
     selected: list[str] = field(default_factory=list)
     reproduced: list[str] = field(default_factory=list)
     known: list[str] = field(default_factory=list)
+    met: list[str] = field(default_factory=list)  #: selected cells that met their expectation
 
 
 def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[Entry], set[str]]:
@@ -461,14 +464,26 @@ def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[
     return replace(raw, status="known", raw_status=base, known=ids), selecting, reproduced
 
 
-def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool = True
-          ) -> tuple[list[CellResult], dict[str, Any] | None]:
+#: what a run says of an entry: its defect is still failing (it reproduces), fixed here (it
+#: reproduces in none of its cells and at least one of them now meets its expectation), or not
+#: exercised (no cell of the run selects it, or every one it selects fails earlier, for
+#: another entry's defect: masked, so nothing can be said)
+FIXED, FAILING, NOT_EXERCISED = "fixed here", "still failing", "not exercised"
+
+
+def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool = True,
+          required: Sequence[str] | None = None) -> tuple[list[CellResult], dict[str, Any] | None]:
     """The cells under ``ledger`` and the ledger's outcome for the run record.
 
     The outcome is the ledger (``Ledger.serialize()``) with, per entry, the cells it
-    selects, reproduces in and explains (``known``), and ``stale`` (selects cells, reproduces
-    in none); ``stale`` lists the stale entries' ids. With ``judge_stale=False`` (a shard of
-    a sweep: the entry may reproduce in another shard) no entry is stale.
+    selects, reproduces in and explains (``known``), its ``verdict`` (``FIXED``, ``FAILING``,
+    ``NOT_EXERCISED``) and ``stale`` (selects cells, reproduces in none); ``stale`` lists the
+    stale entries' ids. With ``judge_stale=False`` (a shard of a sweep: the entry may
+    reproduce in another shard) no entry is stale.
+
+    ``required`` (a change under review, ``sweep --fixes``): the entries the change must fix.
+    Then an entry fixed here is the news the review wants, never stale; ``unfixed`` lists the
+    required entries that are not fixed here (each fails the gate).
     """
     cells = list(cells)
     if ledger is None:
@@ -482,21 +497,33 @@ def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool 
         judged, selecting, reproduced = judge(cell, ledger.entries)
         for e in selecting:
             tally[e.id].selected.append(cell.id)
+            if judged.status in ("pass", "xfail"):
+                tally[e.id].met.append(cell.id)
             if e.id in reproduced:
                 tally[e.id].reproduced.append(cell.id)
             if judged.known and e.id in judged.known:
                 tally[e.id].known.append(cell.id)
         out.append(judged)
     outcome = ledger.serialize()
-    stale = []
+    stale, unfixed = [], []
     for e in outcome["entries"]:
         t = tally[e["id"]]
-        e.update(selected=t.selected, reproduced=t.reproduced, known_cells=t.known,
-                 stale=judge_stale and bool(t.selected) and not t.reproduced)
+        # fixed only where it could have shown: a selected cell that now meets its expectation;
+        # cells that all fail earlier (another entry's defect) leave it not exercised, not stale
+        verdict = FAILING if t.reproduced else FIXED if t.met else NOT_EXERCISED
+        e.update(selected=t.selected, reproduced=t.reproduced, known_cells=t.known, verdict=verdict,
+                 stale=judge_stale and required is None and verdict == FIXED)
+        if required is not None:
+            e["required"] = e["id"] in required
+            if e["required"] and (verdict != FIXED if judge_stale else verdict == FAILING):
+                unfixed.append(e["id"])
         if e["stale"]:
             stale.append(e["id"])
     outcome["stale"] = stale
     outcome["judged_stale"] = judge_stale
+    if required is not None:
+        outcome["required"] = list(required)
+        outcome["unfixed"] = unfixed
     return out, outcome
 
 

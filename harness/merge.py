@@ -103,7 +103,7 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
     merged = [by_id[c.id] if c.id in by_id else unrun(c, "not run: no shard has a verdict for this cell")
               for c in cells]
     # the shards' ledger, judged over the whole selection: only now can an entry be stale
-    merged, outcome = ledgers.apply(merged, _ledger(first))
+    merged, outcome = ledgers.apply(merged, _ledger(first), required=first.selection.get("fixes"))
     complete = all(rec.status == "complete" for _, rec in runs) and len(by_id) == len(cells)
     failures = [f"shard {rec.selection['shard']['index']}: {rec.failure}" for _, rec in runs if rec.failure]
     return RunRecord(

@@ -39,6 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("harness", "dw-harness: distributed-weight autograd matrix")
     g.addoption("--backend", dest="harness_backend", default=None,
                 help="backend under test (default: harness.reference)")
+    g.addoption("--te-tree", dest="harness_te_tree", default=None, metavar="PATH",
+                help="import TransformerEngine from this source tree instead of the installed one "
+                     "(the same as --backend SPEC@PATH)")
     g.addoption("--preset", dest="harness_preset", default="ci", help="cell preset (ci, full, smoke)")
     for opt, axis in matrix.AXIS_OPTIONS.items():
         g.addoption(opt, dest=f"harness_axis_{axis}", default=None, metavar="V[,V...]",
@@ -59,7 +62,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_harness_make_backend(config: pytest.Config) -> str:
-    return config.getoption("harness_backend") or "harness.reference"
+    backend = config.getoption("harness_backend") or "harness.reference"
+    tree = config.getoption("harness_te_tree")
+    if not tree:
+        return backend
+    import argparse
+
+    from harness.commands import _options
+    from harness.exitcodes import UsageError
+
+    try:
+        return _options.backend_spec(argparse.Namespace(backend=backend, te_tree=tree))
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from exc
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -247,6 +247,11 @@ class RunRecord:
         return list((self.ledger or {}).get("stale", []))
 
     @property
+    def unfixed_entries(self) -> list[str]:
+        """Under review (``sweep --fixes``): the entries the change must fix that it does not."""
+        return list((self.ledger or {}).get("unfixed", []))
+
+    @property
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in STATUSES}
         for c in self.cells:

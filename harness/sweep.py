@@ -113,7 +113,8 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
                      unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
                      for c in spec.cells]
         # a shard cannot tell a stale entry: it may reproduce in another shard (merge judges)
-        record.cells, record.ledger = ledgers.apply(cells, spec.ledger, judge_stale=not spec.selection.get("shard"))
+        record.cells, record.ledger = ledgers.apply(cells, spec.ledger, judge_stale=not spec.selection.get("shard"),
+                                                    required=spec.selection.get("fixes"))
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir)
         return total - len(latest.keys() & order)

@@ -78,12 +78,14 @@ def fmt_duration(s: Any) -> str:
 
 def verdict(record: dict[str, Any]) -> str:
     """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges. A stale ledger
-    entry fails the run as a failing cell does (its exit code is 1, CONTRACTS §7)."""
+    entry fails the run as a failing cell does (its exit code is 1, CONTRACTS §7), and so does,
+    under review (``sweep --fixes``), a required entry that is not fixed here."""
     counts = counts_of(record)
     bad = sum(n for s, n in counts.items() if s not in GOOD_STATUSES)
     if record.get("status") == "incomplete":
         return "INCOMPLETE"
-    return "FAIL" if bad or stale_entries(record) else "PASS"
+    unfixed = (record.get("ledger") or {}).get("unfixed")
+    return "FAIL" if bad or stale_entries(record) or unfixed else "PASS"
 
 
 def counts_of(record: dict[str, Any]) -> dict[str, int]:

@@ -26,6 +26,7 @@ import re
 from typing import Any, Sequence
 
 from . import _assets
+from .review import html as review_html
 from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, entry_state, fmt_duration,
                       fmt_ratio, ledger_entries, ratio_key, stale_entries, stale_line, verdict, worst_check)
 from ._pack import SCRIPT_TYPE, encode, pack
@@ -137,9 +138,24 @@ def _cell_links(ids: list[str], limit: int = LEDGER_CELL_LINKS) -> str:
     return links + (f' <span class="muted">and {len(ids) - limit:,} more</span>' if len(ids) > limit else "")
 
 
+def symptom_text(f: dict[str, Any]) -> str:
+    """One form of an entry's signature, as a line: ``check weight*.main_grad ratio 300..30000``."""
+    what = f"exception {f['exception']}" if f.get("exception") else f"check {f.get('check')}"
+    parts = [what]
+    if f.get("message"):
+        parts.append(f"/{f['message']}/")
+    if f.get("ratio"):
+        parts.append(f"ratio {f['ratio'][0]:g}..{f['ratio'][1]:g}")
+    if f.get("at"):
+        parts.append(f"at {f['at']}")
+    if f.get("when"):
+        parts.append(f"when {f['when']}")
+    return " ".join(parts) + (" (also)" if f.get("also") else "")
+
+
 def _ledger(record: dict[str, Any]) -> str:
     """The known-defects ledger (CONTRACTS §7): the file, and per entry what it claims (upstream
-    reference, §6 row, checks / error pattern, cell filter) and what it did in this run."""
+    reference, §6 row, its signature, cell filter) and what it did in this run."""
     led = record.get("ledger")
     if not led:
         return ""
@@ -151,9 +167,7 @@ def _ledger(record: dict[str, Any]) -> str:
     rows = []
     for e in ledger_entries(record):
         eid, stale = str(e.get("id")), bool(e.get("stale"))
-        claims = f"<div><em>checks</em> {_e(', '.join(e['checks']))}</div>" if e.get("checks") else ""
-        if e.get("error"):
-            claims += f"<div><em>error</em> /{_e(e['error'])}/</div>"
+        claims = "".join(f"<div>{_e(symptom_text(f))}</div>" for f in e.get("fails") or [])
         claims += f"<div><em>cells</em> {_e(e.get('cells'))}</div>"
         # the cells that say most: where it makes cells known, else where it reproduced, else
         # (a stale entry) the cells it selects, where it should have reproduced
@@ -344,7 +358,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>dw-harness {v} · {sum(counts.values()):,} cells · {_e(record.get('backend'))}</title>"
         f"<style>{_assets.css()}</style></head><body>",
-        top, "<main>", run_card,
+        top, "<main>", review_html(record), run_card,
         '<section class="card" id="matrix"><h2>Matrix</h2><div class="filters" id="filters"></div>'
         f'<div class="legend">{legend}<span>· chip text = worst error/bound ratio · click a chip for details</span></div>'
         f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'

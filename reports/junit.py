@@ -20,6 +20,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from .review import headline as review_headline
+from .review import of as review_of
+from .review import tree_line as review_tree_line
 from ._common import (GOOD_STATUSES, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
                       stale_line)
 
@@ -74,7 +77,13 @@ def _entry_case(suite: ET.Element, e: dict[str, Any], record: dict[str, Any]) ->
     tc = ET.SubElement(suite, "testcase", {"classname": "dw_harness.ledger", "name": clean_text(e.get("id")),
                                            "time": "0.000"})
     state = entry_state(e, judged)
-    if e.get("stale"):
+    if e.get("id") in ((record.get("ledger") or {}).get("unfixed") or []):
+        line = f"ledger entry {e.get('id')} must be fixed by this change but is {e.get('verdict')}"
+        el = ET.SubElement(tc, "failure", {"message": _one_line(line), "type": "required entry not fixed"})
+        el.text = clean_text(_clip(f"{line}\n\nreproduces in:\n" + "\n".join(e.get("reproduced") or []), BODY_LIMIT))
+    elif e.get("required") and e.get("verdict") == "fixed here":
+        ET.SubElement(tc, "system-out").text = clean_text(f"{e.get('upstream')}: fixed here (required)")
+    elif e.get("stale"):
         el = ET.SubElement(tc, "failure", {"message": _one_line(stale_line(e, record)), "type": "stale ledger entry"})
         el.text = clean_text(_clip(f"{stale_line(e, record)}\n\nselected cells:\n" + "\n".join(e.get("selected") or []),
                                    BODY_LIMIT))
@@ -84,14 +93,24 @@ def _entry_case(suite: ET.Element, e: dict[str, Any], record: dict[str, Any]) ->
         ET.SubElement(tc, "system-out").text = clean_text(f"{e.get('upstream')}: {state}")
 
 
+def _review_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``review`` (GREEN/RED: ...) and the TE tree under review, when the run is a review."""
+    rev = review_of(record)
+    if rev is None:
+        return []
+    return [("review", review_headline(rev)), ("te_tree", review_tree_line(rev))]
+
+
 def render_junit(record: dict[str, Any]) -> str:
     """Render ``record`` (the parsed ``results.json``) as a JUnit XML document (a string)."""
     counts = counts_of(record)
     cells = record.get("cells") or []
     env = record.get("environment") or {}
     entries = ledger_entries(record)
-    stale = sum(bool(e.get("stale")) for e in entries)
-    idle = sum(not e.get("stale") and not (e.get("selected") and e.get("reproduced")) for e in entries)
+    unfixed = set((record.get("ledger") or {}).get("unfixed") or [])
+    stale = sum(bool(e.get("stale")) for e in entries) + len(unfixed)
+    idle = sum(not e.get("stale") and e.get("id") not in unfixed and not (e.get("selected") and e.get("reproduced"))
+               and not (e.get("required") and e.get("verdict") == "fixed here") for e in entries)
     totals = {
         "tests": str(len(cells) + len(entries)),
         "failures": str(counts.get("fail", 0) + stale),
@@ -106,9 +125,14 @@ def render_junit(record: dict[str, Any]) -> str:
     props = ET.SubElement(suite, "properties")
     for k, v in (("backend", record.get("backend")), ("torch", env.get("torch")), ("device", env.get("device")),
                  ("pg_backend", env.get("pg_backend")), ("git_commit", env.get("git_commit")),
-                 ("record_status", record.get("status")), ("command", record.get("command"))):
+                 ("record_status", record.get("status")), ("command", record.get("command")),
+                 *_review_properties(record)):
         if v is not None:
             ET.SubElement(props, "property", {"name": k, "value": clean_text(v)})
+    reviewing = (record.get("ledger") or {}).get("required") is not None
+    if reviewing:  # the verdict first: one testcase per entry, a required one not fixed fails
+        for e in entries:
+            _entry_case(suite, e, record)
     for c in cells:
         status = c.get("status", "error")
         module = str((c.get("axes") or {}).get("module", "cell"))
@@ -138,7 +162,8 @@ def render_junit(record: dict[str, Any]) -> str:
             errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
             what = f": {errs[0].get('type', '')}: {errs[0].get('message', '')}" if errs else ""
             out.text = clean_text(f"expected error met{what}")
-    for e in entries:
-        _entry_case(suite, e, record)
+    if not reviewing:
+        for e in entries:
+            _entry_case(suite, e, record)
     ET.indent(root, space=" ")
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .review import markdown as review_markdown
 from ._common import (BAD_STATUSES, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of, fmt_duration,
                       fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
 
@@ -120,6 +121,7 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
                        + "".join(f", {x}" for x in extra if x) + "\n\n"]
     if record.get("status") == "incomplete":
         head.append("> [!WARNING]\n> **INCOMPLETE**: the sweep did not finish; counts cover the cells recorded so far.\n\n")
+    head.append(review_markdown(record))
     head.append("| " + " | ".join(_md_text(STATUS_LABELS.get(s, s)) for s in counts) + " | total |\n")
     head.append("|" + "---:|" * (len(counts) + 1) + "\n")
     head.append("| " + " | ".join(f"{x:,}" for x in counts.values()) + f" | {n:,} |\n")

@@ -13,12 +13,45 @@ from harness.exitcodes import UsageError
 def add_run(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("running")
     g.add_argument("--backend", default="harness.reference",
-                   help="import path, module:attr, or a .py file (default: harness.reference)")
+                   help="import path, module:attr, or a .py file, optionally @TREE "
+                        "(default: harness.reference)")
+    g.add_argument("--te-tree", metavar="PATH",
+                   help="import TransformerEngine from this source tree (a git checkout, an unpacked "
+                        "sdist, or a `patch-te` folder) instead of the installed one; the same as "
+                        "--backend SPEC@PATH")
     g.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
     add_timeout_and_device(g)
     g.add_argument("--ledger", default="auto", metavar="auto|none|FILE",
                    help="known-defects ledger: auto (the one shipped for the backend's upstream "
                         "package and version, if any), none, or a ledger file (default: auto)")
+
+
+def backend_spec(args: argparse.Namespace) -> str:
+    """Fold ``--te-tree PATH`` into ``args.backend`` (``te-cpu@/abs/PATH``, the form the run
+    record, the repro lines and ``--resume`` carry) and return it.
+
+    Raises:
+        UsageError: the folder is not a TE tree, the backend already names a tree, or
+            ``--te-tree`` comes with ``--resume`` (a resumed run takes the recorded backend).
+    """
+    from harness import te_tree
+    from harness.backends import split_tree, with_tree
+
+    tree = getattr(args, "te_tree", None)
+    if not tree:
+        return args.backend
+    if getattr(args, "resume", None):
+        raise UsageError("--te-tree cannot be combined with --resume: a resumed run uses the backend "
+                         "(and tree) it recorded")
+    if split_tree(args.backend)[1] is not None:
+        raise UsageError(f"--backend {args.backend!r} already names a TE tree; drop --te-tree {tree}")
+    try:
+        found = te_tree.inspect(tree)
+    except te_tree.TreeError as exc:
+        raise UsageError(f"--te-tree: {exc}") from exc
+    args.backend = with_tree(args.backend, found.path)
+    args.te_tree = None
+    return args.backend
 
 
 def ledger_for(option: str, info) -> "Ledger | None":

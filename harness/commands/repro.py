@@ -63,6 +63,7 @@ def detail(res: CellResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    _options.backend_spec(args)
     cell = matrix.Cell.from_id(args.cell_id)
     example = parse_example(args.example)
     _options.check_timeout(args.cell_timeout)

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import compare, exitcodes, matrix, preflight, recordfile, selection, shard
+from harness import compare, exitcodes, matrix, preflight, recordfile, review, selection, shard
 from harness import ledger as ledger_mod
 from harness.commands import _options
 from harness.inputs import Example
@@ -29,6 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--examples", type=int, default=0, metavar="N",
                    help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
                         "shrunk to its smallest example")
+    p.add_argument("--fixes", metavar="ENTRY[,ENTRY...]",
+                   help="review a change (e.g. a TE tree from --te-tree): the ledger entries it must fix "
+                        "(ids, globs over ids, or 'all'). Green (exit 0) when each of them is fixed here "
+                        "(selects cells, reproduces in none) and no cell fails without an entry (a "
+                        "regression); an entry fixed here without being named is reported, never red")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress")
     p.add_argument("--packing", choices=("on", "off"), default="on",
                    help="on: cells of every world size dividing the largest share one launch, on "
@@ -98,7 +103,11 @@ def summary(record: RunRecord) -> str:
             state = ("STALE: no longer reproduces" if e["stale"] else
                      f"{len(e['known_cells'])} known, reproduced in {len(e['reproduced'])}/{len(e['selected'])} "
                      "selected cell(s)" if e["selected"] else "selects no cell of this run")
-            lines.append(f"  {e['id']:{idw}} {e['upstream']:20} {state}")
+            mark = "*" if e.get("required") else " "
+            lines.append(f" {mark}{e['id']:{idw}} {e['upstream']:20} {e.get('verdict', ''):14} {state}")
+        rev = review.review(record.serialize())
+        if rev is not None and (rev.required or rev.tree):
+            lines += [""] + review_lines(rev)
     bad = [c for c in record.cells if not c]
     if bad:
         lines.append("")
@@ -110,11 +119,39 @@ def summary(record: RunRecord) -> str:
     return "\n".join(lines)
 
 
+def review_lines(rev: review.Review) -> list[str]:
+    """The review's verdict: the tree, GREEN or RED with every reason, the entries fixed here."""
+    out = []
+    if rev.tree:
+        t = rev.tree
+        state = "" if t.get("commit") is None else f" at {t['commit'][:12]}{' (dirty)' if t.get('dirty') else ''}"
+        out.append(f"TE tree under review: {t.get('path')}{state}, version {t.get('version')}")
+    fixed = [e.id for e in rev.entries if e.verdict == review.FIXED]
+    if rev.required:
+        word = "GREEN" if rev.green else "RED"
+        out.append(f"review {word}: {sum(e.required and e.verdict == review.FIXED for e in rev.entries)} of "
+                   f"{len(rev.required)} required entries fixed here, {len(rev.regressions)} regression(s)"
+                   + (f", {rev.harness_errors} harness error(s)" if rev.harness_errors else ""))
+        out += [f"  {line}" for line in rev.reasons()[:20]]
+    elif rev.regressions:
+        out.append(f"{len(rev.regressions)} cell(s) fail without a ledger entry (regressions)")
+    bonus = [i for i in fixed if i not in rev.required]
+    if bonus:
+        out.append(f"also fixed here (not required): {', '.join(bonus)}")
+    return out
+
+
 def gate(record: RunRecord) -> int:
-    """The run's exit code; says which ledger entries are stale (each fails the gate)."""
+    """The run's exit code; says which ledger entries are stale, and under review which
+    required entries are not fixed (each fails the gate)."""
     for entry_id in record.stale_entries:
         print(f"dw-harness: {ledger_mod.stale_message(entry_id, record.ledger)}", file=sys.stderr)
-    return run_exit_code((c.status for c in record.cells), stale=bool(record.stale_entries))
+    verdicts = {e["id"]: e["verdict"] for e in (record.ledger or {}).get("entries", [])}
+    for entry_id in record.unfixed_entries:
+        print(f"dw-harness: ledger entry {entry_id} must be fixed by this change but is {verdicts[entry_id]}",
+              file=sys.stderr)
+    return run_exit_code((c.status for c in record.cells),
+                         stale=bool(record.stale_entries or record.unfixed_entries))
 
 
 def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
@@ -142,8 +179,11 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
     cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
                           sel.get("filter"))
     part = shard.Shard(**sel["shard"]) if sel.get("shard") else None
-    return selection.apply_shard(cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
-                                         "filter": sel.get("filter")}, part)
+    cells, out = selection.apply_shard(cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
+                                               "filter": sel.get("filter")}, part)
+    if sel.get("fixes") is not None and args.fixes is None:
+        args.fixes = ",".join(sel["fixes"])
+    return cells, out
 
 
 def _about(info) -> str:
@@ -155,6 +195,7 @@ def _about(info) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    _options.backend_spec(args)
     if args.rerun_failed and not args.resume:
         raise exitcodes.UsageError("--rerun-failed needs --resume RUN_DIR")
     cells, sel = _resumed_selection(args) if args.resume else selection.select(args)
@@ -165,11 +206,18 @@ def run(args: argparse.Namespace) -> int:
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
                                             {c.module for c in cells})
     selection.check_shardable(cells, Example().out_features)
+    ledger = _options.ledger_for(args.ledger, info)
+    if args.fixes is not None:
+        if ledger is None:
+            raise exitcodes.UsageError("--fixes needs a ledger: --ledger FILE (the backend has no shipped one)")
+        try:
+            sel["fixes"] = review.required_entries([p for p in args.fixes.split(",") if p], ledger)
+        except review.ReviewError as exc:
+            raise exitcodes.UsageError(str(exc)) from exc
     run_dir = _options.run_dir(args)
     progress = Progress(args.quiet)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples, on_wait=progress.waiting)
-    ledger = _options.ledger_for(args.ledger, info)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
                      tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,

@@ -4,7 +4,9 @@ Importing this package *applies the CPU layer* to the running process - the
 ``torch.cuda`` surface TE touches (:mod:`.cuda_surface`), a CPU module standing in for the
 compiled ``transformer_engine_torch`` extension (:mod:`.extension`, GEMM numerics in
 :mod:`harness.cpu_gemm`) - and then imports the installed ``transformer_engine.pytorch``
-(:mod:`.loader`). Only worker ranks and the backend probe (``harness.backends.probe_backend``,
+(:mod:`.loader`) - or, with ``--backend te-cpu@TREE`` (``DW_TE_TREE``), the one of a TE
+source tree (:mod:`harness.te_tree`), whose version, commit and path ``describe()`` reports
+(``te_tree``). Only worker ranks and the backend probe (``harness.backends.probe_backend``,
 a subprocess) import it; the parent process, pytest and other backends never do.
 
 The backend exposes TE's own classes: ``Linear``, ``GroupedLinear``, ``LayerNormLinear`` and
@@ -27,7 +29,9 @@ FP32_ENV = "DW_TE_CPU_FP32"
 FP32_GEMM: str = os.environ.get(FP32_ENV, "ieee") or "ieee"
 extension.set_fp32_mode(FP32_GEMM)  # raises on an unknown mode, before anything is patched
 
-loader.check_version()  # a missing or unsupported TE fails before anything is patched
+#: the TE source tree followed instead of the installed TE (``--backend te-cpu@TREE``), or None
+TE_TREE = loader.tree()
+loader.check_version()  # a missing or unsupported TE (or a bad tree) fails before anything is patched
 CUDA_SITES = cuda_surface.apply()
 _te = loader.import_te()
 
@@ -35,7 +39,7 @@ Linear = _te.Linear
 GroupedLinear = _te.GroupedLinear
 LayerNormLinear = _te.LayerNormLinear
 ops = _te.ops
-TE_VERSION: str = loader.installed_version() or "unknown"
+TE_VERSION: str = TE_TREE.version if TE_TREE is not None else loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
 
 
@@ -77,9 +81,11 @@ def describe() -> dict[str, Any]:
         "device_only": "cpu",
         "te_sees": f"{cuda_surface.DEVICE_NAME}, sm_{''.join(map(str, cuda_surface.COMPUTE_CAPABILITY))}",
         "cuda_sites_answered": len(CUDA_SITES),
+        # the source tree TE was imported from (path, commit, dirty, version, kind), None: the wheel
+        "te_tree": TE_TREE.serialize() if TE_TREE is not None else None,
     }
 
 
 __all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "path_evidence", "reset_path_evidence",
            "use_path", "device_tensor",
-           "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "describe"]
+           "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "TE_TREE", "describe"]

@@ -17,13 +17,23 @@ is registered under that name inside a worker rank (never in the parent process)
 - for every other name TE's Python sources reference (``STUBBED``), a stub that raises
   :class:`MissingCpuKernel` naming the extension function and the TE function that called
   it - when *called*, never silently. A name TE never references is an ``AttributeError``,
-  as on the real extension (so TE's ``getattr(tex, name, default)`` probes keep working).
+  as on the real extension (so TE's ``getattr(tex, name, default)`` probes keep working):
+  a :class:`MissingExtensionAttribute` naming it, which the loader turns into one line
+  when TE reads it at import time.
+
+``build(te_root)`` builds the stand-in for a TE *source tree* (``--te-tree``): the stubs
+are the names that tree's Python references (``referenced_names``), and each enum takes
+its members from the tree's pybind11 binding and their values from its C headers
+(``tree_enums``) where it has them. Without them (a tree made from the wheel) the built-in
+TE 2.20.2 enums stay.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import enum
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -56,7 +66,37 @@ class MissingCpuKernel(NotImplementedError):
     """TE called an extension function the CPU layer has no kernel for."""
 
 
-class _PybindEnum(enum.Enum):
+class MissingExtensionAttribute(AttributeError):
+    """TE read an extension attribute (a function, a class, an enum member) that the CPU
+    stand-in does not have. An ``AttributeError``, so ``getattr(tex, name, default)`` and
+    ``hasattr`` probes keep working; ``qualname`` names it (``transformer_engine_torch.X``)."""
+
+    def __init__(self, qualname: str) -> None:
+        self.qualname = qualname
+        super().__init__(f"{qualname}: te-cpu's stand-in for TE's compiled extension has no such "
+                         "attribute (harness/te_cpu/extension.py)")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_")
+
+
+class _PybindEnumType(enum.EnumMeta):
+    """Missing members raise :class:`MissingExtensionAttribute` naming the enum and member."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if _is_private(name):
+            parent = getattr(enum.EnumMeta, "__getattr__", None)
+            if parent is not None:
+                return parent(cls, name)
+            raise AttributeError(name)
+        members = cls.__dict__.get("_member_map_", {})
+        if name in members:
+            return members[name]
+        raise MissingExtensionAttribute(f"{MODULE_NAME}.{cls.__name__}.{name}")
+
+
+class _PybindEnum(enum.Enum, metaclass=_PybindEnumType):
     """An enum that behaves like a pybind11 ``py::enum_``: ``int()``-able, hashable by value,
     equal only to members of its own type (pybind11 enums do not compare equal to ints)."""
 
@@ -121,13 +161,24 @@ ENUMS: tuple[type[_PybindEnum], ...] = (
     DType, FP8FwdTensors, FP8BwdTensors, NVTE_Fused_Attn_Backend, NVTE_Bias_Type, NVTE_Mask_Type,
     NVTE_Softmax_Type, NVTE_QKV_Format, NVTE_QKV_Layout, NVTEScalingMode, NVTERoutingMapFormat,
     NVTEQBHistogramMode, CommOverlapType)
+#: the built-in (TE 2.20.2) enums, whatever ``build`` rebinds for a tree
+BUILTIN_ENUMS: tuple[type[_PybindEnum], ...] = ENUMS
 
-#: TE DType -> torch dtype (``GetATenDType`` in TE's extension)
-TORCH_DTYPES: dict[DType, torch.dtype] = {
-    DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: torch.float32,
-    DType.kFloat16: torch.float16, DType.kBFloat16: torch.bfloat16,
-    DType.kFloat8E4M3: torch.float8_e4m3fn, DType.kFloat8E5M2: torch.float8_e5m2,
+#: TE DType member name -> torch dtype (``GetATenDType`` in TE's extension); the integer
+#: types a tree's header adds (``kInt16``, ``kInt64``) map to theirs
+_TORCH_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "kByte": torch.uint8, "kInt16": torch.int16, "kInt32": torch.int32, "kInt64": torch.int64,
+    "kFloat32": torch.float32, "kFloat16": torch.float16, "kBFloat16": torch.bfloat16,
+    "kFloat8E4M3": torch.float8_e4m3fn, "kFloat8E5M2": torch.float8_e5m2,
 }
+
+
+def _torch_dtypes(dtype_enum: type[_PybindEnum]) -> dict[Any, torch.dtype]:
+    return {m: _TORCH_DTYPE_NAMES[m.name] for m in dtype_enum if m.name in _TORCH_DTYPE_NAMES}
+
+
+#: TE DType -> torch dtype (``GetATenDType`` in TE's extension), keyed on the current ``DType``
+TORCH_DTYPES: dict[DType, torch.dtype] = _torch_dtypes(DType)
 
 #: the fp32 GEMM mode of this process (set once by ``harness.te_cpu``)
 _FP32_MODE = ["ieee"]
@@ -502,8 +553,17 @@ def _stub_class(name: str) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         raise missing(name)
 
-    return type(name, (), {"__init__": __init__, "__module__": MODULE_NAME,
-                           "__doc__": f"No CPU implementation of {MODULE_NAME}.{name}."})
+    return _StubType(name, (), {"__init__": __init__, "__module__": MODULE_NAME,
+                                "__doc__": f"No CPU implementation of {MODULE_NAME}.{name}."})
+
+
+class _StubType(type):
+    """A stub class's missing class attributes raise :class:`MissingExtensionAttribute`."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if _is_private(name):
+            raise AttributeError(name)
+        raise MissingExtensionAttribute(f"{MODULE_NAME}.{cls.__name__}.{name}")
 
 
 def referenced_names(te_root: Path) -> set[str]:
@@ -513,12 +573,13 @@ def referenced_names(te_root: Path) -> set[str]:
     every ``from transformer_engine_torch import <name>`` (parsed, not grepped, so
     ``torch.ops.tex.<op>`` is not mistaken for an extension name).
     """
-    import ast
-
     names: set[str] = set()
     for sub in ("pytorch", "debug", "common"):
         for path in sorted((te_root / sub).rglob("*.py")):
-            tree = ast.parse(path.read_text(errors="replace"))
+            try:
+                tree = ast.parse(path.read_text(errors="replace"), filename=str(path))
+            except SyntaxError:  # a file that does not parse fails TE's import, if TE imports it
+                continue
             aliases = set()
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
@@ -584,14 +645,194 @@ STUBBED: tuple[str, ...] = (
 )
 
 
-def build() -> ModuleType:
-    """A fresh ``transformer_engine_torch`` module: enums, kernels, queries and stubs."""
+# ---- a TE tree's C sources: the enums' members and values ---------------------------------
+#: where a tree keeps the headers whose enums the extension exposes (relative to ``transformer_engine/``)
+HEADER_GLOBS: tuple[str, ...] = ("common/include/transformer_engine/*.h", "pytorch/csrc/*.h")
+#: where a tree keeps its pybind11 bindings (``py::enum_<...>(m, "Name").value(...)``)
+BINDING_GLOBS: tuple[str, ...] = ("common/util/pybind_helper.h", "pytorch/csrc/*.cpp", "pytorch/csrc/*/*.cpp",
+                                  "pytorch/csrc/*.h", "pytorch/csrc/*/*.h")
+_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_ENUM = re.compile(r"\benum\s+(?:class\s+|struct\s+)?([A-Za-z_]\w*)?\s*(?::\s*[\w:\s]+?)?"
+                   r"\{([^{}]*)\}\s*([A-Za-z_]\w*)?", re.S)
+_TYPEDEF = re.compile(r"\btypedef\s+$")
+_DIRECTIVE = re.compile(r"\s*#\s*(?:include|if|ifdef|ifndef|else|elif|endif|pragma|undef|error|warning|line)\b")
+_MEMBER = re.compile(r"^([A-Za-z_]\w*)\s*(?:=\s*(.+))?$", re.S)
+_BINDING = re.compile(r"\benum_\s*<\s*([\w:\s]+?)\s*>\s*\(\s*\w+\s*,\s*\"(\w+)\"(.*?);", re.S)
+_BOUND_VALUE = re.compile(r"\.value\(\s*\"(\w+)\"\s*,\s*([\w:\s]+?)\s*\)", re.S)
+
+
+def _strip(text: str) -> str:
+    """C source without comments, line continuations and preprocessor directives (a
+    ``#define``'s body is kept: TE declares common bindings in a macro)."""
+    text = _COMMENTS.sub(" ", text.replace("\\\n", " "))
+    return "\n".join(ln for ln in text.splitlines() if not _DIRECTIVE.match(ln))
+
+
+def _const(expr: str, known: dict[str, int]) -> int | None:
+    """The value of an enumerator's initializer: integer literals (``-1``, ``0x10``, ``1u``),
+    earlier enumerators, and ``+ - * << >> | & ~`` over them; None otherwise."""
+    expr = re.sub(r"(?<=[0-9a-fA-F])[uUlL]+\b", "", expr.strip()).replace("::", ".")
+    expr = re.sub(r"\bstatic_cast\s*<[^>]*>", "", expr)
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.LShift: int.__lshift__,
+           ast.RShift: int.__rshift__, ast.BitOr: int.__or__, ast.BitAnd: int.__and__}
+
+    def value(n: ast.AST) -> int:
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.Name) and n.id in known:
+            return known[n.id]
+        if isinstance(n, ast.Attribute) and n.attr in known:  # Enum::kMember
+            return known[n.attr]
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd, ast.Invert)):
+            v = value(n.operand)
+            return -v if isinstance(n.op, ast.USub) else ~v if isinstance(n.op, ast.Invert) else v
+        if isinstance(n, ast.BinOp) and type(n.op) in ops:
+            return ops[type(n.op)](value(n.left), value(n.right))
+        raise ValueError(ast.dump(n))
+
+    try:
+        return value(node)
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def parse_enums(text: str) -> dict[str, dict[str, int]]:
+    """Every ``enum [class] Name { A = 0, B, ... }`` (and ``typedef enum { ... } Name;``) of a
+    C/C++ header: name -> members -> values (C's rule: an enumerator without initializer is
+    the previous one plus one; one whose initializer cannot be evaluated is left out)."""
+    text = _strip(text)
+    out: dict[str, dict[str, int]] = {}
+    for m in _ENUM.finditer(text):
+        typedef = bool(_TYPEDEF.search(text[max(0, m.start() - 16):m.start()]))
+        name = m.group(3) if typedef and m.group(3) else m.group(1)
+        if not name:
+            continue
+        members: dict[str, int] = {}
+        nxt: int | None = 0
+        for item in m.group(2).split(","):
+            mm = _MEMBER.match(" ".join(item.split()))
+            if not mm:
+                continue
+            member, expr = mm.group(1), mm.group(2)
+            val = _const(expr, members) if expr else nxt
+            nxt = None if val is None else val + 1
+            if val is not None:
+                members[member] = val
+        if members:
+            out.setdefault(name, members)
+    return out
+
+
+def parse_bindings(text: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """Every ``py::enum_<CType>(m, "Name").value("member", CType::kMember)...;`` of a pybind11
+    source: Python name -> (C type's last name, [(Python member, C enumerator)])."""
+    out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for m in _BINDING.finditer(_strip(text)):
+        values = [(v.group(1), "".join(v.group(2).split()).split("::")[-1]) for v in _BOUND_VALUE.finditer(m.group(3))]
+        if values:
+            out.setdefault(m.group(2), ("".join(m.group(1).split()).split("::")[-1], values))
+    return out
+
+
+def _read_all(te_root: Path, patterns: Sequence[str], parse: Callable[[str], dict[str, Any]],
+              needle: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pattern in patterns:
+        for path in sorted(te_root.glob(pattern)):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            if needle in text:
+                for name, found in parse(text).items():
+                    out.setdefault(name, found)
+    return out
+
+
+def header_enums(te_root: Path) -> dict[str, dict[str, int]]:
+    """The enums of a tree's headers (``HEADER_GLOBS`` under its ``transformer_engine/``
+    folder ``te_root``), first definition wins; empty when the tree has no headers."""
+    return _read_all(te_root, HEADER_GLOBS, parse_enums, "enum")
+
+
+def tree_enums(te_root: Path) -> dict[str, dict[str, int]]:
+    """The extension's enums for a tree: Python name -> members -> values.
+
+    Where the tree has the pybind11 binding of an enum (``BINDING_GLOBS``), its members are
+    the bound ones - TE checks that its Python ``DType`` mirrors ``tex.DType`` exactly, and
+    the binding exposes fewer members than the C header declares - with the values of the
+    header's enumerators (te-cpu's built-in value where the header lacks one). Without a
+    binding, the header's enum of the same name gives the values of te-cpu's members (its
+    extra enumerators are not assumed bound). Enums te-cpu knows and the tree does not
+    mention keep their built-in members.
+    """
+    headers = header_enums(te_root)
+    unscoped = {m: v for members in headers.values() for m, v in members.items()}
+    builtin = {cls.__name__: {m.name: int(m.value) for m in cls} for cls in BUILTIN_ENUMS}
+    out: dict[str, dict[str, int]] = {}
+    for name, (ctype, values) in _read_all(te_root, BINDING_GLOBS, parse_bindings, "enum_").items():
+        scoped, ours = headers.get(ctype, {}), builtin.get(name, {})
+        members: dict[str, int] = {}
+        for member, enumerator in values:
+            val = scoped.get(enumerator, unscoped.get(enumerator, ours.get(member)))
+            if val is not None:
+                members[member] = val
+        if members:
+            out[name] = members
+    for name, ours in builtin.items():
+        if name not in out:
+            header = headers.get(name, {})
+            out[name] = {m: header.get(m, v) for m, v in ours.items()}
+    return out
+
+
+def _module_getattr(name: str) -> Any:
+    """PEP 562 ``__getattr__`` of the stand-in: an unknown name raises
+    :class:`MissingExtensionAttribute` (an ``AttributeError``) naming it."""
+    if _is_private(name):
+        raise AttributeError(f"module {MODULE_NAME!r} has no attribute {name!r}")
+    raise MissingExtensionAttribute(f"{MODULE_NAME}.{name}")
+
+
+def build(te_root: Path | None = None) -> ModuleType:
+    """A fresh ``transformer_engine_torch`` module: enums, kernels, queries and stubs.
+
+    Args:
+        te_root: a TE source tree's ``transformer_engine/`` folder to build the stand-in for
+            (``harness.te_tree``): the stubs are the names its Python references, the enums
+            follow its bindings and headers (``tree_enums``; built-in ones where it has
+            none). None: TE 2.20.2 as installed (``STUBBED``, the built-in enums).
+
+    With a tree, this module's ``DType`` and the other enum names, ``ENUMS`` and
+    ``TORCH_DTYPES`` are rebound to the tree's enums (one tree per process).
+    """
+    global ENUMS, TORCH_DTYPES
     mod = ModuleType(MODULE_NAME, __doc__)
     mod.__file__ = __file__
-    for cls in ENUMS:
+    mod.__getattr__ = _module_getattr  # type: ignore[attr-defined]
+    if te_root is None:
+        enums, stubbed = BUILTIN_ENUMS, set(STUBBED)
+    else:
+        te_root = Path(te_root)
+        found = tree_enums(te_root)
+        referenced = referenced_names(te_root) - {"*"}
+        builtin = [cls.__name__ for cls in BUILTIN_ENUMS]
+        # te-cpu's enums, then those the tree references and binds that te-cpu does not know
+        names = builtin + sorted(n for n in referenced & set(found) if n not in builtin)
+        enums = tuple(_enum(name, found[name]) for name in names)
+        stubbed = referenced - set(names) - set(KERNELS)
+    this = sys.modules[__name__]
+    for cls in enums:
         setattr(mod, cls.__name__, cls)
+        setattr(this, cls.__name__, cls)  # the kernels' DType lookups follow the tree's enums
+    ENUMS = tuple(enums)
+    TORCH_DTYPES = _torch_dtypes(getattr(this, "DType"))
     for name, fn in KERNELS.items():
         setattr(mod, name, fn)
-    for name in STUBBED:
+    for name in sorted(stubbed):
         setattr(mod, name, _stub_class(name) if name[0].isupper() else _stub_function(name))
     return mod

@@ -16,6 +16,12 @@ loaded with ctypes by ``transformer_engine/common/__init__.py``, and the
 
 Everything raises :class:`TeUnavailable` with one line saying what to install when TE, the
 right TE version or one of its import-time dependencies is missing.
+
+A TE source tree (``harness.te_tree``; ``DW_TE_TREE``, set by ``--backend te-cpu@TREE``) is
+followed instead of the wheel: the version is the tree's, any version is accepted, the
+extension stand-in is built for the tree, the imported ``transformer_engine.pytorch`` must
+come from the tree, and a tree that does not import (a syntax error, an extension attribute
+te-cpu lacks at import time) ends in one line naming the file or the attribute.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import os
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness import te_tree as _te_tree
 from harness.te_cpu import evidence, extension
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
@@ -50,12 +58,35 @@ def installed_version() -> str | None:
         return None
 
 
-def check_version() -> str:
-    """The installed TE version if te-cpu supports it.
+def tree() -> _te_tree.Tree | None:
+    """The TE source tree this process follows (``DW_TE_TREE``), None for the installed TE.
 
     Raises:
-        TeUnavailable: TE is missing or another version is installed.
+        TeUnavailable: the variable names a folder that is not a TE tree.
     """
+    value = os.environ.get(_te_tree.ENV, "")
+    if value not in _TREES:  # asked several times per import: inspect (git) once per path
+        try:
+            _TREES[value] = _te_tree.from_env()
+        except _te_tree.TreeError as exc:
+            raise TeUnavailable(str(exc)) from exc
+    return _TREES[value]
+
+
+_TREES: dict[str, _te_tree.Tree | None] = {}
+
+
+def check_version() -> str:
+    """The TE version te-cpu runs: a tree's (any version: the point is to follow the tree),
+    else the installed one if te-cpu supports it.
+
+    Raises:
+        TeUnavailable: TE is missing or another version is installed (no tree), or
+            ``DW_TE_TREE`` names no TE tree.
+    """
+    source = tree()
+    if source is not None:
+        return source.version
     version = installed_version()
     if version is None:
         raise TeUnavailable(f"TransformerEngine is not installed: {INSTALL_HINT}")
@@ -111,15 +142,18 @@ def import_te() -> ModuleType:
             the CPU layer in this process.
     """
     check_version()
+    source = tree()
     current = sys.modules.get(extension.MODULE_NAME)
     if "transformer_engine.pytorch" in sys.modules:
         if current is None or getattr(current, "__file__", None) != extension.__file__:
             raise TeUnavailable("transformer_engine.pytorch was already imported in this process "
                                 "without the te-cpu layer")
-        return sys.modules["transformer_engine.pytorch"]
+        return _from_tree(sys.modules["transformer_engine.pytorch"], source)
     if current is not None and getattr(current, "__file__", None) != extension.__file__:
         raise TeUnavailable(f"a real {extension.MODULE_NAME} is already loaded; te-cpu replaces it")
-    cpu_extension = extension.build()
+    if source is not None:
+        _put_first(source)
+    cpu_extension = extension.build(source.package if source is not None else None)
     evidence.instrument(cpu_extension, extension.KERNELS)  # the cells' path evidence
     sys.modules[extension.MODULE_NAME] = cpu_extension
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -127,10 +161,18 @@ def import_te() -> ModuleType:
     hook = _SwapExtensionLoader()
     sys.meta_path.insert(0, hook)
     try:
-        return importlib.import_module("transformer_engine.pytorch")
+        te = importlib.import_module("transformer_engine.pytorch")
     except ModuleNotFoundError as exc:
+        if source is not None and (exc.name or "").split(".")[0] == "transformer_engine":
+            raise TeUnavailable(f"the TE tree {source.path} does not import: no module {exc.name!r} "
+                                f"in it{_where(exc, source)}") from exc
         raise TeUnavailable(f"TransformerEngine's import needs the package {exc.name!r}: "
                             f"{INSTALL_HINT}") from exc
+    except Exception as exc:
+        failure = _import_failure(exc, source)
+        if failure is exc:
+            raise
+        raise failure from exc
     finally:
         if hook in sys.meta_path:
             sys.meta_path.remove(hook)
@@ -138,6 +180,68 @@ def import_te() -> ModuleType:
             os.environ.pop("NVTE_PROJECT_BUILDING", None)
         else:
             os.environ["NVTE_PROJECT_BUILDING"] = previous
+    return _from_tree(te, source)
+
+
+def _put_first(source: _te_tree.Tree) -> None:
+    """The tree first on ``sys.path`` (``harness.backends`` already did; a direct
+    ``DW_TE_TREE=... import harness.te_cpu`` relies on this)."""
+    loaded = sys.modules.get("transformer_engine")
+    if loaded is not None and not source.contains(getattr(loaded, "__file__", None)):
+        raise TeUnavailable(f"imported {getattr(loaded, '__file__', None)}, not the tree's "
+                            f"({source.package}): transformer_engine was imported before te-cpu")
+    if sys.path[:1] != [source.path]:
+        sys.path.insert(0, source.path)
+    importlib.invalidate_caches()
+
+
+def _from_tree(te: ModuleType, source: _te_tree.Tree | None) -> ModuleType:
+    """``te`` itself, after checking that it is the tree's (when a tree is followed)."""
+    if source is not None and not source.contains(getattr(te, "__file__", None)):
+        raise TeUnavailable(f"imported {te.__file__}, not the tree's ({source.package}/pytorch/__init__.py)")
+    return te
+
+
+def _where(exc: BaseException, source: _te_tree.Tree | None) -> str:
+    """`` (raised at transformer_engine/pytorch/x.py:12)``: the innermost TE frame of ``exc``."""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/transformer_engine/" in path:
+            found = f"{path[path.rindex('/transformer_engine/') + 1:]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return f" (raised at {found})" if found else ""
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+_CANNOT_IMPORT = re.compile(r"cannot import name '([^']+)' from '" + re.escape(extension.MODULE_NAME) + "'")
+
+
+def _import_failure(exc: Exception, source: _te_tree.Tree | None) -> Exception:
+    """One line for an import of TE that failed (a tree that does not import is bad input)."""
+    who = f"the TE tree {source.path}" if source is not None else "TransformerEngine"
+    for e in _chain(exc):
+        if isinstance(e, extension.MissingExtensionAttribute):
+            return TeUnavailable(f"{who} needs {e.qualname} at import time{_where(exc, source)}, which te-cpu's "
+                                 "stand-in for TE's compiled extension lacks (harness/te_cpu/extension.py)")
+        m = _CANNOT_IMPORT.search(str(e)) if isinstance(e, ImportError) else None
+        if m:
+            return TeUnavailable(f"{who} needs {extension.MODULE_NAME}.{m.group(1)} at import time"
+                                 f"{_where(exc, source)}, which te-cpu's stand-in for TE's compiled extension "
+                                 "lacks (harness/te_cpu/extension.py)")
+    if source is None:
+        return exc
+    if isinstance(exc, SyntaxError):
+        return TeUnavailable(f"{who} does not import: {exc.filename}:{exc.lineno}: SyntaxError: {exc.msg}")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return TeUnavailable(f"{who} does not import: {type(exc).__name__}: {first}{_where(exc, source)}")
 
 
 def origin(te_pytorch: ModuleType) -> str:

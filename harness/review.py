@@ -1,0 +1,141 @@
+"""The verdict on a change under review: per ledger entry, is its defect fixed here, and did
+anything else break? (a pure fold over a run record; no torch)
+
+A reviewer sweeps a TE tree (``--te-tree``, or a patched one from ``patch-te``) under the
+ledger of the release it changes, naming the entries the change must fix (``--fixes``).
+Per entry of the ledger:
+
+- *fixed here*: it reproduces in none of the cells it selects, and at least one of them now
+  meets its expectation;
+- *still failing*: it reproduces in at least one cell;
+- *not exercised*: the run has no cell it selects, or every one fails earlier for another
+  entry's defect (widen the selection, or fix that one first, to judge it).
+
+A *regression* is a cell that misses its expectation with a failure no reproducing entry
+explains (``harness.ledger.unexplained``): a newly broken cell, or a known cell with one more
+failure. The change is green when every entry it must fix is fixed here and there is no
+regression and no harness error; an entry fixed without being named is good news, never red.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from harness import ledger as ledgers
+from harness.record import CellResult
+from harness.status import HARNESS_ERROR
+
+FIXED, FAILING, NOT_EXERCISED = ledgers.FIXED, ledgers.FAILING, ledgers.NOT_EXERCISED
+VERDICTS = (FIXED, FAILING, NOT_EXERCISED)
+#: how many unexplained failures of a regressed cell the review quotes
+QUOTED = 3
+
+
+class ReviewError(ValueError):
+    """``--fixes`` names something the ledger does not have."""
+
+
+@dataclass(frozen=True)
+class EntryVerdict:
+    id: str
+    upstream: str
+    title: str
+    verdict: str
+    selected: int
+    reproduced: int
+    required: bool
+
+
+@dataclass(frozen=True)
+class Regression:
+    cell: str
+    status: str
+    repro: str
+    failures: list[str]  #: the first few failures no reproducing entry explains
+
+
+@dataclass
+class Review:
+    ledger: str
+    required: list[str]
+    entries: list[EntryVerdict] = field(default_factory=list)
+    regressions: list[Regression] = field(default_factory=list)
+    harness_errors: int = 0
+    unfixed_ids: list[str] = field(default_factory=list)
+    #: the TE tree under review (``harness.te_tree.Tree`` as recorded), if any
+    tree: dict[str, Any] | None = None
+
+    @property
+    def unfixed(self) -> list[EntryVerdict]:
+        """Entries the change must fix that are not fixed here (the ledger's ``unfixed``)."""
+        return [e for e in self.entries if e.id in self.unfixed_ids]
+
+    @property
+    def green(self) -> bool:
+        return not self.unfixed and not self.regressions and not self.harness_errors
+
+    def reasons(self) -> list[str]:
+        """One line per reason the change is red (empty when green)."""
+        out = [f"ledger entry {e.id} must be fixed by this change but is {e.verdict}"
+               + (f" (reproduces in {e.reproduced} of {e.selected} cells)" if e.verdict == FAILING else
+                  f" (its {e.selected} cell(s) all fail earlier, for another entry)" if e.selected and
+                  e.verdict == NOT_EXERCISED else " (no cell of this run selects it)" if e.verdict == NOT_EXERCISED
+                  else "")
+               for e in self.unfixed]
+        out += [f"regression: {r.status} {r.cell}: {r.failures[0] if r.failures else 'no failure recorded'}"
+                for r in self.regressions]
+        if self.harness_errors:
+            out.append(f"{self.harness_errors} cell(s) hit a harness error: no verdict on them")
+        return out
+
+    def serialize(self) -> dict[str, Any]:
+        return {**asdict(self), "green": self.green}
+
+
+def required_entries(patterns: Sequence[str], ledger: ledgers.Ledger) -> list[str]:
+    """The entry ids ``--fixes`` names (ids or globs over ids, ``all`` for every entry).
+
+    Raises:
+        ReviewError: a pattern matches no entry of the ledger.
+    """
+    ids = [e.id for e in ledger.entries]
+    out: list[str] = []
+    for p in patterns:
+        hit = ids if p == "all" else [i for i in ids if fnmatch.fnmatchcase(i, p)]
+        if not hit:
+            raise ReviewError(f"--fixes {p!r} names no entry of ledger {ledger.name} (entries: {', '.join(ids)})")
+        out += [i for i in hit if i not in out]
+    return out
+
+
+def _verdict(e: dict[str, Any]) -> str:
+    """An outcome entry's verdict (recomputed for records written before it was stored)."""
+    if e.get("verdict"):
+        return e["verdict"]
+    return FAILING if e.get("reproduced") else FIXED if e.get("stale") else NOT_EXERCISED
+
+
+def review(record: dict[str, Any]) -> Review | None:
+    """The review of a run record judged under a ledger (None without a ledger)."""
+    outcome = record.get("ledger")
+    if not outcome:
+        return None
+    required = list(outcome.get("required") or [])
+    entries = ledgers.Ledger.from_dict(outcome).entries
+    rev = Review(ledger=outcome.get("path") or outcome.get("name", ""), required=required,
+                 unfixed_ids=list(outcome.get("unfixed") or []),
+                 tree=((record.get("environment") or {}).get("backend_info") or {}).get("extra", {}).get("te_tree"))
+    for e in outcome["entries"]:
+        rev.entries.append(EntryVerdict(e["id"], e["upstream"], e["title"], _verdict(e), len(e.get("selected", [])),
+                                        len(e.get("reproduced", [])), e["id"] in required))
+    for raw in record.get("cells", []):
+        if raw["status"] == HARNESS_ERROR:
+            rev.harness_errors += 1
+        elif raw["status"] in ledgers.EXPLAINABLE:
+            cell = CellResult.from_dict(raw)
+            left = ledgers.unexplained(cell, entries)
+            rev.regressions.append(Regression(cell.id, cell.status, cell.repro,
+                                              [i.describe() for i in left[:QUOTED]]))
+    return rev

@@ -1,0 +1,85 @@
+"""The review verdict at the top of the markdown summary and the HTML report: which tree was
+judged, GREEN or RED, per ledger entry fixed here / still failing / not exercised, and every
+regression (``harness.review``). Shown when the run reviews a change (``sweep --fixes``) or
+judged a TE source tree (``--te-tree``)."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from harness import review as reviews
+
+ICON = {reviews.FIXED: "✅", reviews.FAILING: "❌", reviews.NOT_EXERCISED: "⚪"}
+
+
+def of(record: dict[str, Any]) -> reviews.Review | None:
+    """The record's review, when it is one (a required list, or a tree under review)."""
+    tree = ((record.get("environment") or {}).get("backend_info") or {}).get("extra", {}).get("te_tree")
+    if (record.get("ledger") or {}).get("required") is None and not tree:
+        return None
+    return reviews.review(record)
+
+
+def headline(rev: reviews.Review) -> str:
+    if not (rev.required or rev.regressions or rev.harness_errors):
+        return "no entry required (sweep --fixes names them)"
+    word = "GREEN" if rev.green else "RED"
+    fixed = sum(e.required and e.verdict == reviews.FIXED for e in rev.entries)
+    return (f"{word}: {fixed} of {len(rev.required)} required entries fixed here, "
+            f"{len(rev.regressions)} regression(s)" + (f", {rev.harness_errors} harness error(s)"
+                                                       if rev.harness_errors else ""))
+
+
+def tree_line(rev: reviews.Review) -> str | None:
+    t = rev.tree
+    if not t:
+        return None
+    at = f" at {t['commit'][:12]}{' (dirty)' if t.get('dirty') else ''}" if t.get("commit") else " (not a git checkout)"
+    return f"{t.get('path')}{at}, version {t.get('version')}"
+
+
+def _md(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(record: dict[str, Any]) -> str:
+    rev = of(record)
+    if rev is None:
+        return ""
+    out = [f"\n### Review: {headline(rev)}\n\n"]
+    if tree_line(rev):
+        out.append(f"TE tree under review: `{tree_line(rev)}`\n\n")
+    out.append("| entry | upstream | required | verdict | selected | reproduced in |\n|---|---|:-:|---|---:|---:|\n")
+    for e in rev.entries:
+        out.append(f"| `{e.id}` | {_md(e.upstream)} | {'yes' if e.required else ''} | {ICON[e.verdict]} {e.verdict} "
+                   f"| {e.selected} | {e.reproduced} |\n")
+    if rev.regressions:
+        out.append(f"\n**Regressions** ({len(rev.regressions)}): cells that fail without a ledger entry\n\n")
+        for r in rev.regressions[:30]:
+            out.append(f"- `{r.cell}` ({r.status}): {_md(r.failures[0] if r.failures else '')} — repro `{r.repro}`\n")
+        if len(rev.regressions) > 30:
+            out.append(f"- ... and {len(rev.regressions) - 30} more\n")
+    return "".join(out)
+
+
+def html(record: dict[str, Any]) -> str:
+    rev = of(record)
+    if rev is None:
+        return ""
+    e_ = escape
+    cls = "t-pass" if rev.green else "t-fail"
+    rows = "".join(
+        f'<tr><td><a class="mono" href="#ledger-{e_(e.id)}">{e_(e.id)}</a></td><td>{e_(e.upstream)}</td>'
+        f'<td>{"required" if e.required else ""}</td>'
+        f'<td class="{"t-pass" if e.verdict == reviews.FIXED else "t-fail" if e.required else ""}">'
+        f'{ICON[e.verdict]} {e_(e.verdict)}</td><td>{e.selected}</td><td>{e.reproduced}</td></tr>' for e in rev.entries)
+    regs = "".join(f'<li><span class="mono">{e_(r.cell)}</span> ({e_(r.status)}): '
+                   f'{e_(r.failures[0] if r.failures else "")}</li>' for r in rev.regressions[:50])
+    tree = f'<p>TE tree under review: <span class="mono">{e_(tree_line(rev))}</span></p>' if tree_line(rev) else ""
+    return ('<section class="card" id="review"><h2>Review</h2>'
+            f'<p class="{cls}"><b>{e_(headline(rev))}</b></p>{tree}'
+            '<table class="plain"><tr><th>entry</th><th>upstream</th><th></th><th>verdict</th><th>selected</th>'
+            f'<th>reproduced in</th></tr>{rows}</table>'
+            + (f'<h3>Regressions ({len(rev.regressions)})</h3><ul>{regs}</ul>' if regs else "")
+            + '</section>')
