@@ -73,6 +73,24 @@ def with_tree(spec: str, tree: str) -> str:
     return f"{spec}@{Path(tree).expanduser().resolve()}"
 
 
+def attach_tree(spec: str, tree: str) -> str:
+    """``spec`` judged on the TE tree at ``tree`` (``te-cpu@/abs/tree``), the form the run record,
+    the repro lines and ``--resume`` carry.
+
+    Raises:
+        BackendError: the folder is not a TE tree, or ``spec`` already names one.
+    """
+    from harness import te_tree
+
+    if split_tree(spec)[1] is not None:
+        raise BackendError(f"--backend {spec!r} already names a TE tree; drop --te-tree {tree}")
+    try:
+        found = te_tree.inspect(tree)
+    except te_tree.TreeError as exc:
+        raise BackendError(f"--te-tree: {exc}") from exc
+    return with_tree(spec, found.path)
+
+
 def resolve(spec: str) -> str:
     """The import target of ``spec`` (an alias resolved, a ``@TREE`` dropped, anything else unchanged)."""
     base, _ = split_tree(spec)

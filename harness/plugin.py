@@ -66,14 +66,11 @@ def pytest_harness_make_backend(config: pytest.Config) -> str:
     tree = config.getoption("harness_te_tree")
     if not tree:
         return backend
-    import argparse
-
-    from harness.commands import _options
-    from harness.exitcodes import UsageError
+    from harness.backends import BackendError, attach_tree
 
     try:
-        return _options.backend_spec(argparse.Namespace(backend=backend, te_tree=tree))
-    except UsageError as exc:
+        return attach_tree(backend, tree)
+    except BackendError as exc:
         raise pytest.UsageError(str(exc)) from exc
 
 

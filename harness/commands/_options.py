@@ -34,8 +34,7 @@ def backend_spec(args: argparse.Namespace) -> str:
         UsageError: the folder is not a TE tree, the backend already names a tree, or
             ``--te-tree`` comes with ``--resume`` (a resumed run takes the recorded backend).
     """
-    from harness import te_tree
-    from harness.backends import split_tree, with_tree
+    from harness.backends import BackendError, attach_tree
 
     tree = getattr(args, "te_tree", None)
     if not tree:
@@ -43,13 +42,10 @@ def backend_spec(args: argparse.Namespace) -> str:
     if getattr(args, "resume", None):
         raise UsageError("--te-tree cannot be combined with --resume: a resumed run uses the backend "
                          "(and tree) it recorded")
-    if split_tree(args.backend)[1] is not None:
-        raise UsageError(f"--backend {args.backend!r} already names a TE tree; drop --te-tree {tree}")
     try:
-        found = te_tree.inspect(tree)
-    except te_tree.TreeError as exc:
-        raise UsageError(f"--te-tree: {exc}") from exc
-    args.backend = with_tree(args.backend, found.path)
+        args.backend = attach_tree(args.backend, tree)
+    except BackendError as exc:
+        raise UsageError(str(exc)) from exc
     args.te_tree = None
     return args.backend
 
