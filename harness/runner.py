@@ -189,8 +189,8 @@ def _judge_path(cell: Cell, result: RankResult, called: dict[str, int]) -> None:
     """Record which TE functions ran; a step that ran to the end on another path than the
     cell's label is a harness error (the cell would otherwise pass or fail hollow)."""
     result.path = called
-    if result.status not in ("pass", "fail"):
-        return  # a backend that raised or was expected to raise stopped somewhere on its way
+    if result.status not in ("pass", "fail") or result.error is not None:
+        return  # a backend that raised (as expected or not) stopped somewhere on its way
     mismatch = modules.KINDS[cell.module].path_mismatch(called)
     if mismatch is not None:
         result.status = HARNESS_ERROR

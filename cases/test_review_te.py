@@ -1,0 +1,188 @@
+"""Reviewing a fix in TE's own code, end to end as a reviewer runs it: ``patch-te`` makes a TE
+2.20.2 tree with our hook-safe DistributedWeight fix, ``sweep --te-tree ... --fixes ...``
+judges it per ledger entry, and the verdict is green only for a fix that fixes what it must
+and breaks nothing.
+
+Three trees, each a git checkout made from the installed wheel:
+
+* **fixed**: the shipped patch. Over the ``ci`` preset the seed's hook entry and the
+  ``LayerNormLinear`` hook entry are *fixed here*, the entries the patch does not address are
+  *still failing*, and no cell that passes on the unpatched wheel fails (exit 0).
+* **broken**: the same patch without ``_GroupedLinear.backward``'s preference for the weights
+  kept on ``ctx`` (one hunk reverted): red, naming the hook entry as still failing.
+* **planted**: the unpatched wheel with two regressions planted inside ``known`` cells (the
+  wgrad scaled by 2 in a cell of the wgrad-dtype entry; a different exception in a must-raise
+  cell of the delayed-wgrad entry): red, each cell named as a regression.
+
+A tree that does not import is ``cases/test_te_tree.py``'s; the unpatched wheel's ``ci`` sweep
+(exit 0 under the ledger) is ``cases/test_ledger_te.py``'s, shared here through ``te_runs``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures.te_runs import SHIPPED, harness, te_runs  # noqa: F401 (a fixture)
+from harness.install import te as te_component
+
+ROOT = Path(__file__).resolve().parents[1]
+PATCH = ROOT / "harness" / "patches" / "transformer_engine-2.20.2-dw-fix.patch"
+LINEAR = "transformer_engine/pytorch/module/linear.py"
+GROUPED = "transformer_engine/pytorch/module/grouped_linear.py"
+HOOK_ENTRIES = ["hooks-strip-distributed-weight", "hooks-strip-distributed-weight-layernorm"]
+#: what the patch leaves alone (a Python fix cannot reach them, or they are not DW handling)
+UNADDRESSED = ["backward-dw-assigns-grad", "grouped-tensor-delayed-bias-marked-but-not-delayed"]
+#: the hunk of the patch that makes _GroupedLinear.backward (split-quantize path) prefer ctx's weights
+GROUPED_PREFERENCE = "decide from the parameter objects kept on ctx"
+GROUPED_HOOKED = ["--preset", "ci", "--modules", "grouped_linear", "--weights", "distributed",
+                  "--hooks", "identity,offload,save_on_cpu,checkpoint", "--delay-wgrad", "off",
+                  "--input-grad", "on", "--world-sizes", "1,2"]
+#: one cell of unfused-wgrad-activation-dtype-linear, one must-raise cell of delayed-wgrad-distributed-not-rejected
+PLANTED_CELLS = ["--preset", "full", "--modules", "linear", "--weights", "distributed", "--hooks", "off",
+                 "--fused", "off", "--dtypes", "bf16", "--world-sizes", "2", "--consumers", "ddp",
+                 "--microbatches", "2", "--bias", "off", "--input-grad", "on", "--delay-wgrad", "on,off"]
+WGRAD_CELL = "linear-distributed-hooks_off-unfused-bf16-ws2-ddp-mb2-g1-nobias-igrad-nodelay"
+RAISE_CELL = "linear-distributed-hooks_off-unfused-bf16-ws2-ddp-mb2-g1-nobias-igrad-delay"
+PLANTS = [  # (anchor line in the unpatched linear.py, what goes before it)
+    ("                # Distributed weight (e.g. GTP): reduce-scatter the freshly computed wgrad\n",
+     "                wgrad = wgrad * 2  # planted regression: a wrong wgrad\n"),
+    ("            wgrad_store = self.wgrad_store if self.wgrad_store.delay_wgrad_compute() else None\n",
+     "            if self.wgrad_store.delay_wgrad_compute():  # planted regression: another exception\n"
+     "                raise ValueError(\"planted: not the rejection the ledger knows\")\n"),
+]
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def _hunk(patch: str, path: str, marker: str) -> str:
+    """The file header of ``path`` in ``patch`` plus its one hunk containing ``marker``."""
+    section = next(s for s in re.split(r"(?m)^(?=diff --git )", patch) if s.startswith(f"diff --git a/{path} "))
+    header, *hunks = re.split(r"(?m)^(?=@@ )", section)
+    (hunk,) = [h for h in hunks if marker in h]
+    return header + hunk
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    why = te_component.missing()
+    if why is not None:
+        pytest.fail(f"reviewing TE needs TransformerEngine: {why}: run `python -m harness install te`", pytrace=False)
+    base = tmp_path_factory.mktemp("review-te")
+    fixed = base / "fixed"
+    proc = harness("patch-te", str(fixed))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"applied 31/31 hunk(s) of {PATCH}" in proc.stdout, proc.stdout
+
+    broken = base / "broken"
+    _git(base, "clone", "-q", str(fixed), str(broken))
+    reverse = base / "grouped-preference.patch"
+    reverse.write_text(_hunk(PATCH.read_text(), GROUPED, GROUPED_PREFERENCE))
+    _git(broken, "apply", "-R", str(reverse))
+    _git(broken, "commit", "-qam", "the fix without GroupedLinear's backward preference")
+
+    planted = base / "planted"
+    _git(base, "clone", "-q", str(fixed), str(planted))
+    _git(planted, "checkout", "-q", "HEAD~1")  # the wheel as installed, unpatched
+    text = (planted / LINEAR).read_text()
+    for anchor, plant in PLANTS:
+        assert text.count(anchor) == 1, anchor
+        text = text.replace(anchor, plant + anchor)
+    (planted / LINEAR).write_text(text)
+    _git(planted, "commit", "-qam", "two planted regressions")
+    return {"fixed": fixed.resolve(), "broken": broken.resolve(), "planted": planted.resolve(), "base": base}
+
+
+def _sweep(tree: Path | None, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    backend = ["--backend", "te-cpu"] + (["--te-tree", str(tree)] if tree else [])
+    proc = harness("sweep", *backend, *args, "--out", str(out), "--quiet")
+    with gzip.open(out / "results.json.gz", "rt") as fh:
+        return proc, json.load(fh)
+
+
+def _verdicts(out: str) -> dict[str, str]:
+    """Entry id -> verdict from the terminal's ledger table."""
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"^\s*\*?([a-z0-9-]+)\s+.*?\s(fixed here|still failing|not exercised)\s", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def _statuses(record: dict) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in record["cells"]}
+
+
+def test_patched_tree_fixes_the_hook_entries_and_breaks_nothing(trees, te_runs, tmp_path):
+    proc, record = _sweep(trees["fixed"], tmp_path / "run", "--preset", "ci", "--fixes", ",".join(HOOK_ENTRIES))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "review GREEN: 2 of 2 required entries fixed here, 0 regression(s)" in out, out[-4000:]
+    verdicts = _verdicts(proc.stdout)
+    assert set(verdicts) == {e.id for e in SHIPPED.entries}
+    assert {e: verdicts[e] for e in HOOK_ENTRIES} == dict.fromkeys(HOOK_ENTRIES, "fixed here")
+    assert {e: verdicts[e] for e in UNADDRESSED} == dict.fromkeys(UNADDRESSED, "still failing")
+    assert "still failing" not in {v for e, v in verdicts.items() if e not in UNADDRESSED}, verdicts
+    # every cell of the hook entries passes here; none that passes on the unpatched wheel fails
+    base_run, base_rc, _ = te_runs["ci"]
+    assert base_rc == 0
+    with gzip.open(base_run / "results.json.gz", "rt") as fh:
+        base = _statuses(json.load(fh))
+    now = _statuses(record)
+    assert set(now) == set(base)
+    worse = {c: (base[c], now[c]) for c in base if base[c] in ("pass", "xfail") and now[c] != base[c]}
+    assert worse == {}
+    hooked = {c for c, s in base.items() if s == "known" and "distributed-hooks_" in c and "hooks_off" not in c
+              and c.startswith(("linear-", "grouped_linear-", "layernorm_linear-", "rmsnorm_linear-"))}
+    assert hooked and {c: now[c] for c in hooked if now[c] not in ("pass", "xfail")} == {}
+    # the verdict is at the top of each report, and names the tree
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    head = summary[:summary.index("| entry |")]
+    assert "Review: GREEN: 2 of 2 required entries fixed here, 0 regression(s)" in head
+    assert f"TE tree under review: `{trees['fixed']} at " in head
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert 'id="review"' in html and html.index('id="review"') < html.index('id="matrix"')
+    junit = (tmp_path / "run" / "junit.xml").read_text()
+    assert 'name="review" value="GREEN' in junit and f'name="te_tree" value="{trees["fixed"]}' in junit
+
+
+def test_a_broken_fix_is_red_and_names_the_entry(trees, tmp_path):
+    proc, record = _sweep(trees["broken"], tmp_path / "run", *GROUPED_HOOKED,
+                          "--fixes", "hooks-strip-distributed-weight")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert _verdicts(proc.stdout)["hooks-strip-distributed-weight"] == "still failing"
+    assert "review RED: 0 of 1 required entries fixed here, 0 regression(s)" in proc.stdout
+    assert ("dw-harness: ledger entry hooks-strip-distributed-weight must be fixed by this change but is still "
+            "failing") in proc.stderr
+    assert record["cells"] and {c["status"] for c in record["cells"]} == {"known"}
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    assert "Review: RED: 0 of 1 required entries fixed here" in summary[:summary.index("| entry |")]
+
+
+def test_regressions_planted_in_known_cells_are_red_and_named(trees, tmp_path):
+    _, unpatched = _sweep(None, tmp_path / "wheel", *PLANTED_CELLS)
+    assert _statuses(unpatched) == {WGRAD_CELL: "known", RAISE_CELL: "known"}
+    known_by = {c["id"]: c["known"] for c in unpatched["cells"]}
+    assert known_by == {WGRAD_CELL: ["unfused-wgrad-activation-dtype-linear"],
+                        RAISE_CELL: ["delayed-wgrad-distributed-not-rejected"]}
+
+    proc, record = _sweep(trees["planted"], tmp_path / "run", *PLANTED_CELLS)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert _statuses(record) == {WGRAD_CELL: "fail", RAISE_CELL: "fail"}
+    assert "2 cell(s) fail without a ledger entry (regressions)" in proc.stdout
+    assert "raised ValueError: planted: not the rejection the ledger knows" in proc.stdout
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    head = summary[:summary.index("| entry |")]
+    assert "Review: RED: 0 of 0 required entries fixed here, 2 regression(s)" in head
+    regressions = summary[summary.index("**Regressions** (2)"):]
+    assert f"`{WGRAD_CELL}`" in regressions and f"`{RAISE_CELL}`" in regressions
