@@ -14,7 +14,7 @@ from harness import recordfile
 
 def test_worker_runs_under_external_torchrun(tmp_path):
     # plain torchrun with its c10d rendezvous on purpose, as multi-node users run it (so this
-    # launch listens on every interface, unlike the harness's own; README "Security")
+    # launch listens on every interface, unlike the harness's own; docs/security.md)
     out = tmp_path / "ext"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc-per-node", "2", "-m", "harness.external", "--preset", "smoke",

@@ -149,6 +149,7 @@ def test_patched_tree_fixes_the_hook_entries_and_breaks_nothing(trees, te_runs, 
     head = summary[:summary.index("| entry |")]
     assert "Review: GREEN: 2 of 2 required entries fixed here, 0 regression(s)" in head
     assert f"TE tree under review: `{trees['fixed']} at " in head
+    assert "|\n\n| pass | expected error met |" in summary  # the two tables stay apart
     html = (tmp_path / "run" / "report.html").read_text()
     assert 'id="review"' in html and html.index('id="review"') < html.index('id="matrix"')
     junit = (tmp_path / "run" / "junit.xml").read_text()

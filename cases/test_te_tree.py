@@ -354,6 +354,8 @@ def test_sweep_records_the_tree(tree_sweep: tuple[Path, dict, subprocess.Complet
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     spec = f"te-cpu@{patched}"
     assert record["backend"] == spec and len(record["cells"]) == 4
+    # a tree is a change under review even without --fixes: nothing required, nothing stale
+    assert record["ledger"]["required"] == [] and record["ledger"]["stale"] == []
     info = record["environment"]["backend_info"]
     assert info["spec"] == spec and info["module"] == "harness.te_cpu"
     assert info["version"] == te_component.TE_VERSION

@@ -41,8 +41,7 @@ Limits: loopback is not a boundary between users of one machine. Every local pro
 every container sharing the host's network namespace) can still reach the store, which has no
 authentication. The guarantee covers what torch.distributed opens (the stores, gloo, NCCL's
 bootstrap and socket transport); a backend under test that opens sockets of its own is
-outside it. A run across nodes cannot be loopback: it uses the user's own launcher (README,
-"Running on GPUs and on several nodes").
+outside it. A run across nodes cannot be loopback: it uses the user's own launcher (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure Python (no torch), so every rank, the CLI and the reports can rebuild the same matrix
 cheaply. Every rank calls :func:`select` with the same arguments and compares
-:func:`ids_digest` before any cell runs; after that only indices travel (STYLE §3).
+:func:`ids_digest` before any cell runs; after that only indices travel.
 
 A cell fixes one value on each of twelve axes, in this order::
 
@@ -62,7 +62,7 @@ AXIS_OPTIONS: dict[str, str] = {
     "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad",
 }
 PRESETS: tuple[str, ...] = ("ci", "full", "smoke", "seed")
-#: the seed's production combination (issue 12): Megatron's GTP-sharded bf16 experts in a
+#: the production combination of the original hook defect's report: Megatron's GTP-sharded bf16 experts in a
 #: fused TE GroupedLinear under fine-grained activation offloading
 SEED: dict[str, Any] = {"module": "grouped_linear", "weight": "megatron", "fused": True,
                         "dtype": "bf16", "consumer": "ddp", "delay_wgrad": False}
@@ -492,9 +492,9 @@ def _smoke(domains: Domains) -> list[Cell]:
 
 
 def _seed(domains: Domains) -> list[Cell]:
-    """The seed's combination (:data:`SEED`) under offloading hooks, with hooks off as the
+    """The original report's combination (:data:`SEED`) under offloading hooks, with hooks off as the
     control, at every world size of the domain (the most demanding values elsewhere). An
-    axis the user restricted away from the seed's value keeps the user's values."""
+    axis the user restricted away from that value keeps the user's values."""
     fixed = {k: v for k, v in SEED.items() if v in domains[k]}
     cells: dict[Cell, None] = {}
     for h, ws in itertools.product([h for h in ("offload", "off") if h in domains["hooks"]],
@@ -576,7 +576,7 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     Args:
         preset: ``"ci"`` (covering design, see :func:`_ci`), ``"full"`` (whole product;
             its weight domain defaults to ``weights.FULL_NAMES``), ``"smoke"`` (a handful
-            of demanding cells) or ``"seed"`` (the seed's production combination, weight
+            of demanding cells) or ``"seed"`` (the production combination of the original hook defect's report, weight
             ``megatron`` unless overridden, see :data:`SEED`).
         overrides: axis name -> values (or an :class:`Axis`) that replace its default domain,
             e.g. ``{"world_size": [1, 2, 4, 8]}``.

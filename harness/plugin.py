@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--te-tree", dest="harness_te_tree", default=None, metavar="PATH",
                 help="import TransformerEngine from this source tree instead of the installed one "
                      "(the same as --backend SPEC@PATH)")
-    g.addoption("--preset", dest="harness_preset", default="ci", help="cell preset (ci, full, smoke)")
+    g.addoption("--preset", dest="harness_preset", default="ci", help="cell preset (ci, full, smoke, seed)")
     for opt, axis in matrix.AXIS_OPTIONS.items():
         g.addoption(opt, dest=f"harness_axis_{axis}", default=None, metavar="V[,V...]",
                     help=f"restrict axis {axis}")

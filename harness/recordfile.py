@@ -1,7 +1,7 @@
 """Where and how a run record is stored: gzip-compressed JSON, ``results.json.gz``.
 
-The record of a ``full`` sweep is ~250 MB of JSON (every check of every rank of every
-cell); its keys and numbers repeat so much that gzip shrinks it ~30x (measured: README),
+The record of a ``full`` sweep is ~150 MB of JSON (every check of every rank of every
+cell); its keys and numbers repeat so much that gzip shrinks it ~10x (measured: docs/performance.md),
 and gzip + JSON stays readable with the standard library and ``zcat ... | jq``. The reader
 still takes a plain ``results.json`` (records written before the switch, or by hand), so
 ``report``, ``diff``, ``merge`` and ``--resume`` accept both.

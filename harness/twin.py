@@ -1,4 +1,4 @@
-"""Twin checks: a hooked cell against its hooks-off twin, bit for bit (issue 13).
+"""Twin checks: a hooked cell against its hooks-off twin, bit for bit.
 
 A saved-tensor hook (identity, offload, ``save_on_cpu``, non-reentrant checkpointing) only
 moves the saved tensors, or recomputes the forward from the same inputs; on a correct

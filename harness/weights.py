@@ -76,7 +76,7 @@ class WeightKind:
 
     Attributes:
         name: the axis value (also the cell-id part).
-        summary: one line for ``list`` and the README.
+        summary: one line for ``list`` and the docs.
         implementer: ``None`` (plain parameters), ``"harness"`` or ``"megatron"``.
         behaviour: the harness weight's configuration (harness implementer only).
         coverage: how thoroughly the ``ci`` preset covers the value: ``"full"`` (every hook

@@ -60,6 +60,7 @@ def markdown(record: dict[str, Any]) -> str:
             out.append(f"- `{r.cell}` ({r.status}): {_md(r.failures[0] if r.failures else '')} — repro `{r.repro}`\n")
         if len(rev.regressions) > 30:
             out.append(f"- ... and {len(rev.regressions) - 30} more\n")
+    out.append("\n")  # a table that follows must not continue this one
     return "".join(out)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness import compare, exitcodes, matrix, preflight, recordfile, review, selection, shard
 from harness import ledger as ledger_mod
+from harness.backends import split_tree
 from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions
@@ -33,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="review a change (e.g. a TE tree from --te-tree): the ledger entries it must fix "
                         "(ids, globs over ids, or 'all'). Green (exit 0) when each of them is fixed here "
                         "(selects cells, reproduces in none) and no cell fails without an entry (a "
-                        "regression); an entry fixed here without being named is reported, never red")
+                        "regression); an entry fixed here without being named is reported, never red. A sweep "
+                        "of a TE tree is a review even without --fixes (no entry required, none stale)")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress")
     p.add_argument("--packing", choices=("on", "off"), default="on",
                    help="on: cells of every world size dividing the largest share one launch, on "
@@ -214,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
             sel["fixes"] = review.required_entries([p for p in args.fixes.split(",") if p], ledger)
         except review.ReviewError as exc:
             raise exitcodes.UsageError(str(exc)) from exc
+    elif ledger is not None and split_tree(args.backend)[1] is not None:
+        # A TE tree is a change under review, even with no entry required: an entry it fixes
+        # is good news ("fixed here"), not a stale line to delete from the release's ledger.
+        sel["fixes"] = []
     run_dir = _options.run_dir(args)
     progress = Progress(args.quiet)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,

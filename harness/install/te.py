@@ -13,7 +13,7 @@ What is installed (into the running interpreter's environment, with pip):
   one (``compute_grouped_dbias``) for its bias gradient; ``harness.te_cpu`` runs it in
   Triton's CPU interpreter (``TRITON_INTERPRET=1``). A triton >= 3.8 already installed (e.g.
   the one a CUDA build of torch pins) is kept; otherwise 3.8.0 is installed: 3.6.0's
-  interpreter fails on that kernel with numpy 2 (measurements in the README).
+  interpreter fails on that kernel with numpy 2 (measurements in docs/te-cpu.md).
 
 ``missing()`` never imports TE or torch: it reads package metadata and import specs only.
 """

@@ -247,7 +247,7 @@ class _MainGradRebound(_FusedPlainFold):
         weight.main_grad = weight.main_grad + wgrad  # Fault: rebinds
 
 
-# ---- subtle numeric faults (issue 13): real-world precision bugs, caught only by values ----
+# ---- subtle numeric faults: real-world precision bugs, caught only by values ----
 
 class _WgradRoundedThroughBf16(_FusedPlainFold):
     """The weight gradient passes through bf16 once before an fp32 ``main_grad`` takes it
@@ -496,12 +496,12 @@ def _build() -> dict[str, Mutant]:
                "decides whether the weights need a gradient from the gathered copies' "
                "requires_grad, so copies without it get no wgrad and no finalize",
                _RequiresGradFromCopies, evidence=("check:leader.finalize_calls",)),
-        # caught only by an exact check (issue 13): every value is right
+        # caught only by an exact check: every value is right
         _fault("main-grad-rebound",
                "fused: accumulates the wgrad out of place and rebinds main_grad to the sum "
                "(values right, the DDP buffer main_grad viewed left behind)",
                _MainGradRebound, evidence=("check:weight*.main_grad_kept",)),
-        # subtle numeric faults (issue 13): each killed by a value check
+        # subtle numeric faults: each killed by a value check
         _fault("wgrad-rounded-through-bf16",
                "the weight gradient is rounded once through bf16 before the fp32 main_grad "
                "accumulation (fused)",
