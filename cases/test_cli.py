@@ -51,6 +51,8 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
         "backend module missing": (["sweep", *SMALL, "--backend", "no_such_pkg.backend"],
                                    "cannot import backend 'no_such_pkg.backend'"),
         "backend file missing": (["sweep", *SMALL, "--backend", str(tmp_path / "nope.py")], "does not exist"),
+        "real TE does not import": (["sweep", *SMALL, "--backend", "transformer_engine.no_such_module_for_dw_harness"],
+                                    "to run TE's own Python code on this machine, use --backend te-cpu"),
         "world size too large": (["sweep", "--world-sizes", "64"], "world size 64"),
         "output not writable": (["sweep", *SMALL, "--out", str(tmp_path / "file" / "out")], "not writable"),
         "empty selection": (["sweep", "--filter", "world_size > 100"], "the selection is empty"),
@@ -75,7 +77,7 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
 
 
 CASES = ["unknown axis value", "malformed filter", "unknown name in filter", "backend import fails",
-         "backend module missing", "backend file missing", "world size too large", "output not writable",
+         "backend module missing", "backend file missing", "real TE does not import", "world size too large", "output not writable",
          "empty selection", "unknown preset", "repro malformed cell id", "resume without a record",
          "list unknown value", "cell timeout zero", "cell timeout negative", "repro cell timeout zero",
          "repro unknown example key", "repro malformed example", "selftest world size too large",
@@ -134,6 +136,44 @@ def test_list_prints_ids_and_counts(capsys):
 def test_help_exits_0(argv, capsys):
     assert cli.main(argv) == 0
     assert "usage: dw-harness" in capsys.readouterr().out
+
+
+def test_help_names_exit_codes_axis_values_and_the_real_default_folder(capsys):
+    from harness.exitcodes import COMMAND_EXITS
+
+    for name, codes in COMMAND_EXITS.items():
+        assert cli.main([*name.split(), "--help"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"exit codes: {codes}" in out, name
+    cli.main(["sweep", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "restrict axis hooks to these values: off, identity, offload, save_on_cpu, checkpoint" in out
+    assert "restrict axis fused to these values: on, off" in out and "(default: runs/run-<timestamp>)" in out
+
+
+def test_repro_of_a_two_rank_error_prints_the_traceback_once(tmp_path):
+    cell = "linear-distributed-hooks_identity-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay"
+    proc = subprocess.run([sys.executable, "-m", "harness", "repro", cell, "--backend", "prefix", "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert out.count("Traceback (most recent call last)") == 1 and "traceback (ranks 0, 1):" in out, out
+    # per rank once as what it raised, once at the traceback's end
+    assert out.count("mat1 and mat2 shapes cannot be multiplied") == 3, out
+    assert "expected=None actual=None" not in out
+
+
+def test_cells_selects_by_id_or_substring(capsys):
+    one = "grouped_linear-distributed-hooks_identity-fused-bf16-ws4-ddp-mb2-g4-bias-igrad-nodelay"
+    assert cli.main(["list", "--cells", one]) == 0
+    listed = [ln for ln in capsys.readouterr().out.splitlines() if ln.count("-") > 8]
+    assert listed == [one]  # a whole id is that cell, not ops_grouped_linear's namesake
+    assert cli.main(["list", "--cells", "hooks_save_on_cpu,hooks_checkpoint", "--modules", "linear"]) == 0
+    listed = [ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln.count("-") > 8]
+    assert listed and all(("hooks_save_on_cpu" in i or "hooks_checkpoint" in i) and i.startswith("linear-")
+                          for i in listed)
+    want = [c.id for c in matrix.select("ci", {"module": ("linear",)}, '"hooks_checkpoint" in id')]
+    assert want and set(want) < set(listed)
 
 
 def test_no_command_is_usage_error(capsys):

@@ -221,6 +221,7 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     err = interrupt_when(proc, lambda: fired.exists() and len(ResultStream(run_dir).read()) >= 2,
                          signal.SIGINT, run_dir, "no two results and a fired hang")
     assert proc.returncode == 130, err[-3000:]
+    assert f"continue with: python -m harness sweep --resume {run_dir}" in err, err[-3000:]
     record = recordfile.read(run_dir)
     assert record["status"] == "incomplete"
     done = [c["id"] for c in record["cells"] if c["status"] != "skipped"]
@@ -234,6 +235,8 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
                              start_new_session=True)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"dw-harness: resuming: 2 of {N_CELLS} cells have a verdict (2 pass); {N_CELLS - 2} to run" \
+        in resumed.stdout, resumed.stdout[-2000:]
     added = [v.result.id for v in ResultStream(run_dir).read()][len(before):]
     assert len(added) == N_CELLS - 2 and not set(added) & set(done), added
     record = recordfile.read(run_dir)

@@ -146,4 +146,4 @@ def test_pytest_xfails_a_known_cell_and_a_masked_entry_is_not_stale(tmp_path):
     # the third entry is masked (its only cell fails for the other two): not stale
     assert proc.returncode == 0, out[-3000:]
     assert "1 xfailed" in out and " failed" not in out, out[-3000:]
-    assert "known: followers-forward (unreported); followers-backward (unreported)" in out, out[-3000:]
+    assert "known defect: followers-forward (unreported); followers-backward (unreported)" in out, out[-3000:]

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -455,10 +456,10 @@ def test_junit_known_cells_are_xfail_and_stale_entries_fail(ledger_record: dict[
         sk = tc.find("skipped")
         assert tc.find("failure") is None and tc.find("error") is None
         assert sk.get("type") == "pytest.xfail"
-        assert sk.get("message") == "known: " + "; ".join(f"{i} ({upstream[i]})" for i in c["known"])
+        assert sk.get("message") == "known defect: " + "; ".join(f"{i} ({upstream[i]})" for i in c["known"])
         assert f"backend verdict: {c['raw_status']}" in sk.text and c["repro"] in sk.text
     assert cases[("dw_harness.linear", _known_cells(ledger_record)[0]["id"])].find("skipped").get("message") == (
-        "known: seed-hooks (TE PR #3545 (open)); precision (TE PR #3397 (open))")
+        "known defect: seed-hooks (TE PR #3545 (open)); precision (TE PR #3397 (open))")
     stale = cases[("dw_harness.ledger", "fixed-ops")].find("failure")
     assert stale.get("type") == "stale ledger entry"
     assert stale.get("message") == (f"ledger entry fixed-ops (TE PR #3397) no longer reproduces in any of the 12 "
@@ -473,7 +474,9 @@ def test_markdown_ledger_section(ledger_record: dict[str, Any]) -> None:
     md = render_markdown(ledger_record, html_path="runs/te/report.html")
     counts = _common.counts_of(ledger_record)
     bad = [c for c in ledger_record["cells"] if c["status"] in ("fail", "error", "timeout")]
-    assert md.startswith(f"## ❌ dw-harness: FAIL — {len(bad)} of {len(ledger_record['cells'])} cells failed, "
+    missed = _common.counts_text(Counter(c["status"] for c in bad))
+    assert md.startswith(f"## ❌ dw-harness: FAIL — {len(bad)} of {len(ledger_record['cells'])} cells missed their "
+                         f"expectation ({missed}), "
                          f"{counts['known']} known defects, 1 stale ledger entry\n")
     assert "| known defect |" in md.splitlines()[2] and "| " + " | ".join(f"{counts[s]:,}" for s in _common.STATUSES) in md
     ledger = md[md.index("### Known-defects ledger"):md.index("### Failing cells")]
@@ -567,7 +570,7 @@ def test_markdown_summary(record: dict[str, Any]) -> None:
     counts = _common.counts_of(record)
     bad = [c for c in record["cells"] if c["status"] in ("fail", "error", "timeout")]
     assert md.startswith("## ❌ dw-harness: FAIL")
-    assert f"{len(bad):,} of {len(record['cells']):,} cells failed" in md
+    assert f"{len(bad):,} of {len(record['cells']):,} cells missed their expectation (" in md
     assert "| " + " | ".join(f"{counts[s]:,}" for s in _common.STATUSES) in md
     assert "`harness.backends.reference`" in md and "`2.13.0+cpu`" in md and "`cpu / gloo`" in md
     assert "`runs/ci/report.html`" in md
@@ -681,6 +684,15 @@ def test_diff_exit_code() -> None:
     assert diff_records(new, new).exit_code == 0
     with pytest.raises(ValueError, match="ratio_growth=0.5"):
         diff_records(base, new, ratio_growth=0.5)
+
+
+def test_diff_says_when_the_backends_differ() -> None:
+    base, new, _ = _diff_pair()
+    same = render_diff_text(diff_records(base, new))
+    assert "different backends" not in same
+    new = {**new, "backend": "te-cpu"}
+    text = render_diff_text(diff_records(base, new))
+    assert f"  note: the runs are of different backends: base {base['backend']}, new te-cpu" in text
 
 
 def test_diff_fails_an_interrupted_run_and_lost_coverage() -> None:

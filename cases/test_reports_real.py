@@ -15,6 +15,8 @@ hooked distributed-weight cells.
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 import os
 import shutil
 import subprocess
@@ -223,7 +225,9 @@ def test_markdown_matches_the_record(runs: dict[str, Any], name: str) -> None:
     counts = _common.counts_of(record)
     bad = _bad(record)
     icon, verdict = ("❌", "FAIL") if bad else ("✅", "PASS")
-    assert md.startswith(f"## {icon} dw-harness: {verdict} — {len(bad):,} of {len(record['cells']):,} cells failed")
+    what = f" ({_common.counts_text(Counter(c['status'] for c in bad))})" if bad else ""
+    assert md.startswith(f"## {icon} dw-harness: {verdict} — {len(bad):,} of {len(record['cells']):,} cells missed "
+                         f"their expectation{what}")
     assert "| " + " | ".join(f"{counts[s]:,}" for s in _common.STATUSES) + f" | {len(record['cells']):,} |" in md
     assert f"`{record['backend']}`" in md and str(_dir(runs, name) / "report.html") in md
     for c in bad:
@@ -361,10 +365,11 @@ def test_reports_of_a_real_run_under_a_ledger(runs: dict[str, Any], ledgered: di
     by_name = {tc.get("name"): tc for tc in root.iter("testcase")}
     for cid in known:
         sk = by_name[cid].find("skipped")
-        assert sk.get("type") == "pytest.xfail" and sk.get("message") == "known: prefix-linear (TE PR #3545 (open))"
+        assert sk.get("type") == "pytest.xfail" and sk.get("message") == "known defect: prefix-linear (TE PR #3545 (open))"
     assert "no longer reproduces" in by_name["fixed-plain"].find("failure").get("message")
     md = paths["markdown"].read_text()
-    assert f"{len(target - linear)} of {len(ledgered['cells'])} cells failed, {len(known)} known defects" in md
+    assert re.search(rf"{len(target - linear)} of {len(ledgered['cells'])} cells missed their expectation \([^)]*\), "
+                     rf"{len(known)} known defects", md), md[:300]
     assert f"| `prefix-linear` | `TE PR #3545 (open)` | defect | {len(known)} |" in md
     assert "> **stale**: ledger entry `fixed-plain`" in md
     for fc in classes.failure_classes(ledgered):

@@ -176,7 +176,11 @@ def load_backend(spec: str) -> Any:
         raise
     except Exception as exc:  # any import-time failure is bad input, reported in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise BackendError(f"cannot import backend {spec!r}: {type(exc).__name__}: {first}") from exc
+        hint = ""
+        if resolve(spec).startswith("transformer_engine"):
+            hint = (" (real TE needs its CUDA build and a GPU; to run TE's own Python code on this machine, "
+                    "use --backend te-cpu after `python -m harness install te`)")
+        raise BackendError(f"cannot import backend {spec!r}: {type(exc).__name__}: {first}{hint}") from exc
     missing = [name for name in REQUIRED if not has_api(backend, name)]
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} (CONTRACTS §1)")

@@ -28,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for mod in (list_cmd, sweep, merge, repro, report, diff, selftest, ledger_cmd, install, patch_te):
         mod.add_parser(sub)
+    for name, p in sub.choices.items():
+        codes = exitcodes.COMMAND_EXITS.get(name)
+        if codes:
+            p.epilog = "\n\n".join(x for x in (p.epilog, f"exit codes: {codes}") if x)
+    parser.epilog = ("exit codes: 0 as expected; 1 a cell (or check) missed its expectation; 2 bad input, "
+                     "nothing launched; 3 the harness itself failed; 130 interrupted. "
+                     "`dw-harness COMMAND --help` says what each means for that command.")
     return parser
 
 

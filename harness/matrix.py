@@ -514,7 +514,8 @@ def _compile_filter(expr: str) -> Callable[[Cell], bool]:
     """Check ``expr`` against the safe subset once, and return a predicate on cells.
 
     Bool axes are real bools in the expression (``fused``, ``not bias``); comparing one with
-    a string such as ``"on"`` is rejected, as is an unknown value for a string axis.
+    a string such as ``"on"`` is rejected, as is an unknown value for a string axis. ``id`` is
+    the cell id (``"hooks_offload" in id``).
     """
     try:
         tree = ast.parse(expr.strip(), mode="eval")
@@ -524,9 +525,9 @@ def _compile_filter(expr: str) -> Callable[[Cell], bool]:
         if not isinstance(node, _FILTER_NODES):
             raise MatrixError(f"Unsupported syntax {type(node).__name__} in filter {expr!r} "
                               f"(allowed: axis names, constants, comparisons, and/or/not)")
-        if isinstance(node, ast.Name) and node.id not in _DEFAULTS:
+        if isinstance(node, ast.Name) and node.id not in _DEFAULTS and node.id != "id":
             raise MatrixError(f"Unknown name {node.id!r} in filter "
-                              f"(axes: {', '.join(AXIS_NAMES)})")
+                              f"(axes: {', '.join(AXIS_NAMES)}; and id, the cell id)")
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and not all(
                 isinstance(e, ast.Constant) for e in node.elts):
             raise MatrixError(f"Malformed filter {expr!r}: a tuple/list/set may hold "
@@ -538,7 +539,7 @@ def _compile_filter(expr: str) -> Callable[[Cell], bool]:
 
     def pred(cell: Cell) -> bool:
         try:
-            return bool(eval(code, {"__builtins__": {}}, cell.serialize()))  # noqa: S307
+            return bool(eval(code, {"__builtins__": {}}, {**cell.serialize(), "id": cell.id}))  # noqa: S307
         except TypeError as e:  # e.g. module < 3
             raise MatrixError(f"Cannot evaluate filter {expr!r} on {cell.id}: {e}") from None
     return pred
@@ -553,7 +554,7 @@ def _check_compare(node: ast.Compare, expr: str) -> None:
     operands = [node.left, *node.comparators]
     for op, lhs, rhs in zip(node.ops, operands, operands[1:]):
         for name, other in ((lhs, rhs), (rhs, lhs)):
-            if not isinstance(name, ast.Name):
+            if not isinstance(name, ast.Name) or name.id == "id":
                 continue
             if isinstance(op, (ast.Eq, ast.NotEq)) and isinstance(other, ast.Constant):
                 consts = [other.value]
@@ -604,6 +605,20 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     if pred is not None:
         cells = [c for c in cells if pred(c)]
     return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order
+
+
+def values_help(axis_name: str) -> str:
+    """The values an axis option takes, for ``--help``: ``on,off`` for a bool axis; an int
+    axis's default values (any int >= 1 parses); a choice axis's every value (``weight``:
+    the ``full`` preset's, megatron included)."""
+    _check_axis_name(axis_name)
+    if axis_name in _BOOL_AXES:
+        return "on, off"
+    if axis_name in _INT_AXES:
+        return ", ".join(map(str, _DEFAULTS[axis_name])) + " (any int >= 1)"
+    if axis_name == "weight":
+        return ", ".join(weights.NAMES)
+    return ", ".join(_CHOICES[axis_name])
 
 
 def parse_values(axis_name: str, text: str) -> tuple[Any, ...]:

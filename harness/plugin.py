@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from harness import matrix, weights
-from harness.status import HARNESS_ERROR
+from harness import matrix, selection, weights
+from harness.exitcodes import UsageError
+from harness.status import HARNESS_ERROR, label
 
 _BATCHES_KEY = pytest.StashKey["BatchRunner"]()
 
@@ -45,16 +46,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--preset", dest="harness_preset", default="ci", help="cell preset (ci, full, smoke, seed)")
     for opt, axis in matrix.AXIS_OPTIONS.items():
         g.addoption(opt, dest=f"harness_axis_{axis}", default=None, metavar="V[,V...]",
-                    help=f"restrict axis {axis}")
-    g.addoption("--cell-filter", dest="harness_filter", default=None,
+                    help=f"restrict axis {axis} to these values: {matrix.values_help(axis)}")
+    g.addoption("--cell-filter", "--filter", dest="harness_filter", default=None,
                 help="boolean expression over axes (as sweep --filter)")
-    g.addoption("--harness-out", dest="harness_out", default=None,
+    g.addoption("--cells", dest="harness_cells", default=None, metavar="ID|TEXT[,...]",
+                help="only these cells: a whole cell id selects that cell, other text the cells whose id "
+                     "contains it (as sweep --cells)")
+    g.addoption("--harness-out", "--out", dest="harness_out", default=None,
                 help="folder for the launches' run folders (default: pytest's basetemp)")
     g.addoption("--cell-timeout", dest="harness_cell_timeout", type=float, default=120.0,
                 help="seconds a cell may take before its launch is killed")
     g.addoption("--examples", dest="harness_examples", type=int, default=0,
                 help="hypothesis-drawn extra shape/split examples per cell (failures are shrunk)")
-    g.addoption("--harness-device", dest="harness_device", default="auto", choices=("auto", "cpu", "cuda"))
+    g.addoption("--harness-device", "--device", dest="harness_device", default="auto", choices=("auto", "cpu", "cuda"),
+                help="auto: CUDA + NCCL when present, else CPU + gloo")
     g.addoption("--ledger", dest="harness_ledger", default="auto", metavar="auto|none|FILE",
                 help="known-defects ledger: a cell whose failures it explains is an xfail naming "
                      "the entries (default auto: the one shipped for the backend's upstream version)")
@@ -98,8 +103,9 @@ def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
         if text is not None:
             overrides[axis] = matrix.parse_values(axis, text)
     try:
-        cells = matrix.select(config.getoption("harness_preset"), overrides, config.getoption("harness_filter"))
-    except matrix.MatrixError as exc:
+        expr = selection.with_cells(config.getoption("harness_filter"), config.getoption("harness_cells"))
+        cells = matrix.select(config.getoption("harness_preset"), overrides, expr)
+    except (matrix.MatrixError, UsageError) as exc:
         raise pytest.UsageError(str(exc)) from exc
     why = weights.unavailable({c.weight for c in cells})
     if why is not None:
@@ -278,7 +284,7 @@ def cell_result(cell: matrix.Cell, harness_batches: BatchRunner, request: pytest
     """The cell's merged verdict over all ranks, from its world size's batch launch, judged
     under the known-defects ledger."""
     res = harness_batches.judged(cell, request.session)
-    record_property("status", res.status)
+    record_property("status", label(res.status))  # the reader's word, as every report uses
     record_property("repro", res.repro)
     if res.known:
         record_property("known", ", ".join(res.known))
@@ -292,9 +298,10 @@ def harness_ledger(harness_batches: BatchRunner) -> Any:
 
 
 def known_reason(res: Any, ledger: Any) -> str:
-    """``known: ENTRY (TE PR #3545); ...`` - the xfail reason of a ``known`` cell."""
+    """``known defect: ENTRY (TE PR #3545); ...`` - the xfail reason of a ``known`` cell (the
+    status's label: the word every report uses)."""
     refs = {e.id: e.upstream for e in ledger.entries} if ledger else {}
-    return "known: " + "; ".join(f"{i} ({refs.get(i, '?')})" for i in res.known)
+    return f"{label('known')}: " + "; ".join(f"{i} ({refs.get(i, '?')})" for i in res.known)
 
 
 def assert_cell_ok(res: Any, ledger: Any = None) -> None:

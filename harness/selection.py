@@ -15,9 +15,14 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("selection")
     g.add_argument("--preset", default="ci", help=f"cell preset: {', '.join(matrix.PRESETS)} (default: ci)")
     for opt, axis in matrix.AXIS_OPTIONS.items():
-        g.add_argument(opt, dest=f"axis_{axis}", metavar="V[,V...]", help=f"restrict axis {axis}")
+        g.add_argument(opt, dest=f"axis_{axis}", metavar="V[,V...]",
+                       help=f"restrict axis {axis} to these values: {matrix.values_help(axis)}")
     g.add_argument("--filter", dest="filter_expr", help='boolean expression over axes, e.g. '
                    '\'module == "linear" and world_size >= 2\'')
+    g.add_argument("--cells", metavar="ID|TEXT[,...]",
+                   help="only these cells of the selection: a whole cell id selects that cell, any "
+                        "other text the cells whose id contains it (as pytest -k); the same as "
+                        "--filter 'id == \"ID\" or \"TEXT\" in id'")
     g.add_argument("--shard", metavar="K/N", help="only shard K of N: a deterministic, cost-balanced "
                    "part of the selection (join the N run folders with `merge`)")
 
@@ -31,6 +36,24 @@ def overrides(args: argparse.Namespace) -> dict[str, tuple]:
     return out
 
 
+def with_cells(filter_expr: str | None, cells: str | None) -> str | None:
+    """``--filter`` and ``--cells`` as one filter (what the run record stores, so ``--resume``
+    and ``merge`` see the same selection)."""
+    if not cells:
+        return filter_expr
+    terms = []
+    for item in (t.strip() for t in cells.split(",")):
+        if not item:
+            raise UsageError(f"--cells {cells!r} has an empty item")
+        try:
+            matrix.Cell.from_id(item)
+            terms.append(f"id == {item!r}")
+        except matrix.MatrixError:
+            terms.append(f"{item!r} in id")
+    ids = " or ".join(terms)
+    return f"({filter_expr}) and ({ids})" if filter_expr else ids
+
+
 def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]:
     """The selected cells and the selection as the run record stores it.
 
@@ -40,6 +63,7 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     """
     ov = overrides(args)
     part = shard.Shard.parse(args.shard) if getattr(args, "shard", None) else None
+    args.filter_expr = with_cells(args.filter_expr, getattr(args, "cells", None))
     cells = matrix.select(args.preset, ov, args.filter_expr)
     if not cells:
         raise UsageError(f"the selection is empty (preset={args.preset!r}, overrides={ov}, "

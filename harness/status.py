@@ -63,6 +63,17 @@ STATUS_LABELS: dict[str, str] = {s.name: s.label for s in TABLE}
 HARNESS_ERROR = "harness_error"
 
 
+def label(name: str) -> str:
+    """The reader's word for a stored status (the name itself for one this table lacks)."""
+    return STATUS_LABELS.get(name, name)
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """``"3 pass, 1 expected error met, 2 fail"``: the non-zero counts, in table order, labelled."""
+    order = list(STATUSES) + [s for s in counts if s not in BY_NAME]
+    return ", ".join(f"{counts[s]:,} {label(s)}" for s in order if counts.get(s))
+
+
 def vocabulary() -> list[dict[str, Any]]:
     """The table as plain JSON, for the report page's JavaScript."""
     return [asdict(s) for s in TABLE]

@@ -43,6 +43,8 @@ class SweepSpec:
     slots: int = 0
     #: the known-defects ledger the verdicts are judged under (None: no ledger)
     ledger: ledgers.Ledger | None = None
+    #: on resume, before anything runs: the verdicts the folder already has, and how many cells will run
+    on_resume: Callable[[list[CellResult], int], None] = field(default=lambda before, todo: None)
 
 
 def to_run(spec: SweepSpec, verdicts: dict[str, CellResult]) -> list[matrix.Cell]:
@@ -82,6 +84,9 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     since = stream.path.stat().st_size if stream.path.exists() else 0
     before = known_verdicts(run_dir, spec.backend, stream) if spec.resume else {}
     todo = to_run(spec, before)
+    if spec.resume:
+        kept = [r for r in before.values() if r.id not in {c.id for c in todo}]
+        spec.on_resume([ledgers.judge(r, spec.ledger.entries if spec.ledger else ())[0] for r in kept], len(todo))
     record = RunRecord(
         status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,
         command=shlex.join(["python", "-m", "harness", *spec.argv]), argv=list(spec.argv),

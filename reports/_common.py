@@ -11,7 +11,7 @@ import re
 from typing import Any, Iterable
 
 # the one status vocabulary (harness.status is tiny and imports nothing heavy)
-from harness.status import BAD_STATUSES, GOOD_STATUSES, SEVERITY, STATUS_LABELS, STATUSES  # noqa: E402,F401
+from harness.status import BAD_STATUSES, GOOD_STATUSES, SEVERITY, STATUS_LABELS, STATUSES, counts_text  # noqa: E402,F401
 
 # Characters XML 1.0 forbids (everything below 0x20 except tab/newline/CR, lone surrogates,
 # U+FFFE/U+FFFF). The same filter keeps terminals and markdown renderers sane.

@@ -86,6 +86,8 @@ class RunDiff:
     allow_missing: bool = False
     #: the new run's stale ledger entries (``id (upstream)``): its own gate fails, this one not
     new_stale: list[str] = field(default_factory=list)
+    #: (base, new) backend specs: a diff across backends compares two implementations, not two versions
+    backends: tuple[str | None, str | None] = (None, None)
 
     CLASSES = ("newly_failing", "newly_passing", "still_failing", "newly_skipped", "ratio_grown",
                "known_changed", "only_in_base", "only_in_new")
@@ -161,7 +163,8 @@ def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: flo
     n_cells = {c["id"]: c for c in new.get("cells") or []}
     d = RunDiff(ratio_growth=ratio_growth, new_incomplete=new.get("status") == "incomplete",
                 allow_missing=allow_missing,
-                new_stale=[f"{e.get('id')} ({e.get('upstream')})" for e in stale_entries(new)])
+                new_stale=[f"{e.get('id')} ({e.get('upstream')})" for e in stale_entries(new)],
+                backends=(base.get("backend"), new.get("backend")))
     for cid, n in n_cells.items():
         b = b_cells.get(cid)
         if b is None:
@@ -216,6 +219,8 @@ def render_diff_text(diff: RunDiff, *, limit: int = 50) -> str:
     lines = [f"dw-harness diff: {'REGRESSION' if diff.exit_code else 'no new failures'}",
              *(f"  gate fails: {p}" for p in diff.problems),
              *(f"  note: ledger entry {s} is stale in new (a fix landed: delete it)" for s in diff.new_stale),
+             *([f"  note: the runs are of different backends: base {diff.backends[0]}, new {diff.backends[1]}"]
+               if diff.backends[0] != diff.backends[1] else []),
              "  " + ", ".join(f"{_TITLES[k].lower()}: {len(getattr(diff, k))}" for k in RunDiff.CLASSES)
              + f", unchanged: {diff.unchanged}"]
     for k in RunDiff.CLASSES:

@@ -4,7 +4,7 @@ Mapping: ``fail`` -> ``<failure>``, ``error``/``timeout`` -> ``<error>``, ``skip
 ``<skipped>``; ``pass`` and ``xfail`` pass (an xfail met its expectation: the backend raised
 the clear error the contract asks for, noted in ``<system-out>``); ``known`` (every failure
 explained by the known-defects ledger, CONTRACTS §7) is what pytest writes for an xfail,
-``<skipped type="pytest.xfail" message="known: ENTRY (TE PR #N); ...">``, so CI widgets
+``<skipped type="pytest.xfail" message="known defect: ENTRY (TE PR #N); ...">``, so CI widgets
 count it as expected-to-fail, not as passing. The root is ``<testsuites>`` around a single
 ``<testsuite name="dw-harness">`` (pytest's layout); both carry the totals, so readers that
 look at either find them.
@@ -23,7 +23,7 @@ from typing import Any
 from .review import headline as review_headline
 from .review import of as review_of
 from .review import tree_line as review_tree_line
-from ._common import (GOOD_STATUSES, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
+from ._common import (GOOD_STATUSES, STATUS_LABELS, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
                       stale_line)
 
 MESSAGE_LIMIT = 1_000  # characters of the message attribute (CI widgets show it on one line)
@@ -155,7 +155,7 @@ def render_junit(record: dict[str, Any]) -> str:
             ET.SubElement(tc, "skipped", {"message": _one_line(c.get("first_failure") or "skipped")})
         elif status == "known":  # pytest's xfail: the reason names the entries
             el = ET.SubElement(tc, "skipped", {"type": "pytest.xfail",
-                                               "message": _one_line("known: " + "; ".join(known_refs(c, record)))})
+                                               "message": _one_line(f"{STATUS_LABELS['known']}: " + "; ".join(known_refs(c, record)))})
             el.text = _known_text(c)
         elif status == "xfail":
             out = ET.SubElement(tc, "system-out")

@@ -14,10 +14,11 @@ thousands of known cells and the HTML report lists them all.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from .review import markdown as review_markdown
-from ._common import (BAD_STATUSES, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of, fmt_duration,
+from ._common import (BAD_STATUSES, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of, counts_text, fmt_duration,
                       fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
 
 ICONS = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️"}
@@ -117,7 +118,9 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
              if counts.get("known") else "",
              f"{len(stale_entries(record)):,} stale ledger entr{'ies' if len(stale_entries(record)) != 1 else 'y'}"
              if stale_entries(record) else ""]
-    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells failed"
+    missed = Counter(c.get("status") for c in bad)
+    what = f" ({counts_text(missed)})" if bad else ""
+    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells missed their expectation{what}"
                        + "".join(f", {x}" for x in extra if x) + "\n\n"]
     if record.get("status") == "incomplete":
         head.append("> [!WARNING]\n> **INCOMPLETE**: the sweep did not finish; counts cover the cells recorded so far.\n\n")

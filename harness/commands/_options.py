@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.exitcodes import UsageError
 
 
-def add_run(parser: argparse.ArgumentParser) -> None:
+def add_run(parser: argparse.ArgumentParser, prefix: str = "run") -> None:
     g = parser.add_argument_group("running")
     g.add_argument("--backend", default="harness.reference",
                    help="import path, module:attr, or a .py file, optionally @TREE "
@@ -19,7 +19,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                    help="import TransformerEngine from this source tree (a git checkout, an unpacked "
                         "sdist, or a `patch-te` folder) instead of the installed one; the same as "
                         "--backend SPEC@PATH")
-    g.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
+    g.add_argument("--out", type=Path, help=f"run folder (default: runs/{prefix}-<timestamp>)")
     add_timeout_and_device(g)
     g.add_argument("--ledger", default="auto", metavar="auto|none|FILE",
                    help="known-defects ledger: auto (the one shipped for the backend's upstream "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from harness import exitcodes
 from harness.record import load
+from harness.status import counts_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,4 +57,7 @@ def _print_margins(record: Any) -> int:
     for (d, kind), ratio in sorted(worst.items()):
         print(f"{d:6} {kind:12} {ratio:>11.3g} {counts[(d, kind)]:>9}")
     print(f"{total} examples over {len(cells)} cells; world sizes {record.world_sizes}")
+    left = Counter(c.status for c in record.cells if c.status not in ("pass", "fail"))
+    if left:
+        print(f"not counted: {sum(left.values())} cells whose values were not judged ({counts_text(left)})")
     return exitcodes.MISMATCH if any(r > 1 for r in worst.values()) else exitcodes.OK

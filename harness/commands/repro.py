@@ -10,14 +10,14 @@ from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
-from harness.status import run_exit_code
+from harness.status import label, run_exit_code
 from harness.stream import ResultStream
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="run one cell with full detail")
     p.add_argument("cell_id", help="a cell id as printed by list/sweep")
-    _options.add_run(p)
+    _options.add_run(p, prefix="repro")
     p.add_argument("--example", help="shape example as printed in a repro line, e.g. "
                    "in_features=8,out_features=5,rows=3,salt=0")
     p.set_defaults(func=run)
@@ -42,22 +42,34 @@ def parse_example(text: str | None) -> dict | None:
 
 
 def detail(res: CellResult) -> str:
-    lines = [f"{res.id}: {res.status} (expect {res.expect}, {res.duration_s:.3f}s)"]
+    """Every check of every rank; a rank's error once (its exception check is that error), and
+    each distinct traceback once, naming the ranks that raised it."""
+    lines = [f"{res.id}: {label(res.status)} (expect {res.expect}, {res.duration_s:.3f}s)"]
+    tracebacks: dict[str, list[int]] = {}
     for r in res.ranks:
-        lines.append(f"  [rank {r.rank}] {r.status}")
+        lines.append(f"  [rank {r.rank}] {label(r.status)}")
         for c in r.comparisons:
+            if r.error and c.kind == "exception" and not c.ok and c.name == "exception":
+                continue  # the rank's error, printed below
             mark = "ok  " if c.ok else "FAIL"
             if c.kind == "tensor":
                 info = (f"max_abs={c.max_abs:.3g} max_rel={c.max_rel:.3g} ratio={c.ratio:.3g}"
                         if c.max_abs is not None else "")
+            elif c.expected is None and c.actual is None:
+                info = ""
             else:
                 info = f"expected={c.expected!r} actual={c.actual!r}"
-            lines.append(f"    {mark} {c.name:40} {info}")
+            lines.append(f"    {mark} {c.name:40} {info}".rstrip())
             if not c.ok and c.message:
                 lines.extend("         " + m for m in c.message.splitlines())
         if r.error:
-            lines.append(f"    {r.error['type']}: {r.error['message']}")
-            lines.extend("      " + t for t in r.error.get("traceback", "").splitlines())
+            lines.append(f"    raised {r.error['type']}: {r.error['message']}")
+            tb = (r.error.get("traceback") or "").rstrip()
+            if tb:
+                tracebacks.setdefault(tb, []).append(r.rank)
+    for tb, ranks in tracebacks.items():
+        lines.append(f"traceback (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}):")
+        lines.extend("  " + t for t in tb.splitlines())
     lines.append(f"repro: {res.repro}")
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from harness.commands import _options
 from harness.inputs import Example
 from harness.launch import LaunchOptions
 from harness.record import CellResult, RunRecord, load
-from harness.status import HARNESS_ERROR, STATUSES, run_exit_code
+from harness.status import HARNESS_ERROR, STATUSES, counts_text, label, run_exit_code
 from harness.sweep import SweepSpec, run_sweep
 
 
@@ -59,7 +60,7 @@ class Progress:
 
     def line(self, done: int, total: int) -> str:
         elapsed = time.monotonic() - self.t0
-        counts = ", ".join(f"{n} {s}" for s in STATUSES if (n := self.counts.get(s)))
+        counts = counts_text(self.counts)
         ran = done - (self.first_done or 0) + 1
         rate = ran / elapsed if elapsed > 0 else 0.0
         eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else "done" if done >= total else ""
@@ -72,7 +73,7 @@ class Progress:
         if self.quiet:
             return
         if not res:
-            print(f"\r[{done:>5}/{total}] {res.status.upper():7} {res.id}\n          {res.first_failure}\n"
+            print(f"\r[{done:>5}/{total}] {label(res.status).upper():7} {res.id}\n          {res.first_failure}\n"
                   f"          repro: {res.repro}", flush=True)
         now = time.monotonic()
         if self.tty:
@@ -80,6 +81,13 @@ class Progress:
         elif done % 25 == 0 or done == total or now - self.said >= self.interval:
             print(self.line(done, total), flush=True)
         self.said = now
+
+    def resuming(self, kept: list[CellResult], todo: int) -> None:
+        """A resumed run starts from the verdicts it has: say so, and count them."""
+        self.counts.update(r.status for r in kept)
+        total = len(kept) + todo
+        have = f" ({counts_text(Counter(r.status for r in kept))})" if kept else ""
+        print(f"dw-harness: resuming: {len(kept)} of {total} cells have a verdict{have}; {todo} to run", flush=True)
 
     def waiting(self, what: str) -> None:
         """The launcher has nothing new to say for a while: say what it is waiting for."""
@@ -93,10 +101,10 @@ def summary(record: RunRecord) -> str:
     for c in record.cells:
         per.setdefault(c.axes["module"], Counter())[c.status] += 1
     w = max([len("module")] + [len(m) for m in per])
-    lines = [f"{'module':{w}} " + " ".join(f"{s:>13}" for s in STATUSES)]
-    for mod, cnt in per.items():
-        lines.append(f"{mod:{w}} " + " ".join(f"{cnt.get(s, 0):>13}" for s in STATUSES))
-    lines.append(f"{'total':{w}} " + " ".join(f"{counts.get(s, 0):>13}" for s in STATUSES))
+    cols = [max(len(label(s)), 5) for s in STATUSES]
+    lines = [f"{'module':{w}} " + " ".join(f"{label(s):>{c}}" for s, c in zip(STATUSES, cols))]
+    for mod, cnt in [*per.items(), ("total", counts)]:
+        lines.append(f"{mod:{w}} " + " ".join(f"{cnt.get(s, 0):>{c}}" for s, c in zip(STATUSES, cols)))
     if record.ledger:
         lines.append("")
         lines.append(f"ledger {record.ledger['path']}:")
@@ -115,7 +123,7 @@ def summary(record: RunRecord) -> str:
         lines.append("")
         lines.append(f"{len(bad)} cell(s) did not meet their expectation:")
         for c in bad[:20]:
-            lines.append(f"  {c.status.upper():7} {c.id}\n          {c.first_failure}\n          repro: {c.repro}")
+            lines.append(f"  {label(c.status).upper():7} {c.id}\n          {c.first_failure}\n          repro: {c.repro}")
         if len(bad) > 20:
             lines.append(f"  ... and {len(bad) - 20} more (see the report)")
     return "\n".join(lines)
@@ -228,12 +236,16 @@ def run(args: argparse.Namespace) -> int:
                      tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,
                      backend_info=info.serialize(), packing=args.packing == "on",
-                     slots=preflight.gpu_slots(args.device), ledger=ledger)
+                     slots=preflight.gpu_slots(args.device), ledger=ledger, on_resume=progress.resuming)
     about = f", ledger {ledger.path} ({len(ledger.entries)} entries)" if ledger else ""
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
           f"backend {args.backend}{_about(info)}{about}, run folder {run_dir}", flush=True)
     try:
         record = run_sweep(spec)
+    except KeyboardInterrupt:
+        print(f"dw-harness: interrupted; continue with: python -m harness sweep --resume {shlex.quote(str(run_dir))}",
+              file=sys.stderr, flush=True)
+        raise
     finally:
         # also on Ctrl-C or a launch failure: render what is there, marked incomplete
         try:

@@ -1,0 +1,134 @@
+"""One status vocabulary everywhere: the same six cells, run once by ``sweep`` and once under
+pytest, show the same status words and the same counts in the terminal, ``summary.md``, the
+HTML report, ``junit.xml`` and pytest's own output.
+
+The six cells (the pre-fix reference backend, one world size, one launch each way) cover four
+statuses: ``pass`` (hooks off), ``expected error met`` (delayed wgrad with a distributed weight
+must raise), ``known defect`` (GroupedLinear under hooks, explained by a ledger entry) and
+``error`` (Linear under hooks raises, which no entry explains). The words come from
+``harness.status.TABLE``; pytest's own outcome names (passed, xfailed, failed) are its own,
+and the mapping onto them is asserted here and documented in docs/reports.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from fixtures.ledgers import PREFIX_HOOKS_FAILS
+from harness.status import STATUS_LABELS, STATUSES
+
+ROOT = Path(__file__).resolve().parents[1]
+AXES = ["--preset", "full", "--modules", "linear,grouped_linear", "--weights", "distributed", "--hooks", "off,identity",
+        "--fused", "on", "--dtypes", "bf16", "--world-sizes", "2", "--consumers", "ddp", "--microbatches", "2",
+        "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off,on", "--num-gemms", "1,4"]
+FILTER = 'not (hooks == "identity" and delay_wgrad) and (num_gemms == 1) == (module == "linear")'
+LEDGER = """
+[ledger]
+package = "harness"
+versions = ">=0"
+
+[[entry]]
+id = "prefix-grouped-hooks"
+title = "pre-fix GroupedLinear decides 'distributed?' from the unpacked saved tensor"
+upstream = "unreported"
+row = "GroupedLinear backward under saved-tensor hooks"
+kind = "defect"
+cells = "module == 'grouped_linear' and hooks != 'off'"
+""" + PREFIX_HOOKS_FAILS
+EXPECTED = {"pass": 2, "xfail": 2, "known": 1, "error": 1}
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    base = tmp_path_factory.mktemp("vocabulary")
+    ledger = base / "ledger.toml"
+    ledger.write_text(LEDGER)
+    run = base / "run"
+    sweep = _run("-m", "harness", "sweep", "--backend", "prefix", *AXES, "--filter", FILTER, "--ledger", str(ledger),
+                 "--out", str(run), "--quiet")
+    junit = base / "pytest.xml"
+    py = _run("-m", "pytest", "cases/test_cells.py::test_cell", "-p", "no:randomly", "-p", "no:xdist", "-q", "-rxs",
+              "--backend", "prefix", *AXES, "--cell-filter", FILTER, "--ledger", str(ledger),
+              "--harness-out", str(base / "pytest-runs"), f"--junitxml={junit}")
+    return {"run": run, "sweep": sweep, "pytest": py, "pytest_junit": junit}
+
+
+def _label_counts(pairs: list[tuple[str, str]]) -> dict[str, int]:
+    return {label: int(n.replace(",", "")) for label, n in pairs}
+
+
+def test_terminal_summary_html_and_junit_agree(both: dict) -> None:
+    sweep, run = both["sweep"], both["run"]
+    assert sweep.returncode == 1, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    labels = [STATUS_LABELS[s] for s in STATUSES]
+    want = {STATUS_LABELS[s]: EXPECTED.get(s, 0) for s in STATUSES}
+
+    # the terminal: the table's header is the labels, its total row the counts
+    lines = sweep.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("module "))
+    at = 0
+    for lbl in labels:  # each label in order, none split or abbreviated
+        at = header.index(f" {lbl}", at) + len(lbl) + 1
+    assert header[at:].strip() == "", header
+    total = next(ln for ln in lines if ln.startswith("total "))
+    assert [int(x) for x in total.split()[1:]] == [want[lbl] for lbl in labels], (header, total)
+    assert "  ERROR   linear-distributed-hooks_identity" in sweep.stdout
+
+    # summary.md: the headline names what missed, the table has the labels and the counts
+    md = (run / "summary.md").read_text()
+    assert md.splitlines()[0] == "## ❌ dw-harness: FAIL — 1 of 6 cells missed their expectation (1 error), 1 known defect"
+    rows = [ln for ln in md.splitlines() if ln.startswith("| pass |")]
+    assert rows, md[:2000]
+    table = md.splitlines()
+    i = table.index(rows[0])
+    assert [c.strip() for c in table[i].strip("|").split("|")] == labels + ["total"]
+    assert [int(c.strip()) for c in table[i + 2].strip("|").split("|")] == [want[lbl] for lbl in labels] + [6]
+
+    # the HTML report: one pill per status with a count, in the same words
+    page = (run / "report.html").read_text()
+    pills = _label_counts(re.findall(r'<span class="pill"><i class="dot [^"]*"></i>([^<]+) <b>([\d,]+)</b>', page))
+    assert {k: v for k, v in pills.items() if v} == {k: v for k, v in want.items() if v}
+    for lbl in labels:
+        assert f"</i>{lbl}</span>" in page  # the legend
+
+    # junit.xml: pass and expected error met pass, known defect is pytest's xfail, error an error
+    root = ET.parse(run / "junit.xml").getroot()
+    cases = {tc.get("name"): tc for tc in root.iter("testcase") if tc.get("classname") != "dw_harness.ledger"}
+    assert len(cases) == 6
+    known = [tc for tc in cases.values() if (sk := tc.find("skipped")) is not None and sk.get("type") == "pytest.xfail"]
+    assert len(known) == 1 and known[0].find("skipped").get("message") == (
+        "known defect: prefix-grouped-hooks (unreported)")
+    assert sum(tc.find("error") is not None for tc in cases.values()) == 1
+    assert sum(len(list(tc)) == 0 or all(ch.tag in ("system-out", "properties") for ch in tc)
+               for tc in cases.values()) == 4
+
+
+def test_pytest_says_the_same(both: dict) -> None:
+    py = both["pytest"]
+    assert py.returncode == 1, py.stdout[-3000:] + py.stderr[-3000:]
+    last = py.stdout.strip().splitlines()[-1]
+    found = dict((w, int(n)) for n, w in re.findall(r"(\d+) (passed|failed|xfailed|errors?)", last))
+    # pytest's words: pass and expected error met are passed, known defect xfailed, error failed
+    assert found == {"passed": EXPECTED["pass"] + EXPECTED["xfail"], "xfailed": EXPECTED["known"],
+                     "failed": EXPECTED["error"]}, last
+    assert "XFAIL" in py.stdout and "known defect: prefix-grouped-hooks (unreported)" in py.stdout
+    assert "record_property is incompatible" not in py.stdout + py.stderr  # the junit family takes properties
+    root = ET.parse(both["pytest_junit"]).getroot()
+    statuses = {}
+    for tc in root.iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        statuses[props.get("status")] = statuses.get(props.get("status"), 0) + 1
+    assert statuses == {STATUS_LABELS[s]: n for s, n in EXPECTED.items()}
