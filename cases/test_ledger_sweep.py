@@ -121,7 +121,8 @@ def test_ledger_report_writes_an_upstream_report(partial_run, tmp_path):
     assert rep.returncode == 0, rep.stderr
     text = md.read_text()
     for want in ("# followers-backward", f"`{CELL}`", f"python -m harness repro {CELL} --backend {BACKEND}",
-                 "`followers.materialize_backward_calls`: expected `0`, got `3`", "CONTRACTS §2: on the leader only",
+                 "`followers.materialize_backward_calls`: expected `0`, got `3`",
+                 "dw-harness's contract (docs/contracts.md) §2: on the leader only",
                  "torch "):
         assert want in text, (want, text)
     missing = _harness("ledger", "report", "no-such-entry", "--run", str(tmp_path / "run"))

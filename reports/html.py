@@ -183,7 +183,7 @@ def _ledger(record: dict[str, Any]) -> str:
             f'<td{" class=t-fail" if stale else ""}>{_e(entry_state(e, judged))}'
             + (f'<div class="muted">{_e(stale_line(e, record))}</div>' if stale else "")
             + f'</td><td class="mono lclaims">{claims}</td><td class="idcell">{cells or "—"}{show}</td></tr>')
-    table = ('<table class="plain ledger"><tr><th>entry</th><th>upstream</th><th>kind</th><th>§6 row</th><th>state</th>'
+    table = ('<table class="plain ledger"><tr><th>entry</th><th>upstream</th><th>kind</th><th title="the row of docs/contracts.md §6 (what the upstream release does) this entry is">what upstream does</th><th>state</th>'
              f'<th>explains</th><th>cells</th></tr>{"".join(rows)}</table>') if rows else '<p class="muted">no entries.</p>'
     return ('<section class="card" id="ledger"><h2>Known-defects ledger</h2><p class="muted" style="margin:0 0 8px">'
             'A cell whose failures are all explained by entries is <b>known defect</b> (it meets its expectation); '

@@ -20,6 +20,12 @@ class NoEvidence(ValueError):
     """The run holds no cell in which the entry reproduces."""
 
 
+def _for_upstream(text: str) -> str:
+    """"CONTRACTS §2" means a section of this repository's docs/contracts.md; upstream readers
+    get it spelled out."""
+    return text.replace("CONTRACTS §", "dw-harness's contract (docs/contracts.md) §")
+
+
 def _size(cell: dict[str, Any]) -> tuple:
     """Smaller first: fewer ranks, groups and microbatches; hooks off; then the id."""
     a = cell["axes"]
@@ -111,7 +117,7 @@ def render(record: dict[str, Any], entry_id: str) -> str:
         "",
         "## Expected",
         "",
-        entry.get("contract") or f"CONTRACTS §6: {entry['row']}",
+        _for_upstream(entry.get("contract") or f"CONTRACTS §6: {entry['row']}"),
         "",
         "## Where",
         "",
