@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from typing import Any
@@ -30,8 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_parser(sub)
     for name, p in sub.choices.items():
         codes = exitcodes.COMMAND_EXITS.get(name)
+        examples = exitcodes.COMMAND_EXAMPLES.get(name)
+        parts = [p.epilog] if p.epilog else []
+        if examples:
+            parts.append("examples:\n" + "\n".join(f"  {e}" for e in examples))
         if codes:
-            p.epilog = "\n\n".join(x for x in (p.epilog, f"exit codes: {codes}") if x)
+            parts.append("exit codes:\n" + textwrap.fill(codes, 88, initial_indent="  ", subsequent_indent="  "))
+        if parts:
+            p.epilog = "\n\n".join(parts)
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = ("exit codes: 0 as expected; 1 a cell (or check) missed its expectation; 2 bad input, "
                      "nothing launched; 3 the harness itself failed; 130 interrupted. "
                      "`dw-harness COMMAND --help` says what each means for that command.")
