@@ -43,12 +43,11 @@ GROUPED_PREFERENCE = "decide from the parameter objects kept on ctx"
 GROUPED_HOOKED = ["--preset", "ci", "--modules", "grouped_linear", "--weights", "distributed",
                   "--hooks", "identity,offload,save_on_cpu,checkpoint", "--delay-wgrad", "off",
                   "--input-grad", "on", "--world-sizes", "1,2"]
-#: one cell of unfused-wgrad-activation-dtype-linear, one must-raise cell of delayed-wgrad-distributed-not-rejected
-PLANTED_CELLS = ["--preset", "full", "--modules", "linear", "--weights", "distributed", "--hooks", "off",
-                 "--fused", "off", "--dtypes", "bf16", "--world-sizes", "2", "--consumers", "ddp",
-                 "--microbatches", "2", "--bias", "off", "--input-grad", "on", "--delay-wgrad", "on,off"]
-WGRAD_CELL = "linear-distributed-hooks_off-unfused-bf16-ws2-ddp-mb2-g1-nobias-igrad-nodelay"
-RAISE_CELL = "linear-distributed-hooks_off-unfused-bf16-ws2-ddp-mb2-g1-nobias-igrad-delay"
+#: two cells of the ci preset: one of unfused-wgrad-activation-dtype-linear, one must-raise cell of
+#: delayed-wgrad-distributed-not-rejected (both known on the unpatched wheel: te_runs' ci sweep)
+WGRAD_CELL = "linear-distributed-hooks_off-unfused-bf16-ws1-ddp-mb2-g1-bias-igrad-nodelay"
+RAISE_CELL = "linear-distributed-hooks_off-fused-fp32-ws1-ddp-mb1-g1-nobias-noigrad-delay"
+PLANTED_CELLS = ["--preset", "ci", "--cells", f"{WGRAD_CELL},{RAISE_CELL}"]
 PLANTS = [  # (anchor line in the unpatched linear.py, what goes before it)
     ("                # Distributed weight (e.g. GTP): reduce-scatter the freshly computed wgrad\n",
      "                wgrad = wgrad * 2  # planted regression: a wrong wgrad\n"),
@@ -169,12 +168,12 @@ def test_a_broken_fix_is_red_and_names_the_entry(trees, tmp_path):
     assert "Review: RED: 0 of 1 required entries fixed here" in summary[:summary.index("| entry |")]
 
 
-def test_regressions_planted_in_known_cells_are_red_and_named(trees, tmp_path):
-    _, unpatched = _sweep(None, tmp_path / "wheel", *PLANTED_CELLS)
-    assert _statuses(unpatched) == {WGRAD_CELL: "known", RAISE_CELL: "known"}
-    known_by = {c["id"]: c["known"] for c in unpatched["cells"]}
-    assert known_by == {WGRAD_CELL: ["unfused-wgrad-activation-dtype-linear"],
-                        RAISE_CELL: ["delayed-wgrad-distributed-not-rejected"]}
+def test_regressions_planted_in_known_cells_are_red_and_named(trees, te_runs, tmp_path):
+    base_run, _, _ = te_runs["ci"]
+    with gzip.open(base_run / "results.json.gz", "rt") as fh:
+        unpatched = {c["id"]: (c["status"], c.get("known")) for c in json.load(fh)["cells"]}
+    assert unpatched[WGRAD_CELL] == ("known", ["unfused-wgrad-activation-dtype-linear"])
+    assert unpatched[RAISE_CELL] == ("known", ["delayed-wgrad-distributed-not-rejected"])
 
     proc, record = _sweep(trees["planted"], tmp_path / "run", *PLANTED_CELLS)
     out = proc.stdout + proc.stderr
