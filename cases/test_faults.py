@@ -212,8 +212,11 @@ def test_interrupted_sweep_is_incomplete_and_resumes(tmp_path):
     # rank 1 hangs in the third cell, so the sweep is surely mid-launch when interrupted
     run_dir = tmp_path / "run"
     env = _env(tmp_path / "fired", "hang", cell=3)
+    # Ctrl-C reaches a sweep in a terminal's foreground; a shell starts background jobs (a CI
+    # script run with `&`) with SIGINT ignored, and the sweep would inherit that: restore it
     proc = subprocess.Popen(_sweep_cmd(run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # interrupted once the hang has fired (its once-marker exists), not merely after two
     # results: else a loaded machine can interrupt before rank 1 reaches the third cell, and
     # the resumed sweep's third module hangs instead
