@@ -85,7 +85,8 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     before = known_verdicts(run_dir, spec.backend, stream) if spec.resume else {}
     todo = to_run(spec, before)
     if spec.resume:
-        kept = [r for r in before.values() if r.id not in {c.id for c in todo}]
+        rerun = {c.id for c in todo}
+        kept = [r for r in before.values() if r.id not in rerun]
         spec.on_resume([ledgers.judge(r, spec.ledger.entries if spec.ledger else ())[0] for r in kept], len(todo))
     record = RunRecord(
         status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,

@@ -84,9 +84,10 @@ class Progress:
 
     def resuming(self, kept: list[CellResult], todo: int) -> None:
         """A resumed run starts from the verdicts it has: say so, and count them."""
-        self.counts.update(r.status for r in kept)
+        have = Counter(r.status for r in kept)
+        self.counts.update(have)
         total = len(kept) + todo
-        have = f" ({counts_text(Counter(r.status for r in kept))})" if kept else ""
+        have = f" ({counts_text(have)})" if kept else ""
         print(f"dw-harness: resuming: {len(kept)} of {total} cells have a verdict{have}; {todo} to run", flush=True)
 
     def waiting(self, what: str) -> None:
