@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, launch, matrix
+from harness import cli, launch, matrix, recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--modules", "linear", "--world-sizes", "2", "--dtypes", "bf16"]
@@ -108,6 +108,29 @@ def test_bad_input_through_a_real_process(case, tmp_path, bad_backend):
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and phrase in proc.stderr
     assert proc.stderr.startswith("dw-harness: error: ")
     assert not (tmp_path / "out").exists()
+
+
+#: runs the CLI like ``python -m harness`` and says on its last stderr line whether torch was imported
+_TORCH_PROBE = ("import atexit, runpy, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, "
+                "file=sys.stderr)); sys.argv = ['harness', *sys.argv[1:]]; runpy.run_module('harness', "
+                "run_name='__main__', alter_sys=True)")
+
+
+def test_the_cli_process_never_imports_torch(tmp_path):
+    """Only the ranks and the backend probe import torch (seconds a command): the probe says
+    which torch the ranks get, and the run record carries what it said."""
+    import torch
+
+    cell = matrix.select("ci", {"module": ("linear",), "weight": ("plain",), "world_size": (1,), "hooks": ("off",)})[0]
+    for argv in (["sweep", "--cells", cell.id, "--out", str(tmp_path / "run"), "--quiet"],
+                 ["report", str(tmp_path / "run")], ["list", "--preset", "smoke"]):
+        proc = subprocess.run([sys.executable, "-c", _TORCH_PROBE, *argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, (argv, proc.stderr[-3000:])
+        assert proc.stderr.strip().splitlines()[-1] == "torch imported: False", (argv, proc.stderr[-3000:])
+    record = recordfile.read(tmp_path / "run")
+    assert record["environment"]["torch"] == torch.__version__
+    assert record["environment"]["backend_info"]["torch"]["version"] == torch.__version__
 
 
 def test_list_json_matches_select(capsys):

@@ -79,6 +79,13 @@ def assert_pairwise(cells, domains):
     assert not missing, f"{len(missing)} pairs uncovered, e.g. {missing[:3]}"
 
 
+def _dtype(domain, module: str) -> str:
+    """bf16 if selected, else the first selected dtype - among those the module's path has
+    (the grouped-tensor paths have no fp32: their cells take the next dtype selected)."""
+    ordered = (("bf16",) if "bf16" in domain else ()) + tuple(domain)
+    return next((x for x in ordered if x in modules.KINDS[module].dtypes), ordered[0])
+
+
 def demanding(domains, **fixed) -> dict:
     """Expected values of the non-fixed axes for (b)/(c) cells, per the spec."""
     d = domains
@@ -86,7 +93,7 @@ def demanding(domains, **fixed) -> dict:
         "microbatches": max(d["microbatches"]),
         "num_gemms": 1 if fixed["module"] in SINGLE else max(d["num_gemms"]),
         "bias": True in d["bias"], "input_grad": True in d["input_grad"],
-        "dtype": "bf16" if "bf16" in d["dtype"] else d["dtype"][0],
+        "dtype": _dtype(d["dtype"], fixed["module"]),
         "consumer": "ddp" if "ddp" in d["consumer"] else "autograd",
         "delay_wgrad": False if False in d["delay_wgrad"] else True,
         "hooks": "off" if "off" in d["hooks"] else d["hooks"][0],

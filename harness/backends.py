@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness import modules as _modules
+from harness import runinfo
 
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
 #: classes a backend may lack; cells of a module whose class is missing are refused before
@@ -211,6 +212,8 @@ class BackendInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the module classes it has (``harness.modules`` ``api`` names); None: not probed
     apis: list[str] | None = None
+    #: the ranks' torch as the probe saw it (``harness.runinfo.torch_facts``); None: not probed
+    torch: dict[str, Any] | None = None
 
     def serialize(self) -> dict[str, Any]:
         return asdict(self)
@@ -245,7 +248,8 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts, apis=[a for a in _modules.APIS if has_api(backend, a)])
+                       extra=facts, apis=[a for a in _modules.APIS if has_api(backend, a)],
+                       torch=runinfo.torch_facts())
 
 
 def probe_backend(spec: str, env: Mapping[str, str] | None = None, timeout: float = 300.0) -> BackendInfo:

@@ -13,28 +13,9 @@ from typing import Any
 
 import torch
 
+from harness.shape import Example  # noqa: F401 (re-exported: most callers import it from here)
+
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class Example:
-    """The shapes a cell runs with; hypothesis draws others with ``--examples``.
-
-    ``out_features`` defaults to 30 so that GTP shards need tail padding at world sizes 4
-    and 8 and none at 1 and 2; ``rows`` are per rank and microbatch.
-    """
-
-    in_features: int = 24
-    out_features: int = 30
-    rows: int = 12
-    salt: int = 0
-
-    def serialize(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Example":
-        return cls(**{k: int(v) for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 def generator(seed: int, *path: Any) -> torch.Generator:

@@ -11,9 +11,9 @@ something, a rendezvous that never completes - is the launcher's circuit breaker
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
-from harness import modules
+from harness import modules, runinfo
 from harness.backends import BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
@@ -42,22 +42,24 @@ def settle_device(info: BackendInfo, device: str) -> str:
     return info.device
 
 
-def check_device(device: str, world_sizes: Iterable[int]) -> None:
+def check_device(device: str, world_sizes: Iterable[int], facts: dict[str, Any] | None = None) -> None:
     """``--device cuda`` needs CUDA, and a CUDA run needs one GPU per rank.
+
+    ``facts``: the ranks' torch as the backend probe saw it (``BackendInfo.torch``); None:
+    this process's.
 
     Raises:
         UsageError: with a one-line reason.
     """
-    import torch
-
+    facts = facts or runinfo.torch_facts()
     sizes = sorted(set(world_sizes))
-    cuda = torch.cuda.is_available()
+    cuda = facts["cuda_available"]
     if device == "cuda" and not cuda:
-        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise UsageError(f"--device cuda: CUDA is not available here (torch {torch.__version__}, {built}); "
+        built = f"built with CUDA {facts['cuda']}" if facts["cuda"] else "a CPU-only build"
+        raise UsageError(f"--device cuda: CUDA is not available here (torch {facts['version']}, {built}); "
                          "use --device cpu or --device auto")
     if device in ("cuda", "auto") and cuda and sizes:
-        gpus = torch.cuda.device_count()
+        gpus = facts["gpus"]
         if sizes[-1] > gpus:
             raise UsageError(f"world size {sizes[-1]} needs {sizes[-1]} GPUs (one per rank) but {gpus} "
                              "are visible; choose smaller world sizes or --device cpu")
@@ -93,13 +95,13 @@ def check_run(backend: str, device: str, world_sizes: Iterable[int],
     info = check_backend(backend)
     check_modules(info, selected_modules)
     device = settle_device(info, device)
-    check_device(device, world_sizes)
+    check_device(device, world_sizes, info.torch)
     return info, device
 
 
-def gpu_slots(device: str) -> int:
+def gpu_slots(device: str, facts: dict[str, Any] | None = None) -> int:
     """Ranks one launch may use on this node: its GPUs under CUDA, else 0 (no more than the
-    largest world size selected: on CPU more ranks than that only share the same cores)."""
-    import torch
-
-    return torch.cuda.device_count() if device in ("auto", "cuda") and torch.cuda.is_available() else 0
+    largest world size selected: on CPU more ranks than that only share the same cores).
+    ``facts`` as for :func:`check_device`."""
+    facts = facts or runinfo.torch_facts()
+    return facts["gpus"] if device in ("auto", "cuda") and facts["cuda_available"] else 0

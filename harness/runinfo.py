@@ -36,17 +36,30 @@ def harness_version() -> str:
         return "unknown"
 
 
-def environment(device: str) -> dict[str, Any]:
-    """torch, python, platform, host, device and process-group backend of this run."""
+def torch_facts() -> dict[str, Any]:
+    """The torch of this process: version, CUDA build, whether CUDA runs and on how many GPUs.
+
+    The backend probe records them (``harness.backends.BackendInfo.torch``) for the parent,
+    which then never imports torch itself (seconds for every command)."""
     import torch
 
-    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
+    cuda = torch.cuda.is_available()
+    return {"version": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
+            "gpus": torch.cuda.device_count() if cuda else 0,
+            "gpu_name": torch.cuda.get_device_name(0) if cuda else None}
+
+
+def environment(device: str, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """torch, python, platform, host, device and process-group backend of this run
+    (``facts``: :func:`torch_facts` as the backend probe saw them; None: this process's)."""
+    facts = facts or torch_facts()
+    cuda = device in ("auto", "cuda") and facts["cuda_available"]
     return {
-        "torch": torch.__version__,
+        "torch": facts["version"],
         "python": platform.python_version(),
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
+        "device": f"cuda ({facts['gpu_name']})" if cuda else "cpu",
         "pg_backend": "nccl" if cuda else "gloo",
         "git_commit": git_commit(),
         "harness_version": harness_version(),

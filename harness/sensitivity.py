@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from harness.launch import Task
 from harness.matrix import Cell
 from harness.record import CellResult, tensor_kind
-from harness.reference.perturb import KINDS, format_spec
+from harness.perturbation import KINDS, format_spec
 
 BACKEND_PREFIX = "harness.reference.perturb:"
 #: k in units of u: 1, 2, 4, ..., 1024

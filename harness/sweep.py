@@ -92,7 +92,7 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,
         command=shlex.join(["python", "-m", "harness", *spec.argv]), argv=list(spec.argv),
         backend=spec.backend,
-        environment={**runinfo.environment(spec.options.device),
+        environment={**runinfo.environment(spec.options.device, (spec.backend_info or {}).get("torch")),
                      **({"backend_info": spec.backend_info} if spec.backend_info else {})},
         selection=spec.selection, tolerance=spec.tolerance,
         world_sizes=sorted({c.world_size for c in spec.cells}),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -147,6 +148,10 @@ def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: Te
     if len(set(digests)) != 1:
         raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
+    # What the imports built lives as long as the rank: moved out of the collector's view,
+    # a full collection (the live-gather check runs one per suspect step) scans only what
+    # the cells allocate - 0.3 s a collection with TE and triton loaded, a few ms after.
+    gc.freeze()
     groups = _lane_groups(lanes_of(plan, world), rank, world, control, timeout, pg_backend)
     return device, groups, tasks, backends
 

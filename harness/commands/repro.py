@@ -7,7 +7,7 @@ import argparse
 from harness import exitcodes, matrix, preflight, selection
 from harness import ledger as ledger_mod
 from harness.commands import _options
-from harness.inputs import Example
+from harness.shape import Example
 from harness.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
 from harness.status import label, run_exit_code

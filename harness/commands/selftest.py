@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import compare, exitcodes, preflight, runinfo, selection
+from harness import exitcodes, preflight, runinfo, selection, tolerance
 from harness.commands import _options
-from harness.inputs import Example
+from harness.shape import Example
 from harness.launch import LaunchOptions
 from harness.record import CellResult, RunRecord
 from harness.selftest import CLEAN, run_selftest, table, write
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     _options.check_timeout(args.cell_timeout)
-    preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells})
+    info, args.device = preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells})
     selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args, prefix="selftest").resolve()
     opts = LaunchOptions(backend=CLEAN, run_dir=run_dir, cell_timeout=args.cell_timeout, device=args.device)
@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     write(result, run_dir / "selftest.json")
     record = RunRecord(status="complete", started=started, finished=runinfo.now(), duration_s=result.duration_s,
                        command="python -m harness " + " ".join(args.argv), argv=args.argv, backend=CLEAN,
-                       environment=runinfo.environment(args.device), selection=sel,
-                       tolerance=compare.policy(), world_sizes=sorted({c.world_size for c in cells}),
+                       environment=runinfo.environment(args.device, info.torch), selection=sel,
+                       tolerance=tolerance.policy(), world_sizes=sorted({c.world_size for c in cells}),
                        cells=result.clean)
     record.write(run_dir)
     from harness.reports import write_all

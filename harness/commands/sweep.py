@@ -9,11 +9,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import compare, exitcodes, matrix, preflight, recordfile, review, selection, shard
+from harness import exitcodes, matrix, preflight, recordfile, review, selection, shard, tolerance
 from harness import ledger as ledger_mod
 from harness.backends import split_tree
 from harness.commands import _options
-from harness.inputs import Example
+from harness.shape import Example
 from harness.launch import LaunchOptions
 from harness.record import CellResult, RunRecord, load
 from harness.status import HARNESS_ERROR, STATUSES, counts_text, label, run_exit_code
@@ -234,10 +234,10 @@ def run(args: argparse.Namespace) -> int:
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples, on_wait=progress.waiting)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
-                     tolerance=compare.policy(info.fp32_gemm), argv=args.argv, options=opts,
+                     tolerance=tolerance.policy(info.fp32_gemm), argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,
                      backend_info=info.serialize(), packing=args.packing == "on",
-                     slots=preflight.gpu_slots(args.device), ledger=ledger, on_resume=progress.resuming)
+                     slots=preflight.gpu_slots(args.device, info.torch), ledger=ledger, on_resume=progress.resuming)
     about = f", ledger {ledger.path} ({len(ledger.entries)} entries)" if ledger else ""
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
           f"backend {args.backend}{_about(info)}{about}, run folder {run_dir}", flush=True)

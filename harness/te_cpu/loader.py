@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import te_tree as _te_tree
+from harness.te_cpu import interpreter
 from harness.te_cpu import evidence, extension
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
@@ -180,6 +181,8 @@ def import_te() -> ModuleType:
             os.environ.pop("NVTE_PROJECT_BUILDING", None)
         else:
             os.environ["NVTE_PROJECT_BUILDING"] = previous
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        interpreter.install()
     return _from_tree(te, source)
 
 
