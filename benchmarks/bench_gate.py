@@ -92,8 +92,10 @@ CATEGORIES: dict[str, str] = {
     "test_reports_real": "torchrun",
     "test_selftest": "torchrun",
     "test_shard_merge": "torchrun",
+    "test_vocabulary": "torchrun",
     # a Python subprocess that launches nothing (bad input, --collect-only, import-linter, pip wheel)
     "test_cli": "subprocess",
+    "test_docs": "subprocess",
     "test_layers": "subprocess",
     "test_megatron_install": "subprocess",
     "test_packaging": "subprocess",

@@ -1,19 +1,26 @@
 """The self-test can fail: it judges kills by evidence, and a removed check lets a mutant live.
 
-In-process (world size 1) for the judging logic; one small torchrun launch shows the two
-faults that only exist at world size >= 2 are killed there, through the real selftest path.
+In-process (world size 1) for the judging logic. The gate's own self-test - ``selftest
+--preset ci`` through the CLI, every mutant killed, no false alarm - runs once per pytest run
+and also shows the faults that only exist at world size >= 2 killed there, with the measured
+detection thresholds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from harness import matrix, runner
 from harness.reference import mutants
 from harness.runner import RankContext, run_cell
-from harness.selftest import _judge
+from harness.selftest import SelftestResult, _judge
+from fixtures.runs import run_once
 
 
 def _cells(module: str) -> list[matrix.Cell]:
@@ -66,32 +73,57 @@ def runner_result(m, cell):
     return merge(cell, [run_cell(m.backend, cell, RankContext())], 0.0, "mutant")
 
 
-def test_selftest_multirank(tmp_path):
-    """Through the CLI at world size 2: the ws>=2 faults die, nothing else is disturbed."""
-    cmd = [sys.executable, "-m", "harness", "selftest", "--world-sizes", "2", "--modules", "linear",
-           "--hooks", "off", "--dtypes", "bf16", "--out", str(tmp_path / "st")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    report = json.loads((tmp_path / "st" / "selftest.json").read_text())
+@pytest.fixture(scope="module")
+def ci_selftest(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m harness selftest --preset ci``, the gate's self-test, run once per pytest run
+    (into ``$DW_ARTIFACT_DIR/selftest`` when set, which CI keeps)."""
+    def run(root: Path) -> None:
+        art = os.environ.get("DW_ARTIFACT_DIR")
+        out = Path(art) / "selftest" if art else root / "st"
+        proc = subprocess.run([sys.executable, "-m", "harness", "selftest", "--preset", "ci", "--out", str(out)],
+                              capture_output=True, text=True, timeout=1800)
+        (root / "proc.json").write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                                    "stderr": proc.stderr, "out": str(out)}))
+
+    root = run_once(tmp_path_factory, "ci-selftest", run)
+    meta = json.loads((root / "proc.json").read_text())
+    proc = subprocess.CompletedProcess([], meta["returncode"], meta["stdout"], meta["stderr"])
+    return proc, json.loads((Path(meta["out"]) / "selftest.json").read_text())
+
+
+def test_ci_selftest_kills_every_mutant_without_a_false_alarm(ci_selftest):
+    """The gate's self-test: every planted mutant killed by its own evidence, the clean
+    reference silent on every ci cell, exit 0."""
+    proc, report = ci_selftest
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {m["name"]: m["verdict"] for m in report["mutants"]} == {n: "killed" for n in mutants.MUTANTS}
+    assert report["false_alarms"] == 0 and report["ok"]
+    assert report["clean_cells"] == len(matrix.select("ci"))
+
+
+def test_selftest_multirank(ci_selftest):
+    """Through the CLI over ranks: the faults that only exist at world size >= 2 die there,
+    and the measured detection threshold of every dtype and tensor kind is bracketed by two
+    measured values, printed and recorded."""
+    proc, report = ci_selftest
     verdicts = {m["name"]: m["verdict"] for m in report["mutants"]}
-    assert verdicts["full-shape-dummy"] == "killed", proc.stdout[-2000:]
-    assert verdicts["unfused-finalize-dropped"] == "killed", proc.stdout[-2000:]
-    assert report["false_alarms"] == 0
-    # every selected cell has exactly one clean verdict (results are attributed per backend
-    # even when several arrive in one read of cells.jsonl)
-    selected = matrix.select("ci", {"world_size": (2,), "module": ("linear",), "hooks": ("off",),
-                                    "dtype": ("bf16",)})
-    assert report["clean_cells"] == len(selected)
-    # grouped-only mutants have no cell in a linear-only selection: they must survive,
-    # and the self-test must then fail (exit 1), not pass vacuously
-    assert verdicts["shared-grad-buffer"] == "survived"
-    assert proc.returncode == 1
-    # the measured detection threshold: every bf16 tensor kind caught, bracketed by two
-    # measured values, printed and recorded
-    rows = {r["kind"]: r for r in report["sensitivity"]}
-    assert set(rows) == {"output", "input_grad", "weight_grad", "bias_grad"}, rows
+    assert verdicts["full-shape-dummy"] == "killed" and verdicts["unfused-finalize-dropped"] == "killed"
+    rows = {(r["dtype"], r["kind"]): r for r in report["sensitivity"]}
+    assert set(rows) == {(d, k) for d in ("fp32", "bf16", "fp16")
+                         for k in ("output", "input_grad", "weight_grad", "bias_grad")}, sorted(rows)
     for r in rows.values():
-        assert r["dtype"] == "bf16" and r["smallest_caught"] in r["tried"], r
+        assert r["smallest_caught"] in r["tried"], r
         assert r["largest_missed"] is None or r["largest_missed"] == r["smallest_caught"] / 2, r
         assert 0 < r["worst_clean_ratio"] <= 1, r
     assert report["sensitivity_anomalies"] == []
     assert "smallest k caught" in proc.stdout
+
+
+def test_a_mutant_no_selected_cell_can_reach_survives_and_fails_the_selftest():
+    """A grouped-only mutant in a linear-only selection runs no cell: it survives, and the
+    self-test fails (exit 1) instead of passing vacuously."""
+    m = mutants.MUTANTS["shared-grad-buffer"]
+    verdict = _judge(m, [])
+    assert verdict.verdict == "survived" and not verdict.killed
+    result = SelftestResult([verdict], [], 0.0, {})
+    assert not result.ok
