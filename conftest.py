@@ -6,12 +6,32 @@ pytest_plugins = [
     "fixtures.hook_modes",
 ]
 
+#: The modules whose fixtures run the longest chains of sweeps (TE on CPU, the gate's
+#: self-test, the fault sweeps; ``benchmarks/bench_gate.py`` measures them), in the order
+#: the xdist workers should start them. Started last, the longest one ran alone at the end
+#: while the other worker sat idle; started first, the short modules fill in around them.
+FIRST = ("test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge", "test_te_tree")
 
+
+def _given(config: pytest.Config, *flags: str) -> bool:
+    return any(a in flags or a.startswith(tuple(f"{f}=" for f in flags)) for a in config.invocation_params.args)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Under ``-n``, every test of a module goes to one xdist worker (``--dist loadscope``)
-    unless ``--dist`` is given: most modules judge a few sweeps made by a module fixture,
-    and xdist's default spreads a module's tests over the workers, each running those
-    sweeps again."""
-    explicit = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
-    if getattr(config.option, "dist", "no") == "load" and not explicit:
-        config.option.dist = "loadscope"
+    """Under ``-n``, ``harness.plugin`` has every test of a module run on one worker
+    (``--dist loadscope``); the modules then go out in collection order (``FIRST`` leading),
+    not xdist's order by number of tests."""
+    if getattr(config.option, "dist", "no") == "loadscope" and not _given(
+            config, "--loadscope-reorder", "--no-loadscope-reorder"):
+        config.option.loadscopereorder = False
+
+
+def _module(item: pytest.Item) -> str:
+    return getattr(getattr(item, "module", None), "__name__", "").rpartition(".")[2]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``FIRST``'s modules go first, in that order; the rest keep pytest's order."""
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(_module(item), len(FIRST)))

@@ -12,7 +12,9 @@ machine's load - not guessed from one total.
 working tree's uncommitted changes and untracked files) into a temporary folder and runs
 ``CI=true DW_ARTIFACT_DIR=<out> bash .ci/run`` there, its whole output in ``<out>/ci.log``,
 timed by the wall clock, with the machine's load (1-min load average before, after and
-sampled during the run, and the number of CPUs) so that a busy machine shows. It saves
+sampled during the run, and the number of CPUs) so that a busy machine shows, and the CPU time
+(user + system) of every process of the gate: the work done, which a busy machine does not
+stretch. It saves
 ``<out>/gate-times.json`` and prints the tables. ``--from NAME=DIR`` (repeatable) only reads
 an artifact folder a gate run left: its ``ci.log`` (or ``--log NAME=FILE``), its
 ``gate-times.json`` when there is one, the JUnit files (``junit-suite.xml``,
@@ -51,6 +53,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -420,6 +423,7 @@ def run_gate(tree: Path, art: Path) -> tuple[int, float, dict[str, Any]]:
     load = {"cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
             "loadavg_before": list(os.getloadavg())}
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with LoadSampler() as sampler, open(art / "ci.log", "w") as log:
         proc = subprocess.Popen(["bash", ".ci/run"], cwd=tree, env=gate_env(art), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace")
@@ -429,6 +433,10 @@ def run_gate(tree: Path, art: Path) -> tuple[int, float, dict[str, Any]]:
                 print(f"[{time.perf_counter() - start:7.0f}s] {line.rstrip()[:150]}", file=sys.stderr, flush=True)
         rc = proc.wait()
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # every process of the gate that its parent waited for (ranks, torchrun, pytest workers):
+    # the work done, which a busy machine stretches in wall time but not in CPU time
+    load["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
     load["loadavg_after"] = list(os.getloadavg())
     load["load1_sampled_max"] = max(sampler.samples, default=None)
     load["load1_sampled_mean"] = sum(sampler.samples) / len(sampler.samples) if sampler.samples else None
@@ -490,6 +498,7 @@ def machine_table(runs: list[Run]) -> str:
 
     rows = [["gate exit code"] + [str(r.meta.get("exit_code", "-")) for r in runs],
             ["wall clock, measured (s)"] + [s(r.meta.get("wall_s")) for r in runs],
+            ["CPU time of its processes, user + system (s)"] + [s(r.meta.get("cpu_s")) for r in runs],
             ["CPUs (usable)"] + [f"{r.meta['cpus']} ({r.meta['cpus_usable']})" if "cpus" in r.meta else "-"
                                  for r in runs],
             ["1-min load before"] + [load(r, "loadavg_before") for r in runs],

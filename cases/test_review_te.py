@@ -121,7 +121,9 @@ def _statuses(record: dict) -> dict[str, str]:
     return {c["id"]: c["status"] for c in record["cells"]}
 
 
-def test_patched_tree_fixes_the_hook_entries_and_breaks_nothing(trees, te_runs, tmp_path):
+def test_patched_tree_fixes_the_hook_entries_and_breaks_nothing(trees, request, tmp_path):
+    # te_runs (the unpatched wheel's sweeps) is asked for after this sweep: under xdist the
+    # two run side by side on the two workers instead of one after the other
     proc, record = _sweep(trees["fixed"], tmp_path / "run", "--preset", "ci", "--fixes", ",".join(HOOK_ENTRIES))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -132,7 +134,7 @@ def test_patched_tree_fixes_the_hook_entries_and_breaks_nothing(trees, te_runs, 
     assert {e: verdicts[e] for e in UNADDRESSED} == dict.fromkeys(UNADDRESSED, "still failing")
     assert "still failing" not in {v for e, v in verdicts.items() if e not in UNADDRESSED}, verdicts
     # every cell of the hook entries passes here; none that passes on the unpatched wheel fails
-    base_run, base_rc, _ = te_runs["ci"]
+    base_run, base_rc, _ = request.getfixturevalue("te_runs")["ci"]
     assert base_rc == 0
     with gzip.open(base_run / "results.json.gz", "rt") as fh:
         base = _statuses(json.load(fh))

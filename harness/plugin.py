@@ -3,9 +3,11 @@
 ``pytest cases/`` collects a test per matrix cell (id = cell id, so ``-k`` and JUnit
 names match the CLI). The first cell of a world size that a pytest process runs launches
 every collected cell of that world size at once; the rest read their verdicts from that
-launch's result stream. Under pytest-xdist the plugin switches ``--dist load`` to
-``loadgroup`` and groups cells by world size; the batches are shared through a file lock,
-so each is launched exactly once.
+launch's result stream. Under pytest-xdist the plugin switches xdist's default ``--dist load``
+to ``loadscope``: every test of a module on one worker, so a module's fixtures run once
+(``loadgroup``'s groups do not reach xdist's scheduler under pytest 9: its node ids drop the
+group suffix). The batches are shared through a file lock anyway, so each is launched exactly
+once whatever the scheduling.
 """
 
 from __future__ import annotations
@@ -83,26 +85,12 @@ def pytest_harness_make_backend(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a matrix cell run under torchrun")
     if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "numprocesses", None):
-        config.option.dist = "loadgroup"
-    # xdist workers never see the controller's switch; it arrives through workerinput and
-    # must be set before collection, which is when a worker tags node ids with their group
-    if getattr(config, "workerinput", {}).get("dw_loadgroup"):
-        config.option.loadgroup = True
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """xdist controller: tell each worker that scheduling is by group."""
-    node.workerinput["dw_loadgroup"] = node.config.option.dist == "loadgroup"
+        config.option.dist = "loadscope"
 
 
 def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
-    overrides = {}
-    for axis in matrix.AXIS_NAMES:
-        text = config.getoption(f"harness_axis_{axis}")
-        if text is not None:
-            overrides[axis] = matrix.parse_values(axis, text)
     try:
+        overrides = selection.overrides_from(lambda axis: config.getoption(f"harness_axis_{axis}"))
         expr = selection.with_cells(config.getoption("harness_filter"), config.getoption("harness_cells"))
         cells = matrix.select(config.getoption("harness_preset"), overrides, expr)
     except (matrix.MatrixError, UsageError) as exc:

@@ -4,7 +4,7 @@ launcher mode (which runs under a user's own torchrun, without the CLI)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable
 
 from harness import matrix, shard, weights
 from harness.exitcodes import UsageError
@@ -28,9 +28,16 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides(args: argparse.Namespace) -> dict[str, tuple]:
+    """The axis values the command line sets (``--modules linear,grouped_linear`` ...)."""
+    return overrides_from(lambda axis: getattr(args, f"axis_{axis}", None))
+
+
+def overrides_from(option: Callable[[str], str | None]) -> dict[str, tuple]:
+    """The axis values set, read per axis name by ``option`` (the CLI's namespace, pytest's
+    options): one parser for both."""
     out = {}
     for axis in matrix.AXIS_NAMES:
-        text = getattr(args, f"axis_{axis}", None)
+        text = option(axis)
         if text is not None:
             out[axis] = matrix.parse_values(axis, text)
     return out
