@@ -8,6 +8,7 @@ detection thresholds.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from harness import matrix, runner
 from harness.reference import mutants
 from harness.runner import RankContext, run_cell
-from harness.selftest import SelftestResult, _judge
+from harness.selftest import CLEAN, SelftestResult, _judge
 from fixtures.runs import run_once
 
 
@@ -74,7 +75,7 @@ def runner_result(m, cell):
 
 
 @pytest.fixture(scope="module")
-def ci_selftest(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+def ci_selftest(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, Path]:
     """``python -m harness selftest --preset ci``, the gate's self-test, run once per pytest run
     (into ``$DW_ARTIFACT_DIR/selftest`` when set, which CI keeps)."""
     def run(root: Path) -> None:
@@ -88,24 +89,31 @@ def ci_selftest(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     root = run_once(tmp_path_factory, "ci-selftest", run)
     meta = json.loads((root / "proc.json").read_text())
     proc = subprocess.CompletedProcess([], meta["returncode"], meta["stdout"], meta["stderr"])
-    return proc, json.loads((Path(meta["out"]) / "selftest.json").read_text())
+    out = Path(meta["out"])
+    return proc, json.loads((out / "selftest.json").read_text()), out
 
 
 def test_ci_selftest_kills_every_mutant_without_a_false_alarm(ci_selftest):
     """The gate's self-test: every planted mutant killed by its own evidence, the clean
     reference silent on every ci cell, exit 0."""
-    proc, report = ci_selftest
+    proc, report, out = ci_selftest
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {m["name"]: m["verdict"] for m in report["mutants"]} == {n: "killed" for n in mutants.MUTANTS}
     assert report["false_alarms"] == 0 and report["ok"]
     assert report["clean_cells"] == len(matrix.select("ci"))
+    # finished, it keeps every mutant cell's verdict - compressed - and no raw stream
+    assert not (out / "cells.jsonl").exists() and not (out / "ranks").exists()
+    with gzip.open(out / "cells.jsonl.gz", "rt") as fh:
+        kept = [json.loads(line) for line in fh]
+    clean = [v for v in kept if v["backend"] == CLEAN]
+    assert len(clean) == report["clean_cells"] and len(kept) > len(clean)
 
 
 def test_selftest_multirank(ci_selftest):
     """Through the CLI over ranks: the faults that only exist at world size >= 2 die there,
     and the measured detection threshold of every dtype and tensor kind is bracketed by two
     measured values, printed and recorded."""
-    proc, report = ci_selftest
+    proc, report, _ = ci_selftest
     verdicts = {m["name"]: m["verdict"] for m in report["mutants"]}
     assert verdicts["full-shape-dummy"] == "killed" and verdicts["unfused-finalize-dropped"] == "killed"
     rows = {(r["dtype"], r["kind"]): r for r in report["sensitivity"]}
@@ -127,3 +135,20 @@ def test_a_mutant_no_selected_cell_can_reach_survives_and_fails_the_selftest():
     assert verdict.verdict == "survived" and not verdict.killed
     result = SelftestResult([verdict], [], 0.0, {})
     assert not result.ok
+
+
+def test_a_finished_selftest_folds_its_streams(tmp_path):
+    """cells.jsonl is gzipped line for line, the ranks' reports go, everything else stays."""
+    from harness.commands.selftest import fold_streams
+
+    lines = ['{"backend": "a", "result": {"id": "x"}}\n', '{"backend": "b", "result": {"id": "y"}}\n']
+    (tmp_path / "cells.jsonl").write_text("".join(lines))
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "ws2-0.rank0.jsonl").write_text("{}\n")
+    (tmp_path / "selftest.json").write_text("{}")
+    fold_streams(tmp_path)
+    with gzip.open(tmp_path / "cells.jsonl.gz", "rt") as fh:
+        assert fh.read() == "".join(lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.jsonl.gz", "selftest.json"]
+    fold_streams(tmp_path)  # again: nothing to fold, nothing lost
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.jsonl.gz", "selftest.json"]

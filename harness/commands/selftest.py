@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import gzip
+import shutil
 import sys
 from pathlib import Path
 
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.reports import write_all
 
     paths = write_all(record.serialize(), run_dir, selftest=result.serialize())
+    fold_streams(run_dir)
     print()
     print(table(result))
     print(f"\nselftest record: {run_dir / 'selftest.json'} (done in {result.duration_s:.0f}s)")
@@ -71,3 +74,17 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return exitcodes.MISMATCH
     return exitcodes.OK
+
+
+def fold_streams(run_dir: Path) -> None:
+    """A finished self-test keeps every verdict, the mutants' included, at a fraction of the
+    size: the result stream (every mutant cell with every rank's checks, ~20 MB for ``ci``)
+    is gzipped to ``cells.jsonl.gz``, and the ranks' event reports, folded into those
+    verdicts, go. ``selftest.json`` and the record hold what the reports show."""
+    stream = run_dir / "cells.jsonl"
+    if stream.exists():
+        with open(stream, "rb") as src, gzip.open(run_dir / "cells.jsonl.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        stream.unlink()
+    shutil.rmtree(run_dir / "ranks", ignore_errors=True)
+
