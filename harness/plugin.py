@@ -13,6 +13,7 @@ once whatever the scheduling.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,31 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cell(id): a matrix cell run under torchrun")
     if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "numprocesses", None):
         config.option.dist = "loadscope"
+        config.stash[_CELL_SCOPES] = True
+
+
+#: set when the plugin chose the scheduling (``--dist`` not given): cells are then scoped by world size
+_CELL_SCOPES = pytest.StashKey[bool]()
+_CELL_WORLD_SIZE = re.compile(r"::test_cell\[[^\]]*-ws(\d+)-")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's ``loadscope`` with one change: a cell test's scope is its world size, not its
+    module, so the workers launch different world sizes' batches side by side (one module
+    scope ran every batch on one worker, one after the other). Every other test keeps its
+    module's scope."""
+    if not config.stash.get(_CELL_SCOPES, False):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CellScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            cell = _CELL_WORLD_SIZE.search(nodeid)
+            module = super()._split_scope(nodeid)
+            return f"{module}::ws{cell.group(1)}" if cell else module
+
+    return CellScopes(config, log)
 
 
 def selected_cells(config: pytest.Config) -> list[matrix.Cell]:

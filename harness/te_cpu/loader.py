@@ -38,8 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import te_tree as _te_tree
-from harness.te_cpu import interpreter
-from harness.te_cpu import evidence, extension
+from harness.te_cpu import evidence, extension, interpreter
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
 SUPPORTED_VERSIONS: tuple[str, ...] = ("2.20.2",)
