@@ -129,11 +129,7 @@ def selected_cells(config: pytest.Config) -> list[matrix.Cell]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" in metafunc.fixturenames:
-        # The group mark is set here, at parametrization: xdist's worker reads it before
-        # any pytest_collection_modifyitems of a conftest plugin could add it.
-        cells = selected_cells(metafunc.config)
-        metafunc.parametrize("cell", [
-            pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(f"ws{c.world_size}")) for c in cells])
+        metafunc.parametrize("cell", [pytest.param(c, id=c.id) for c in selected_cells(metafunc.config)])
 
 
 def stale_entries(batches: BatchRunner, session: pytest.Session) -> list[str]:
@@ -177,9 +173,8 @@ class BatchRunner:
     xdist workers share the batches through a folder and a file lock per world size: the
     first worker that needs a world size launches all of its cells; a worker that finds that
     batch busy launches another pending world size meanwhile instead of waiting idle, then
-    reads the verdicts it needs from the finished batch's result stream. (xdist's
-    ``loadgroup`` does not reliably keep a group on one worker, so scheduling is not trusted
-    to prevent duplicate launches.)
+    reads the verdicts it needs from the finished batch's result stream. (Scheduling is not
+    trusted to prevent duplicate launches: ``--dist`` is the user's to choose.)
     """
 
     def __init__(self, config: pytest.Config, root: Path) -> None:

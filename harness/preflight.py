@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from harness import modules, runinfo
+from harness import modules
 from harness.backends import BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
@@ -42,16 +42,14 @@ def settle_device(info: BackendInfo, device: str) -> str:
     return info.device
 
 
-def check_device(device: str, world_sizes: Iterable[int], facts: dict[str, Any] | None = None) -> None:
+def check_device(device: str, world_sizes: Iterable[int], facts: dict[str, Any]) -> None:
     """``--device cuda`` needs CUDA, and a CUDA run needs one GPU per rank.
 
-    ``facts``: the ranks' torch as the backend probe saw it (``BackendInfo.torch``); None:
-    this process's.
+    ``facts``: the ranks' torch as the backend probe saw it (``BackendInfo.torch``).
 
     Raises:
         UsageError: with a one-line reason.
     """
-    facts = facts or runinfo.torch_facts()
     sizes = sorted(set(world_sizes))
     cuda = facts["cuda_available"]
     if device == "cuda" and not cuda:
@@ -99,9 +97,8 @@ def check_run(backend: str, device: str, world_sizes: Iterable[int],
     return info, device
 
 
-def gpu_slots(device: str, facts: dict[str, Any] | None = None) -> int:
+def gpu_slots(device: str, facts: dict[str, Any]) -> int:
     """Ranks one launch may use on this node: its GPUs under CUDA, else 0 (no more than the
     largest world size selected: on CPU more ranks than that only share the same cores).
     ``facts`` as for :func:`check_device`."""
-    facts = facts or runinfo.torch_facts()
     return facts["gpus"] if device in ("auto", "cuda") and facts["cuda_available"] else 0
