@@ -122,6 +122,7 @@ CATEGORY_LABELS: dict[str, str] = {
 STAGE_NAMES: list[tuple[str, str]] = [
     ("the README's test command", "test command (install + suite)"),
     ("import layers", "import layers"),
+    ("pre-fix backend through pytest (", "pre-fix gate + Megatron sweep, side by side"),
     ("pre-fix backend", "pre-fix gate (pytest)"),
     ("Megatron-Core", "Megatron sweep"),
     ("self-test", "self-test"),

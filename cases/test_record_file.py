@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import matrix, packing, recordfile, sweep
+from harness import matrix, packing, recordfile, runfolder, sweep
 from harness.launch import LaunchOptions
-from harness.record import CellResult, RankResult, RunRecord, load
+from harness.record import Check, CellResult, RankResult, RunRecord, load
 from harness.stream import ResultStream
 
 CELLS = [c for c in matrix.select("ci") if c.module == "linear"][:6]
@@ -113,3 +113,51 @@ def test_packing_lanes_cover_every_cell_once_in_phases():
     three = [c for c in matrix.select("ci", {"world_size": (1, 2, 3, 4)})]
     assert [w for w, _ in packing.launch_groups(three)] == [4, 3]
     assert [w for w, _ in packing.launch_groups(cells, slots=8)] == [8]
+
+
+def _checked(cell: matrix.Cell, status: str) -> CellResult:
+    ok = status == "pass"
+    checks = [Check("mb0.output", "tensor", ok, None if ok else "mismatch", numel=360, mismatched=0 if ok else 3,
+                    max_abs=0.022406101226806640, max_rel=0.030764391318024536, ratio=0.19186055451755030 if ok else 1.5,
+                    bound_at_worst=0.10515687839777867, index=[5, 25]),
+              Check("mb0.output.twin", "twin", True, numel=360, mismatched=0, max_abs=0.0, index=[0, 0]),
+              Check("wgrad_hook_calls", "count", True, expected=0, actual=0)]
+    return CellResult(cell.id, cell.serialize(), cell.expect, status, worst_ratio=checks[0].ratio,
+                      ranks=[RankResult(0, status, checks)])
+
+
+def test_a_passing_cell_keeps_each_checks_verdict_and_margin_a_failing_one_everything(tmp_path):
+    record = RunRecord("complete", "t0", "t1", 1.0, "cmd", [], BACKEND, {}, {}, {}, [1],
+                       cells=[_checked(CELLS[0], "pass"), _checked(CELLS[1], "fail")])
+    cells = recordfile.read(record.write(tmp_path))["cells"]
+    passing, failing = ([c for r in cell["ranks"] for c in r["comparisons"]] for cell in cells)
+    assert passing == [{"name": "mb0.output", "kind": "tensor", "ok": True, "numel": 360, "ratio": 0.191861},
+                       {"name": "mb0.output.twin", "kind": "twin", "ok": True, "numel": 360, "max_abs": 0.0},
+                       {"name": "wgrad_hook_calls", "kind": "count", "ok": True, "expected": 0, "actual": 0}]
+    assert cells[0]["worst_ratio"] == 0.191861
+    assert failing == [c.serialize() for c in _checked(CELLS[1], "fail").ranks[0].comparisons]
+    assert load(tmp_path).cells[0].ranks[0].comparisons[0].max_abs is None  # loads; the detail is gone
+
+
+def test_a_complete_sweep_gzips_its_launch_logs_and_plans_an_interrupted_one_keeps_them(tmp_path, monkeypatch):
+    def launch_writing_files(interrupt_after):
+        inner = _fake_launch({}, interrupt_after)
+
+        def launch(width, cells, opts, on_result):
+            (opts.run_dir / "logs" / f"ws{width}-0").mkdir(parents=True, exist_ok=True)
+            (opts.run_dir / "logs" / f"ws{width}-0" / "rank0.log").write_text("[rank0] up\n")
+            (opts.run_dir / "plans").mkdir(exist_ok=True)
+            (opts.run_dir / "plans" / f"ws{width}-0.json").write_text('{"tasks": []}')
+            return inner(width, cells, opts, on_result)
+        return launch
+
+    monkeypatch.setattr(sweep, "launch_cells", launch_writing_files(2))
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(_spec(tmp_path))
+    files = lambda: sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("[lp]*/**/*.*"))  # noqa: E731
+    width = packing.launch_groups(CELLS)[0][0]
+    assert files() == [f"logs/ws{width}-0/rank0.log", f"plans/ws{width}-0.json"]
+    monkeypatch.setattr(sweep, "launch_cells", launch_writing_files(None))
+    assert sweep.run_sweep(_spec(tmp_path, resume=True)).status == "complete"
+    assert files() == [f"logs/ws{width}-0/rank0.log.gz", f"plans/ws{width}-0.json.gz"]
+    assert runfolder.read_text(tmp_path / "logs" / f"ws{width}-0" / "rank0.log") == "[rank0] up\n"

@@ -25,6 +25,8 @@ from harness.install import te as te_component
 from harness.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
 
+from fixtures.te_script import run_te_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED_BUG = "weight was removed while fuse_wgrad_accumulation=True"
 #: this process's torch.cuda before any te-cpu run (compared by identity at the end)
@@ -196,3 +198,51 @@ def test_parent_process_torch_is_untouched() -> None:
     torch.cuda surface is the real one."""
     probe_backend("te-cpu")
     _assert_untouched()
+
+
+_MEMO_SCRIPT = '''
+import os, torch
+import harness.te_cpu  # noqa: F401 (TE on CPU, triton's interpreter with the launch memory)
+from harness.te_cpu import launch_memo
+from transformer_engine.pytorch.triton.grouped_dbias_dscales import compute_grouped_dbias
+
+g = torch.Generator().manual_seed(7)
+dy = torch.randn(12, 30, generator=g).to(torch.bfloat16)
+offsets = torch.tensor([0, 3, 3, 10, 12], dtype=torch.int64)
+counts = launch_memo.launches()
+out = {{}}
+out["first"] = compute_grouped_dbias(dy, offsets, 4)
+out["after_first"] = (counts.run, counts.remembered)
+out["again"] = compute_grouped_dbias(dy.clone(), offsets.clone(), 4)  # other storage, same bytes
+out["after_again"] = (counts.run, counts.remembered)
+changed = dy.clone()
+changed[5, 7] += 1.0
+out["changed"] = compute_grouped_dbias(changed, offsets, 4)
+start = torch.full((4, 30), 0.5)
+out["accumulated"] = compute_grouped_dbias(dy, offsets, 4, dbias=start.clone())
+out["after_all"] = (counts.run, counts.remembered)
+out["dy"], out["changed_dy"] = dy, changed
+torch.save(out, os.environ["DW_TE_SCRIPT_OUT"])
+'''
+
+
+def test_a_remembered_kernel_launch_equals_a_fresh_one(tmp_path_factory):
+    """te-cpu's launch memory (``harness/te_cpu/launch_memo.py``): TE's bias-gradient kernel
+    given byte-identical inputs in other storage is written back, bit for bit the result of
+    the first run; one changed input byte, or a different accumulator, runs it afresh - and
+    every result is the float64 per-group sum (fp32 column sums of at most 7 bf16 rows)."""
+    out = run_te_script(tmp_path_factory, "te_memo", _MEMO_SCRIPT, timeout=300)
+    assert out["after_first"] == (1, 0) and out["after_again"] == (1, 1) and out["after_all"] == (3, 1)
+    assert torch.equal(out["first"], out["again"])
+    bounds = [0, 3, 3, 10, 12]
+
+    def sums(dy: torch.Tensor) -> torch.Tensor:
+        return torch.stack([dy[a:b].double().sum(0) for a, b in zip(bounds, bounds[1:])])
+
+    for name, dy, start in (("first", out["dy"], 0.0), ("changed", out["changed_dy"], 0.0),
+                            ("accumulated", out["dy"], 0.5)):
+        ref = sums(dy) + start
+        magnitude = torch.stack([dy[a:b].double().abs().sum(0) for a, b in zip(bounds, bounds[1:])]) + start
+        err = (out[name].double() - ref).abs()
+        assert bool((err <= 9 * 2.0**-24 * magnitude).all()), (name, float(err.max()))
+    assert not torch.equal(out["first"], out["changed"])

@@ -9,8 +9,9 @@ the port while a launch runs can hang it, corrupt it, or run code in the agent. 
 NCCL's own listeners bind to the address the host name resolves to, which on a CI runner or
 an office machine is a network address.
 
-How: this entry point runs torchrun's own ``main`` in this process, so torchrun's agent still
-starts, watches and ends the ranks, after three steps:
+How: this entry point runs torchrun in this process (its argument parser, configuration and
+``elastic_launch``), so torchrun's agent still starts, watches and ends the ranks, after
+three steps:
 
 1. It binds a socket to ``127.0.0.1:0`` itself and starts a multi-tenant ``TCPStore`` server
    on it (``master_listen_fd``). That is the agent's only listening socket.
@@ -42,6 +43,16 @@ every container sharing the host's network namespace) can still reach the store,
 authentication. The guarantee covers what torch.distributed opens (the stores, gloo, NCCL's
 bootstrap and socket transport); a backend under test that opens sockets of its own is
 outside it. A run across nodes cannot be loopback: it uses the user's own launcher (docs/gpu.md).
+
+Ranks of ``-m harness.worker`` are forked from the agent on Linux (torchrun's ``fork`` start
+method for a function entrypoint, ``harness.worker.forked``) rather than started as new
+Python processes: the agent has imported torch already, and a fresh process would import it
+again (about 2 s of CPU per rank, most of a small launch); it also imports the plan's
+backends' heavy third-party dependencies once (``harness.worker.preload``: TE's, about 3 s of
+CPU per rank), never a backend itself. The agent never touches CUDA, so
+a forked rank may still initialize it; the agent's threads (the store server) do not exist
+in a forked rank, which only connects to the store as a client. ``DW_RANK_START=spawn`` gives
+torchrun's own start (what ``-m harness.external`` and any other script always get).
 """
 
 from __future__ import annotations
@@ -63,6 +74,9 @@ _OWNED_ENV = ("PET_STANDALONE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_MA
               "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK")
 
 _IFF_LOOPBACK = 0x8
+
+#: fork the ranks from the agent (Linux only: macOS's system libraries are not fork-safe)
+FORK = sys.platform.startswith("linux") and os.environ.get("DW_RANK_START", "fork") == "fork"
 
 
 class LoopbackError(RuntimeError):
@@ -161,12 +175,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     except LoopbackError as exc:
         print(f"harness.loopback: {exc}", file=sys.stderr)
         raise SystemExit(BAD_INPUT) from None
-    from torch.distributed.run import main as torchrun_main
+    from torch.distributed.elastic.multiprocessing.errors import record
 
     try:
-        torchrun_main(full)
+        record(_run)(full)   # as torchrun's main: a failure's summary goes to the log
     finally:
         del store   # held until torchrun is done: its rendezvous and the ranks use it
+
+
+def _run(argv: list[str]) -> None:
+    """torchrun's ``main`` on ``argv``, except that ranks of ``-m harness.worker`` on Linux are
+    forked from this agent (see ``harness.worker.forked``) instead of started as new Python
+    processes: each skips importing torch (about 2 s of CPU), and torchrun's agent starts,
+    watches and ends them as it does any function entrypoint."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args, run
+
+    args = parse_args(argv)
+    config, _, cmd_args = config_from_args(args)
+    if not (FORK and cmd_args[:3] == ["-u", "-m", "harness.worker"]):
+        run(args)
+        return
+    from harness import worker
+
+    worker.preload(cmd_args[3:])
+    config.start_method = "fork"
+    elastic_launch(config=config, entrypoint=worker.forked)(*cmd_args[3:])
 
 
 if __name__ == "__main__":

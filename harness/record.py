@@ -79,6 +79,38 @@ class Check:
 
 _CHECK_FIELDS = tuple(f.name for f in dataclasses.fields(Check))
 
+#: significant digits of a margin in the record (the HTML report shows 4)
+MARGIN_DIGITS = 6
+#: what a passing cell's checks leave out of the record: where the worst element was and the
+#: numbers the margin was computed from (``repro`` recomputes them)
+_DETAIL = ("max_rel", "bound_at_worst", "index")
+
+
+def margin(check: Check) -> dict[str, Any]:
+    """A check of a passing cell as the record keeps it: its verdict and margin.
+
+    Why: a ``full`` sweep's checks are ~99% passing, and their float evidence is what gzip
+    cannot compress; the record keeps every check's name, verdict and margin (``ratio``,
+    else ``max_abs``: a twin's distance), so the report, ``diff`` and ``merge`` read the same
+    record, and the run folder stays small. A failing cell keeps everything.
+    """
+    out = check.serialize()
+    for k in _DETAIL:
+        out.pop(k, None)
+    if out.get("mismatched") == 0:
+        del out["mismatched"]
+    if out.get("ratio") is not None:
+        out.pop("max_abs", None)
+        out["ratio"] = significant(out["ratio"])
+    elif out.get("max_abs") is not None:
+        out["max_abs"] = significant(out["max_abs"])
+    return out
+
+
+def significant(x: float | None, digits: int = MARGIN_DIGITS) -> float | None:
+    """``x`` to ``digits`` significant digits (None and non-finite values unchanged)."""
+    return x if x is None or x != x or x in (float("inf"), float("-inf")) else float(f"{x:.{digits}g}")
+
 
 @dataclass
 class RankResult:
@@ -89,12 +121,13 @@ class RankResult:
     #: the backend's path evidence (te-cpu: extension function -> calls), None if it has none
     path: dict[str, int] | None = None
 
-    def serialize(self) -> dict[str, Any]:
+    def serialize(self, margins: bool = False) -> dict[str, Any]:
+        """``margins``: keep each check's verdict and margin only (``margin``)."""
         extra = {"path": self.path} if self.path is not None else {}
         return {
             "rank": self.rank,
             "status": self.status,
-            "comparisons": [c.serialize() for c in self.comparisons],
+            "comparisons": [margin(c) if margins else c.serialize() for c in self.comparisons],
             "error": self.error,
             **extra,
         }
@@ -162,7 +195,10 @@ class CellResult:
         """Worst error/bound per tensor kind: over all examples when they ran, else the checks."""
         return dict(self.example_ratios) if self.example_ratios is not None else kind_ratios(self.ranks)
 
-    def serialize(self) -> dict[str, Any]:
+    def serialize(self, lean: bool = False) -> dict[str, Any]:
+        """``lean``: a passing cell keeps its checks' verdicts and margins only (``margin``);
+        the result stream and every other cell keep all the evidence."""
+        margins = lean and self.status == "pass"
         extra = {"known": self.known, "raw_status": self.raw_status} if self.known else {}
         if self.example_ratios is not None:
             extra["example_ratios"] = self.example_ratios
@@ -172,10 +208,10 @@ class CellResult:
             "expect": self.expect,
             "status": self.status,
             "duration_s": self.duration_s,
-            "worst_ratio": self.worst_ratio,
+            "worst_ratio": significant(self.worst_ratio) if margins else self.worst_ratio,
             "first_failure": self.first_failure,
             "repro": self.repro,
-            "ranks": [r.serialize() for r in self.ranks],
+            "ranks": [r.serialize(margins) for r in self.ranks],
             "example": self.example,
         }}
 
@@ -276,7 +312,7 @@ class RunRecord:
             "counts": self.counts,
             "failure": self.failure,
             "ledger": self.ledger,
-            "cells": [c.serialize() for c in self.cells],
+            "cells": [c.serialize(lean=True) for c in self.cells],
         }
 
     @classmethod

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import ledger as ledgers
-from harness import matrix, packing, runinfo
+from harness import matrix, packing, runfolder, runinfo
 from harness.launch import LaunchFailure, LaunchOptions, launch_cells
 from harness.record import CellResult, RunRecord, load
 from harness.stream import ResultStream
@@ -159,10 +159,12 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
 def retire(run_dir: Path, stream: ResultStream) -> None:
     """A complete run keeps only what it needs: its record holds every verdict with every
     rank's checks and errors, so the result stream and the ranks' event reports (the
-    launcher's live view, folded into the verdicts) go; the launch logs, plans and reports
-    stay. An interrupted run keeps everything ``--resume`` reads."""
+    launcher's live view, folded into the verdicts) go; the launch logs and plans are
+    gzipped (``harness.runfolder``); the reports stay. An interrupted run keeps everything
+    ``--resume`` reads."""
     stream.retire()
     shutil.rmtree(run_dir / "ranks", ignore_errors=True)
+    runfolder.fold_launch_files(run_dir)
 
 
 def unrun(cell: matrix.Cell, why: str) -> CellResult:

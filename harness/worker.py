@@ -1,7 +1,8 @@
 """What runs inside every rank of a launch: all of the launch's cells, in order.
 
 Started by torchrun with ``-m harness.worker --plan PLAN`` (the launcher's plan, or the one
-``harness.external`` builds under a user's own torchrun). The ranks rebuild the cells from
+``harness.external`` builds under a user's own torchrun); the harness's own launches fork
+the ranks from torchrun's agent instead (``forked``, ``harness.loopback``). The ranks rebuild the cells from
 their ids, agree on a digest of the list, load the backends, build the process groups of the
 plan's lanes (``harness.packing``: disjoint sub-groups running cells of smaller world sizes
 side by side), say they are ready, then run the cells of each of their lanes in order; after
@@ -26,6 +27,7 @@ import argparse
 import datetime
 import faulthandler
 import gc
+import importlib
 import json
 import os
 import signal
@@ -38,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from harness import matrix
-from harness.backends import load_backend
+from harness.backends import RANK_PRELOAD, load_backend, resolve
 from harness.inputs import Example
 from harness.packing import Lane
 from harness.record import CellResult, RankResult, kind_ratios
@@ -183,6 +185,8 @@ def run(plan: dict[str, Any]) -> int:
         log.flush()
         sys.stdout.flush()
         sys.stderr.flush()
+        if _FORKED:
+            return 0  # torchrun's agent waits for the return value; the process ends with os._exit
         os._exit(0)
     _await_verdicts(stream, plan, since)
     dist.destroy_process_group()
@@ -257,6 +261,60 @@ def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: 
         print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
         if ctx.rank == 0:
             stream.append(merged, spec, plan["launch"])
+
+
+def preload(argv: list[str]) -> None:
+    """In torchrun's agent, before it forks the ranks of ``argv``'s plan: import what each
+    plan backend's import would load anyway whatever the rank, after the environment that
+    import sets first (``harness.backends.RANK_PRELOAD``), once instead of once per rank. A
+    module that fails to import here is left to the ranks, which then fail or not as they
+    would have; the backends themselves are always imported by the ranks."""
+    plan = json.loads(Path(argv[argv.index("--plan") + 1]).read_text())
+    preloads = [p for spec in dict.fromkeys(t["backend"] for t in plan["tasks"])
+                if (p := RANK_PRELOAD.get(resolve(spec))) is not None]
+    for p in preloads:
+        for name, value in p.env:
+            os.environ.setdefault(name, value)
+    for name in dict.fromkeys(m for p in preloads for m in p.modules):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 (the ranks import it themselves and say why)
+            pass
+
+
+_FORKED = False
+#: how long a forked rank that fails stays before it exits (five of torchrun's 0.1 s polls)
+FAILED_EXIT_DELAY_S = 0.5
+
+
+def forked(*argv: str) -> int:
+    """A rank forked from torchrun's agent (``harness.loopback``): ``main`` in a process that
+    inherited the agent's imports, signal handlers and thread count.
+
+    - The agent's handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT raise an exception in the
+      agent; here they would raise inside a cell, so the defaults a fresh Python process has
+      come back.
+    - A non-zero code becomes the exit status (a function entrypoint's return value is not one).
+    - A rank that fails exits ``FAILED_EXIT_DELAY_S`` later. torchrun's agent names only the
+      first failed rank it finds among the function entrypoints that ended, in rank order:
+      a peer that fails *because* a rank was killed (its collective broke) would otherwise
+      often end within the same poll and be named instead of the killed rank, whose signal
+      is what the launcher blames (``harness.launch.torchrun_failure``).
+    """
+    global _FORKED
+    _FORKED = True
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        code = main(list(argv))
+    except BaseException:
+        time.sleep(FAILED_EXIT_DELAY_S)
+        raise
+    if code:
+        time.sleep(FAILED_EXIT_DELAY_S)
+        sys.exit(code)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

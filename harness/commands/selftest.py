@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import shutil
 import sys
 from pathlib import Path
 
-from harness import exitcodes, preflight, runinfo, selection, tolerance
+from harness import exitcodes, preflight, runfolder, runinfo, selection, tolerance
 from harness.commands import _options
 from harness.shape import Example
 from harness.launch import LaunchOptions
@@ -80,11 +79,11 @@ def fold_streams(run_dir: Path) -> None:
     """A finished self-test keeps every verdict, the mutants' included, at a fraction of the
     size: the result stream (every mutant cell with every rank's checks, ~20 MB for ``ci``)
     is gzipped to ``cells.jsonl.gz``, and the ranks' event reports, folded into those
-    verdicts, go. ``selftest.json`` and the record hold what the reports show."""
+    verdicts, go; the launch logs and plans are gzipped (``harness.runfolder``).
+    ``selftest.json`` and the record hold what the reports show."""
     stream = run_dir / "cells.jsonl"
     if stream.exists():
-        with open(stream, "rb") as src, gzip.open(run_dir / "cells.jsonl.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        stream.unlink()
+        runfolder.gzip_in_place(stream)
     shutil.rmtree(run_dir / "ranks", ignore_errors=True)
+    runfolder.fold_launch_files(run_dir)
 

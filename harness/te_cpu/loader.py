@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import te_tree as _te_tree
-from harness.te_cpu import evidence, extension, interpreter
+from harness.te_cpu import evidence, extension, interpreter, launch_memo
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
 SUPPORTED_VERSIONS: tuple[str, ...] = ("2.20.2",)
@@ -182,6 +182,7 @@ def import_te() -> ModuleType:
             os.environ["NVTE_PROJECT_BUILDING"] = previous
     if os.environ.get("TRITON_INTERPRET") == "1":
         interpreter.install()
+        launch_memo.install()
     return _from_tree(te, source)
 
 
