@@ -192,15 +192,16 @@ def _run(argv: list[str]) -> None:
     from torch.distributed.run import config_from_args, parse_args, run
 
     args = parse_args(argv)
-    config, _, cmd_args = config_from_args(args)
-    if not (FORK and cmd_args[:3] == ["-u", "-m", "harness.worker"]):
+    if not (FORK and args.module and not args.no_python and args.training_script == "harness.worker"):
         run(args)
         return
     from harness import worker
 
-    worker.preload(cmd_args[3:])
+    config, _, _ = config_from_args(args)
+    script_args = list(args.training_script_args)
+    worker.preload(script_args)
     config.start_method = "fork"
-    elastic_launch(config=config, entrypoint=worker.forked)(*cmd_args[3:])
+    elastic_launch(config=config, entrypoint=worker.forked)(*script_args)
 
 
 if __name__ == "__main__":
