@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness import loopback, packing
+from harness import loopback, packing, warm
 from harness.matrix import Cell
 from harness.packing import Lane
 from harness.record import CellResult, LaunchRecord, RankResult
@@ -92,10 +92,15 @@ class LaunchOptions:
     wait_interval: float = 10.0
 
 
+def torchrun_args(world_size: int, plan_path: Path) -> list[str]:
+    """torchrun's options and script for one launch (the rendezvous is ``harness.loopback``'s)."""
+    return ["--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
+            "-m", "harness.worker", "--plan", str(plan_path)]
+
+
 def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     """torchrun on this machine, every listening socket on loopback (``harness.loopback``)."""
-    return loopback.command("--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
-                            "-m", "harness.worker", "--plan", str(plan_path))
+    return loopback.command(*torchrun_args(world_size, plan_path))
 
 
 class _LineTail:
@@ -274,9 +279,13 @@ class _Launch:
         env = {**os.environ, "OMP_NUM_THREADS": str(self.opts.threads_per_rank), "PYTHONUNBUFFERED": "1",
                **self.opts.extra_env}
         self._log = open(self.log_dir / "torchrun.log", "w")
+        # the backend probe's warm agent, if it preloaded what these ranks need (harness.warm)
+        taken = warm.take({t.backend for t in self.tasks}, torchrun_args(self.world_size, plan_path), env,
+                          self.log_dir / "torchrun.log")
+        if taken is not None:
+            return taken
         return subprocess.Popen(torchrun_command(self.world_size, plan_path), stdout=self._log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
     def poll_results(self) -> list[tuple[str, CellResult]]:
         """New verdicts of this launch's tasks (with their backend), each lane in task order;

@@ -53,10 +53,14 @@ CPU per rank), never a backend itself. The agent never touches CUDA, so
 a forked rank may still initialize it; the agent's threads (the store server) do not exist
 in a forked rank, which only connects to the store as a client. ``DW_RANK_START=spawn`` gives
 torchrun's own start (what ``-m harness.external`` and any other script always get).
+
+``--warm SPEC`` starts a warm agent (``harness.warm``): the backend probe first, then, handed
+a launch on its stdin, this entry point with that launch's arguments, environment and log.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -166,8 +170,13 @@ def confine_environment() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run torchrun with ``argv`` (torchrun options and the script), confined to loopback."""
+    """Run torchrun with ``argv`` (torchrun options and the script), confined to loopback;
+    ``--warm SPEC``: first the warm agent's probe and wait (``harness.warm``)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--warm"] and len(args) == 2:
+        args = _warm(args[1])
+        if args is None:
+            return
     try:
         confine_environment()
         store, port = start_store()
@@ -181,6 +190,65 @@ def main(argv: Sequence[str] | None = None) -> None:
         record(_run)(full)   # as torchrun's main: a failure's summary goes to the log
     finally:
         del store   # held until torchrun is done: its rendezvous and the ranks use it
+
+
+def _warm(spec: str) -> list[str] | None:
+    """The warm agent (``harness.warm``): preload for ``spec``'s ranks, describe ``spec`` from
+    a forked child, print the outcome, then wait for a launch. Returns torchrun's arguments
+    with this process's stdout and stderr now the launch's log and its environment the
+    launch's, or None when no launch came (stdin closed)."""
+    import setproctitle
+
+    from harness import warm, worker
+
+    # set up now: it moves the environment's strings to make room, which it cannot find
+    # once the launch's environment replaced them
+    setproctitle.setproctitle(setproctitle.getproctitle())
+    worker.preload_backends([spec])
+    print(warm.MARKER + json.dumps(_probe_in_child(spec)), flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        return None
+    launch = json.loads(line)
+    os.environ.clear()
+    os.environ.update(launch["env"])
+    log = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    setproctitle.setproctitle(" ".join(command(*launch["argv"])))
+    return launch["argv"]
+
+
+def _probe_in_child(spec: str) -> dict[str, Any]:
+    """``{"info": BackendInfo}`` or ``{"error": one line}``: the backend imported and described
+    in a forked child, so that neither its import nor anything it runs reaches the agent."""
+    from harness import backends
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own prints go to stderr, the outcome through the pipe
+        os.close(read)
+        os.dup2(2, 1)
+        try:
+            outcome: dict[str, Any] = {"info": backends.describe(spec, backends.load_backend(spec)).serialize()}
+        except backends.BackendError as exc:
+            outcome = {"error": str(exc)}
+        except BaseException as exc:  # noqa: BLE001 (said in one line, as the plain probe's traceback ends)
+            outcome = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        with os.fdopen(write, "w") as fh:
+            fh.write(json.dumps(outcome))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if text:
+        return json.loads(text)
+    return {"error": f"the probe exited with code {os.waitstatus_to_exitcode(status)}"}
 
 
 def _run(argv: list[str]) -> None:

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from harness import modules
+from harness import modules, warm
 from harness.backends import BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
 
-def check_backend(spec: str) -> BackendInfo:
+def check_backend(spec: str, keep_warm: bool = False) -> BackendInfo:
     """Import and validate the backend in a subprocess; what it says about itself.
+
+    ``keep_warm``: the subprocess is a warm agent (``harness.warm``) that this process's
+    first launch of the backend takes over, where ranks are forked.
 
     Raises:
         BackendError: with a one-line reason (e.g. what to install).
     """
+    if keep_warm and warm.supported():
+        return warm.probe(spec)
     return probe_backend(spec)
 
 
@@ -83,14 +88,14 @@ def check_modules(info: BackendInfo, selected: Iterable[str]) -> None:
 
 
 def check_run(backend: str, device: str, world_sizes: Iterable[int],
-              selected_modules: Iterable[str] = ()) -> tuple[BackendInfo, str]:
+              selected_modules: Iterable[str] = (), keep_warm: bool = False) -> tuple[BackendInfo, str]:
     """Everything the parent can check before a launch: the backend, its module classes,
-    then the device.
+    then the device (``keep_warm``: as for ``check_backend``).
 
     Returns:
         The backend's description and the device the run uses.
     """
-    info = check_backend(backend)
+    info = check_backend(backend, keep_warm)
     check_modules(info, selected_modules)
     device = settle_device(info, device)
     check_device(device, world_sizes, info.torch)

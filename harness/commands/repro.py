@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     cell = matrix.Cell.from_id(args.cell_id)
     example = parse_example(args.example)
     _options.check_timeout(args.cell_timeout)
-    info, args.device = preflight.check_run(args.backend, args.device, [cell.world_size], [cell.module])
+    info, args.device = preflight.check_run(args.backend, args.device, [cell.world_size], [cell.module],
+                                            keep_warm=True)
     ledger = _options.ledger_for(args.ledger, info)
     selection.check_shardable([cell], (example or Example().serialize())["out_features"])
     run_dir = _options.run_dir(args, prefix="repro").resolve()

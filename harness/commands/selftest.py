@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     _options.check_timeout(args.cell_timeout)
-    info, args.device = preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells})
+    info, args.device = preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells},
+                                             keep_warm=True)
     selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args, prefix="selftest").resolve()
     opts = LaunchOptions(backend=CLEAN, run_dir=run_dir, cell_timeout=args.cell_timeout, device=args.device)

@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     _options.check_timeout(args.cell_timeout)
     sel["examples"] = args.examples
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
-                                            {c.module for c in cells})
+                                            {c.module for c in cells}, keep_warm=True)
     selection.check_shardable(cells, Example().out_features)
     ledger = _options.ledger_for(args.ledger, info)
     if args.fixes is not None:

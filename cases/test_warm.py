@@ -1,0 +1,92 @@
+"""The warm agent (``harness.warm``): the backend probe and the first launch's torchrun agent in
+one process. What must hold: it describes a backend exactly as the plain probe does, and
+fails with the plain probe's one line; the launch it takes looks like a fresh agent's (its
+command line names the plan: ``cases/test_loopback.py`` finds the ranks by it); one nobody
+takes ends with the process that started it, whatever ended that process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import warm
+from harness.backends import BackendError, probe_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not warm.supported(), reason="warm agents need forked ranks (Linux)")
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def test_warm_probe_describes_the_backend_as_the_plain_probe_does():
+    try:
+        assert warm.probe("reference") == probe_backend("reference")
+    finally:
+        warm._end_all()
+
+
+@pytest.mark.parametrize("spec", ["no_such_pkg.backend", "fixtures/no_such_file.py"])
+def test_warm_probe_fails_with_the_plain_probes_line(spec):
+    with pytest.raises(BackendError) as plain:
+        probe_backend(spec)
+    with pytest.raises(BackendError) as warm_error:
+        warm.probe(spec)
+    assert str(warm_error.value) == str(plain.value)
+    assert not _processes_naming(f"--warm {spec}")
+
+
+def _sweep_with_unique_backend(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    backend = tmp_path / "unique_warm_backend.py"
+    shutil.copy(ROOT / "fixtures" / "faults.py", backend)
+    cmd = [sys.executable, "-m", "harness", "sweep", "--backend", str(backend), *args,
+           "--out", str(tmp_path / "run"), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, backend
+
+
+def test_an_agent_nobody_takes_ends_with_the_sweep(tmp_path):
+    """Bad input found after the probe (a module the backend lacks): exit 2, and the warm
+    agent the probe left is gone with the sweep."""
+    proc, backend = _sweep_with_unique_backend(tmp_path, "--modules", "no_such_module")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert not _processes_naming(str(backend))
+
+
+def test_an_agent_nobody_takes_ends_when_its_sweep_is_killed(tmp_path):
+    """SIGKILL (no atexit): the agent reads the end of its stdin and exits."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    proc, backend = _sweep_with_unique_backend(tmp_path, "--preset", "smoke", "--modules", "linear",
+                                               "--world-sizes", "1")
+    deadline = time.monotonic() + 120
+    while not any("--warm" in p for p in _processes_naming(str(backend))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while (left := _processes_naming(str(backend))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left
