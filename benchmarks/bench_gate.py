@@ -96,6 +96,7 @@ CATEGORIES: dict[str, str] = {
     "test_selftest": "torchrun",
     "test_shard_merge": "torchrun",
     "test_vocabulary": "torchrun",
+    "test_warm": "torchrun",            # warm probes; sweeps that take (or leave) a warm agent
     # a Python subprocess that launches nothing (bad input, --collect-only, import-linter, pip wheel)
     "test_cli": "subprocess",
     "test_docs": "subprocess",

@@ -20,6 +20,7 @@ empty, TREE is not a TE tree, no patch file, no git, no installed TE), nothing w
 from __future__ import annotations
 
 import argparse
+import compileall
 import importlib.metadata
 import importlib.util
 import re
@@ -150,6 +151,15 @@ def _copy_package(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"), symlinks=True)
 
 
+def _byte_compile(package: Path) -> None:
+    """Byte-compile the tree's package once, as installing a wheel does (the ``__pycache__``
+    folders are ignored by git, so the tree stays clean): otherwise every process that imports
+    TE from the tree - each rank of each launch - compiles it again wherever Python may not
+    write its caches (``PYTHONDONTWRITEBYTECODE``, common in containers): about 1.4 s of CPU
+    per process measured for TE 2.20."""
+    compileall.compile_dir(str(package), quiet=1)
+
+
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise exitcodes.UsageError(f"{str(out)!r} already exists and is not empty: give a new folder")
@@ -196,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
             f"{FIX_MESSAGE} (partial: {len(outcome.rejected)} of {len(outcome.hunks)} hunks rejected)")
         _git(out, "commit", "-q", "--no-verify", "-m", message, "-m", f"patch: {patch.name}")
     commit = _git(out, "rev-parse", "HEAD").stdout.strip()
+    _byte_compile(out / "transformer_engine")
     print(f"patch-te: applied {applied}/{len(outcome.hunks)} hunk(s) of {patch}")
     for hunk in outcome.rejected:
         why = f"  ({outcome.why[hunk.file]})" if hunk.file in outcome.why else ""
