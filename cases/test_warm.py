@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -74,18 +75,21 @@ def test_an_agent_nobody_takes_ends_with_the_sweep(tmp_path):
     assert not _processes_naming(str(backend))
 
 
-def test_an_agent_nobody_takes_ends_when_its_sweep_is_killed(tmp_path):
-    """SIGKILL (no atexit): the agent reads the end of its stdin and exits."""
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    proc, backend = _sweep_with_unique_backend(tmp_path, "--preset", "smoke", "--modules", "linear",
-                                               "--world-sizes", "1")
-    deadline = time.monotonic() + 120
-    while not any("--warm" in p for p in _processes_naming(str(backend))):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+def test_an_agent_nobody_takes_ends_when_its_parent_is_killed(tmp_path):
+    """SIGKILL (no atexit) right after the probe, while the agent waits for a launch: it reads
+    the end of its stdin and exits."""
+    backend = tmp_path / "unique_warm_backend.py"
+    shutil.copy(ROOT / "fixtures" / "faults.py", backend)
+    parent = textwrap.dedent(f"""
+        import os, signal
+        from harness import warm
+        warm.probe({str(backend)!r})
+        print("probed", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", parent], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL and "probed" in proc.stdout, proc.stderr
     deadline = time.monotonic() + 60
     while (left := _processes_naming(str(backend))) and time.monotonic() < deadline:
         time.sleep(0.1)

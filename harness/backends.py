@@ -304,17 +304,25 @@ def probe_backend(spec: str, env: Mapping[str, str] | None = None, timeout: floa
     raise BackendError(why.removeprefix("harness.backends: error: "))
 
 
+def probe_outcome(spec: str) -> dict[str, Any]:
+    """What a probe process reports: ``{"info": BackendInfo}`` or ``{"error": one line}`` (this
+    process imports the backend: ``probe_backend``'s subprocess, a warm agent's child)."""
+    try:
+        return {"info": describe(spec, load_backend(spec)).serialize()}
+    except BackendError as exc:
+        return {"error": str(exc)}
+
+
 def _probe_main(argv: list[str] | None = None) -> int:
     """``python -m harness.backends --probe SPEC``: import, validate, print BackendInfo JSON."""
     parser = argparse.ArgumentParser(prog="harness.backends")
     parser.add_argument("--probe", required=True, metavar="SPEC")
     args = parser.parse_args(argv)
-    try:
-        info = describe(args.probe, load_backend(args.probe))
-    except BackendError as exc:
-        print(f"harness.backends: error: {exc}", file=sys.stderr)
+    outcome = probe_outcome(args.probe)
+    if "error" in outcome:
+        print(f"harness.backends: error: {outcome['error']}", file=sys.stderr)
         return 2
-    print(json.dumps(info.serialize()))
+    print(json.dumps(outcome["info"]))
     return 0
 
 

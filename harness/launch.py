@@ -276,8 +276,7 @@ class _Launch:
         }
         plan_path = run_dir / "plans" / f"{self.name}.json"
         plan_path.write_text(json.dumps(plan, indent=1))
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.opts.threads_per_rank), "PYTHONUNBUFFERED": "1",
-               **self.opts.extra_env}
+        env = warm.agent_env(self.opts.threads_per_rank, self.opts.extra_env)
         self._log = open(self.log_dir / "torchrun.log", "w")
         # the backend probe's warm agent, if it preloaded what these ranks need (harness.warm)
         taken = warm.take({t.backend for t in self.tasks}, torchrun_args(self.world_size, plan_path), env,

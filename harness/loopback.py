@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import warm
 from harness.exitcodes import BAD_INPUT
 
 LOOPBACK_HOST = "127.0.0.1"
@@ -79,8 +80,8 @@ _OWNED_ENV = ("PET_STANDALONE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_MA
 
 _IFF_LOOPBACK = 0x8
 
-#: fork the ranks from the agent (Linux only: macOS's system libraries are not fork-safe)
-FORK = sys.platform.startswith("linux") and os.environ.get("DW_RANK_START", "fork") == "fork"
+#: fork the ranks from the agent (``harness.warm.ranks_forked``)
+FORK = warm.ranks_forked()
 
 
 class LoopbackError(RuntimeError):
@@ -199,7 +200,7 @@ def _warm(spec: str) -> list[str] | None:
     launch's, or None when no launch came (stdin closed)."""
     import setproctitle
 
-    from harness import warm, worker
+    from harness import worker
 
     # set up now: it moves the environment's strings to make room, which it cannot find
     # once the launch's environment replaced them
@@ -234,9 +235,7 @@ def _probe_in_child(spec: str) -> dict[str, Any]:
         os.close(read)
         os.dup2(2, 1)
         try:
-            outcome: dict[str, Any] = {"info": backends.describe(spec, backends.load_backend(spec)).serialize()}
-        except backends.BackendError as exc:
-            outcome = {"error": str(exc)}
+            outcome = backends.probe_outcome(spec)
         except BaseException as exc:  # noqa: BLE001 (said in one line, as the plain probe's traceback ends)
             outcome = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
         with os.fdopen(write, "w") as fh:

@@ -36,12 +36,17 @@ from harness.backends import RANK_PRELOAD, BackendError, BackendInfo, resolve
 MARKER = "dw-harness-warm-probe "
 
 
+def ranks_forked() -> bool:
+    """Whether torchrun's agent forks the harness's ranks (``harness.loopback``): on Linux,
+    unless ``DW_RANK_START=spawn`` (macOS's system libraries are not fork-safe)."""
+    return sys.platform.startswith("linux") and os.environ.get("DW_RANK_START", "fork") == "fork"
+
+
 def supported() -> bool:
     """Whether launches fork their ranks here (the warm agent's probe forks too), and the
     agent can take a launch's command line (``setproctitle``: ``ps``, and whoever looks for
     a run's processes by its folder, see what they would see of a fresh agent)."""
-    return (sys.platform.startswith("linux") and os.environ.get("DW_RANK_START", "fork") == "fork"
-            and importlib.util.find_spec("setproctitle") is not None)
+    return ranks_forked() and importlib.util.find_spec("setproctitle") is not None
 
 
 def preload_key(specs: Iterable[str]) -> tuple[str, ...]:
@@ -50,10 +55,10 @@ def preload_key(specs: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({resolve(s) for s in specs} & set(RANK_PRELOAD)))
 
 
-def start_env() -> dict[str, str]:
-    """The environment the warm agent starts with: a launch's, before the launch's own
-    additions (``harness.launch`` replaces it whole at the hand-over)."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def agent_env(threads_per_rank: int = 1, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launch's torchrun agent (its ranks inherit it); a warm agent starts
+    with the defaults and takes its launch's at the hand-over."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 @dataclass
@@ -76,7 +81,7 @@ def probe(spec: str, timeout: float = 300.0) -> BackendInfo:
     """
     stderr = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "harness.loopback", "--warm", spec], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=start_env())
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=agent_env())
     warm = _Warm(proc, preload_key([spec]), stderr)
     try:
         outcome = _read_outcome(proc, timeout)
