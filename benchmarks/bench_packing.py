@@ -41,7 +41,7 @@ BACKEND = "harness.reference"
 def sweep_once(cells: list[matrix.Cell], run_dir: Path, packing: bool, device: str) -> dict[str, Any]:
     """One whole sweep of ``cells``; its wall time, statuses and launches."""
     opts = LaunchOptions(backend=BACKEND, run_dir=run_dir, device=device)
-    spec = SweepSpec(cells=cells, backend=BACKEND, run_dir=run_dir, selection={"bench": True}, tolerance={},
+    spec = SweepSpec(cells=cells, backend=BACKEND, run_dir=run_dir, selection={"bench": True},
                      argv=["bench"], options=opts, packing=packing)
     t0 = time.monotonic()
     record = run_sweep(spec)

@@ -17,7 +17,7 @@ import pytest
 
 from harness import exitcodes, ledger, matrix
 from harness.record import Check, CellResult, RankResult
-from harness.status import run_exit_code
+from harness.gate import statuses_exit_code
 
 CELL = matrix.Cell(module="grouped_linear", weight="distributed", hooks="offload", fused=False, dtype="bf16",
                    world_size=2, consumer="ddp", microbatches=2, num_gemms=4, bias=True, input_grad=True,
@@ -60,7 +60,7 @@ def test_every_failure_explained_is_known():
     assert cells[0].status == "known" and cells[0].known == ["dtype"] and cells[0].raw_status == "fail"
     e = outcome["entries"][0]
     assert (e["selected"], e["reproduced"], e["known_cells"], e["stale"]) == ([CELL.id], [CELL.id], [CELL.id], False)
-    assert outcome["stale"] == [] and run_exit_code(c.status for c in cells) == exitcodes.OK
+    assert outcome["stale"] == [] and statuses_exit_code(c.status for c in cells) == exitcodes.OK
 
 
 def test_one_unexplained_check_keeps_the_cell_failing():
@@ -69,7 +69,7 @@ def test_one_unexplained_check_keeps_the_cell_failing():
     assert cells[0].status == "fail" and not cells[0].known
     # the entry still reproduced there: it is not stale
     assert outcome["entries"][0]["reproduced"] == [CELL.id] and outcome["stale"] == []
-    assert run_exit_code(c.status for c in cells) == exitcodes.MISMATCH
+    assert statuses_exit_code(c.status for c in cells) == exitcodes.MISMATCH
 
 
 def test_exception_explained_only_by_its_type_and_text():
@@ -178,7 +178,7 @@ def test_stale_entry_fails_the_gate():
     cells, outcome = ledger.apply([_result(CELL)], _ledger(_entry()))
     assert cells[0].status == "pass"
     assert outcome["stale"] == ["dtype"] and outcome["entries"][0]["stale"]
-    assert run_exit_code([c.status for c in cells], stale=True) == exitcodes.MISMATCH
+    assert statuses_exit_code([c.status for c in cells], True) == exitcodes.MISMATCH
     msg = ledger.stale_message("dtype", outcome)
     assert "dtype" in msg and "no longer reproduces" in msg and "delete it" in msg and "test.toml" in msg
 
@@ -338,7 +338,7 @@ def test_review_is_red_naming_the_entry_still_failing_and_every_regression():
     assert reasons[0].startswith("ledger entry dtype must be fixed by this change but is still failing")
     assert [r.cell for r in rev.regressions] == [OTHER.id]
     assert "leader.finalize_calls" in rev.regressions[0].failures[0]
-    assert run_exit_code(["known", "fail"], stale=True) == exitcodes.MISMATCH
+    assert statuses_exit_code(["known", "fail"], True) == exitcodes.MISMATCH
 
 
 def test_a_required_entry_that_no_cell_selects_is_not_proven_fixed():

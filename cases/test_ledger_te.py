@@ -20,7 +20,7 @@ import pytest
 from fixtures.te_runs import SHIPPED, TARGETED, harness as _harness, te_runs  # noqa: F401 (a fixture)
 from harness import exitcodes, ledger, recordfile
 from harness.record import CellResult
-from harness.status import run_exit_code
+from harness.gate import statuses_exit_code
 
 
 def test_te_ci_sweep_is_green_with_every_failure_known(te_runs):
@@ -79,8 +79,8 @@ def test_removing_an_entry_turns_its_cells_red(te_runs, entry_id):
     """The fold the sweep applies (``ledger.apply``), run here on the recorded verdicts: the
     cells only this entry explains fail, no other cell changes; the gate's exit code is 1 and
     its summary names them (``sweep --resume`` re-judging end to end: the test below)."""
-    from harness.commands.sweep import summary
     from harness.record import RunRecord
+    from harness.reports.terminal import summary
 
     name = TARGETED.get(entry_id, "ci")
     run, _, _ = te_runs[name]
@@ -93,9 +93,9 @@ def test_removing_an_entry_turns_its_cells_red(te_runs, entry_id):
     cells, outcome = ledger.apply([CellResult.from_dict(c) for c in record["cells"]], without)
     bad = {c.id for c in cells if c.status not in ("pass", "xfail", "known")}
     assert mine <= bad and all(entry_id in (before[i].get("known") or []) for i in bad), (mine ^ bad)
-    assert run_exit_code((c.status for c in cells), stale=bool(outcome["stale"])) == exitcodes.MISMATCH
+    assert statuses_exit_code((c.status for c in cells), bool(outcome["stale"])) == exitcodes.MISMATCH
     rerun = RunRecord.from_dict({**record, "cells": [c.serialize() for c in cells], "ledger": outcome})
-    text = summary(rerun)
+    text = summary(rerun.serialize())
     assert len([i for i in bad if i in text]) == min(len(bad), 20), "the sweep's summary does not name the cells"
 
 

@@ -34,7 +34,7 @@ def _verdict(cell: matrix.Cell, status: str) -> CellResult:
 
 def _spec(run_dir: Path, resume: bool = False) -> sweep.SweepSpec:
     return sweep.SweepSpec(cells=CELLS, backend=BACKEND, run_dir=run_dir, selection={"preset": "ci"},
-                           tolerance={}, argv=["sweep"], options=LaunchOptions(BACKEND, run_dir), resume=resume)
+                           argv=["sweep"], options=LaunchOptions(BACKEND, run_dir), resume=resume)
 
 
 def _fake_launch(statuses: dict[str, str], interrupt_after: int | None = None):

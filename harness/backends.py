@@ -144,16 +144,37 @@ def use_tree(tree_path: str) -> Any:
     return tree
 
 
+#: the backends that import TransformerEngine, as a user can name them (for the one-line fix)
+TE_BACKENDS = "--backend te-cpu (TE's own code on CPU) or --backend transformer_engine.pytorch (real TE on a GPU)"
+
+
 def _check_tree_origin(spec: str, tree: Any) -> None:
-    """Whatever the backend imported of TransformerEngine must come from the tree."""
-    for name in ("transformer_engine.pytorch", "transformer_engine"):
-        mod = sys.modules.get(name)
-        if mod is not None:
-            file = getattr(mod, "__file__", None)
-            if not tree.contains(file):
-                raise BackendError(f"backend {spec!r} imported {name} from {file}, not the tree's "
-                                   f"({tree.package})")
-            return
+    """The backend imported TransformerEngine, and every module of it came from the tree.
+
+    A backend that never imports TE would run its own code and call the tree judged: its
+    "fixed here" would be hollow (``--te-tree`` with the reference backend)."""
+    if "transformer_engine" not in sys.modules:
+        raise BackendError(f"backend {split_tree(spec)[0]!r} does not import TransformerEngine, so the TE tree "
+                           f"{tree.path} would never run: use {TE_BACKENDS}")
+    foreign = foreign_te_modules(tree)
+    if foreign:
+        name, file = foreign[0]
+        raise BackendError(f"backend {spec!r} imported {name} from {file}, not the tree's ({tree.package})"
+                           + (f" (and {len(foreign) - 1} more module(s))" if len(foreign) > 1 else ""))
+
+
+def foreign_te_modules(tree: Any) -> list[tuple[str, str]]:
+    """``(name, file)`` of each imported ``transformer_engine`` module whose source is not in
+    ``tree`` (namespace packages and modules without a file are skipped; the compiled
+    extension ``transformer_engine_torch`` is ``compiled_origin``'s business)."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        if name != "transformer_engine" and not name.startswith("transformer_engine."):
+            continue
+        file = getattr(mod, "__file__", None)
+        if file and not tree.contains(file):
+            out.append((name, file))
+    return sorted(out)
 
 
 def _import_target(spec: str) -> Any:
@@ -266,11 +287,49 @@ def describe(spec: str, backend: Any) -> BackendInfo:
         from harness import te_tree
 
         facts["te_tree"] = te_tree.inspect(tree).serialize()
+    if "transformer_engine" in sys.modules:
+        facts.setdefault("compiled", compiled_origin(facts.get("te_tree")))
+        if facts.get("upstream") is None:  # real TE says nothing of itself: its tree or package does
+            tree_version = (facts.get("te_tree") or {}).get("version")
+            facts["upstream"] = "transformer_engine"
+            facts.setdefault("origin", getattr(sys.modules["transformer_engine"], "__file__", None))
+            facts["version"] = tree_version if tree_version not in (None, "unknown") else te_version()
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
                        extra=facts, apis=[a for a in _modules.APIS if has_api(backend, a)],
                        torch=runinfo.torch_facts())
+
+
+def compiled_origin(tree: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Where this process's ``transformer_engine_torch`` (TE's compiled extension) came from:
+    the tree's own build, another install (the tree's C++ never runs), or the installed TE's
+    (``harness.provenance``); ``path`` is its file."""
+    from harness import provenance
+
+    ext = sys.modules.get("transformer_engine_torch")
+    path = getattr(ext, "__file__", None) if ext is not None else None
+    if tree is None:
+        return {"kind": provenance.COMPILED_INSTALLED, "path": path}
+    inside = path is not None and Path(path).resolve().is_relative_to(Path(tree["path"]).resolve())
+    return {"kind": provenance.COMPILED_TREE if inside else provenance.COMPILED_OTHER, "path": path}
+
+
+def te_version() -> str | None:
+    """The version of the imported TransformerEngine: its ``__version__``, else the installed
+    distribution's (the wheel names it ``transformer_engine`` or ``transformer-engine-torch``)."""
+    te = sys.modules.get("transformer_engine")
+    version = getattr(te, "__version__", None)
+    if version:
+        return str(version)
+    from importlib import metadata
+
+    for dist in ("transformer_engine", "transformer-engine", "transformer_engine_torch"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def probe_backend(spec: str, env: Mapping[str, str] | None = None, timeout: float = 300.0) -> BackendInfo:

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import compare, matrix, packing, runinfo, selection
-from harness.backends import BackendError, load_backend
+from harness import assemble, gate, matrix, packing, runinfo, selection
+from harness import ledger as ledgers
+from harness.backends import BackendError, BackendInfo, describe, load_backend
 from harness.exitcodes import BAD_INPUT, UsageError
-from harness.record import CellResult, RunRecord
+from harness.record import RunRecord
 from harness.stream import ResultStream
 
 
@@ -42,24 +43,25 @@ def build_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
             "device": args.device, "examples": args.examples, "collective_timeout": args.collective_timeout}
 
 
-def finish(plan: dict[str, Any], argv: list[str], started: str) -> RunRecord:
-    """Rank 0: the run record from the result stream, and the reports."""
+def finish(plan: dict[str, Any], argv: list[str], started: str, info: BackendInfo,
+           ledger: ledgers.Ledger | None) -> RunRecord:
+    """Rank 0: the run record from the result stream, judged under ``ledger`` as a sweep's
+    (``harness.assemble``), and the reports."""
     from harness.reports import write_all
 
     run_dir = Path(plan["run_dir"])
     backend = plan["tasks"][0]["backend"]
     latest = ResultStream(run_dir).latest(backend)
-    wanted = [t["cell"] for t in plan["tasks"]]
-    cells = [latest[i] for i in wanted if i in latest]
-    cells += [CellResult(i, matrix.Cell.from_id(i).serialize(), matrix.Cell.from_id(i).expect, "skipped",
-                         first_failure="not run: the launch ended before this cell")
-              for i in wanted if i not in latest]
-    record = RunRecord(status="complete" if len(latest.keys() & set(wanted)) == len(wanted) else "incomplete",
-                       started=started, finished=runinfo.now(), duration_s=0.0,
-                       command="python -m torch.distributed.run ... -m harness.external " + " ".join(argv),
-                       argv=argv, backend=backend, environment=runinfo.environment(plan["device"]),
-                       selection={**plan["selection"], "external": True}, tolerance=compare.policy(),
-                       world_sizes=sorted({c.axes["world_size"] for c in cells}), cells=cells)
+    wanted = [matrix.Cell.from_id(t["cell"]) for t in plan["tasks"]]
+    cells = [latest[c.id] if c.id in latest else assemble.unrun(c, "not run: the launch ended before this cell")
+             for c in wanted]
+    record = assemble.start(backend=backend, argv=argv, selection={**plan["selection"], "external": True},
+                            device=plan["device"], backend_info=info.serialize(),
+                            world_sizes=[c.world_size for c in wanted], started=started,
+                            command="python -m torch.distributed.run ... -m harness.external " + " ".join(argv))
+    assemble.judge(record, cells, ledger)
+    record.status = "complete" if all(c.id in latest for c in wanted) else "incomplete"
+    record.finished = runinfo.now()
     record.write(run_dir)
     write_all(record.serialize(), run_dir)
     return record
@@ -76,21 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--examples", type=int, default=0)
     parser.add_argument("--collective-timeout", type=float, default=300.0)
+    parser.add_argument("--ledger", default="auto", metavar="auto|none|FILE",
+                        help="known-defects ledger, as sweep's (default: auto)")
     parser.add_argument("--packing", choices=("on", "off"), default="on",
                         help="on: also the cells of every world size dividing this launch's, on sub-groups")
     args = parser.parse_args(argv)
     started = runinfo.now()
     try:
         plan = build_plan(args, int(os.environ.get("WORLD_SIZE", 1)))
-        load_backend(args.backend)
-    except (matrix.MatrixError, BackendError, UsageError) as exc:
+        info = describe(args.backend, load_backend(args.backend))
+        ledger = ledgers.choose(args.ledger, info.upstream, info.version)
+    except (matrix.MatrixError, BackendError, UsageError, ledgers.LedgerError) as exc:
         print(f"harness.external: error: {exc}", file=sys.stderr)
         return BAD_INPUT
     Path(plan["run_dir"]).mkdir(parents=True, exist_ok=True)
     code = worker.run(plan)
     if code == 0 and int(os.environ.get("RANK", 0)) == 0:
-        record = finish(plan, argv, started)
-        return 0 if all(record.cells) else 1
+        return gate.exit_code(finish(plan, argv, started, info, ledger).serialize())
     return code
 
 

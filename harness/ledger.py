@@ -528,7 +528,8 @@ def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool 
 
 
 def stale_message(entry_id: str, outcome: dict[str, Any]) -> str:
-    """The gate's line for a stale entry."""
+    """The gate's line for a stale entry (every output says it in these words)."""
     e = next(x for x in outcome["entries"] if x["id"] == entry_id)
+    where = outcome.get("path") or "the ledger"
     return (f"ledger entry {entry_id} ({e['upstream']}) no longer reproduces in any of the "
-            f"{len(e['selected'])} cell(s) it selects: delete it from {outcome['path']}")
+            f"{len(e.get('selected') or [])} cell(s) it selects: delete it from {where}")

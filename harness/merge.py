@@ -1,8 +1,9 @@
 """Joining the run folders of ``sweep --shard K/N`` into one run record.
 
 The shards must be one selection cut N ways: the same selection (preset, axis overrides,
-filter, examples, and the digest of its cell ids), backend, tolerance, ledger (whose stale
-entries only the merged record can tell) and harness version
+filter, examples, and the digest of its cell ids), backend, the code it judged (upstream
+version; a TE tree's commit, dirty state and its digest: ``harness.provenance``), tolerance,
+ledger (whose stale entries only the merged record can tell) and harness version
 (package version and commit), each shard exactly once. Anything else is refused before a
 record is written (exit 2), naming the shard that differs and how, or the shards missing.
 The joined record keeps every cell's verdict and every launch; its environment lists the
@@ -15,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import ledger as ledgers
-from harness import matrix, runinfo
+from harness import assemble, matrix, provenance, runinfo
 from harness.exitcodes import UsageError
 from harness.record import RunRecord, load
-from harness.sweep import unrun
 
 #: selection keys every shard must share (``shard`` itself differs by design)
 _SAME_SELECTION = ("preset", "overrides", "filter", "examples", "cells_total", "cells_digest")
@@ -39,7 +39,10 @@ def _identity(record: RunRecord) -> dict[str, Any]:
     """What must be equal across the shards of one sweep."""
     env = record.environment
     ledger = _ledger(record)
+    code = provenance.identity(record.serialize())
     return {"backend": record.backend, "tolerance": record.tolerance,
+            # the code judged: shards of another commit, dirty state or TE version are another sweep
+            "judged code": provenance.describe(code) if code.get("upstream") or code.get("tree") else None,
             # not its path: the shipped file sits wherever each shard's harness is installed
             "ledger": {k: v for k, v in ledger.serialize().items() if k != "path"} if ledger else None,
             "harness_version": env.get("harness_version"), "git_commit": env.get("git_commit"),
@@ -100,13 +103,11 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
     unknown = sorted(set(by_id) - {c.id for c in cells})
     if unknown:
         raise UsageError(f"a shard has cells outside its selection: {unknown[:3]}")
-    merged = [by_id[c.id] if c.id in by_id else unrun(c, "not run: no shard has a verdict for this cell")
+    merged = [by_id[c.id] if c.id in by_id else assemble.unrun(c, "not run: no shard has a verdict for this cell")
               for c in cells]
-    # the shards' ledger, judged over the whole selection: only now can an entry be stale
-    merged, outcome = ledgers.apply(merged, _ledger(first), required=first.selection.get("fixes"))
     complete = all(rec.status == "complete" for _, rec in runs) and len(by_id) == len(cells)
     failures = [f"shard {rec.selection['shard']['index']}: {rec.failure}" for _, rec in runs if rec.failure]
-    return RunRecord(
+    record = RunRecord(
         status="complete" if complete else "incomplete",
         started=min(rec.started for _, rec in runs), finished=runinfo.now(),
         # the shards ran side by side: the merged run took as long as its slowest shard
@@ -117,5 +118,6 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
              "status": rec.status, "duration_s": rec.duration_s, "cells": len(rec.cells)} for path, rec in runs]},
         selection={k: v for k, v in sel.items() if k not in ("shard",)} | {"merged_shards": len(runs)},
         tolerance=first.tolerance, world_sizes=sorted({ws for _, rec in runs for ws in rec.world_sizes}),
-        launches=[l for _, rec in runs for l in rec.launches], cells=merged,
-        failure="; ".join(failures) or None, ledger=outcome)
+        launches=[l for _, rec in runs for l in rec.launches], failure="; ".join(failures) or None)
+    # the shards' ledger, judged over the whole selection: only now can an entry be stale
+    return assemble.judge(record, merged, _ledger(first))

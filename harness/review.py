@@ -13,16 +13,21 @@ Per entry of the ledger:
 
 A *regression* is a cell that misses its expectation with a failure no reproducing entry
 explains (``harness.ledger.unexplained``): a newly broken cell, or a known cell with one more
-failure. The change is green when every entry it must fix is fixed here and there is no
-regression and no harness error; an entry fixed without being named is good news, never red.
+failure. The change is GREEN when every entry it must fix is fixed here, there is no
+regression and no harness error, and the record holds a verdict on every cell of the whole
+selection (``harness.gate.incomplete``: a shard, an interrupted or unfinished run can say RED,
+never GREEN; a merged record of every shard can). An entry fixed without being named is good
+news, never red.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from harness import gate, provenance
 from harness import ledger as ledgers
 from harness.record import CellResult
 from harness.status import HARNESS_ERROR
@@ -66,6 +71,8 @@ class Review:
     unfixed_ids: list[str] = field(default_factory=list)
     #: the TE tree under review (``harness.te_tree.Tree`` as recorded), if any
     tree: dict[str, Any] | None = None
+    #: why the record cannot judge its whole selection (``harness.gate.incomplete``), None: it can
+    incomplete: str | None = None
 
     @property
     def unfixed(self) -> list[EntryVerdict]:
@@ -73,11 +80,22 @@ class Review:
         return [e for e in self.entries if e.id in self.unfixed_ids]
 
     @property
-    def green(self) -> bool:
-        return not self.unfixed and not self.regressions and not self.harness_errors
+    def red(self) -> bool:
+        """Something this run saw is wrong: an entry not fixed, a regression, a harness error."""
+        return bool(self.unfixed or self.regressions or self.harness_errors)
 
-    def reasons(self) -> list[str]:
-        """One line per reason the change is red (empty when green)."""
+    @property
+    def green(self) -> bool:
+        return not self.red and self.incomplete is None
+
+    @property
+    def word(self) -> str:
+        """``GREEN``, ``RED``, or ``INCOMPLETE`` (nothing wrong seen, but not the whole selection)."""
+        return "GREEN" if self.green else "RED" if self.red else "INCOMPLETE"
+
+    def reasons(self, regressions: bool = True) -> list[str]:
+        """One line per reason the change is not green (empty when green); ``regressions=False``
+        leaves out the regressions, for a report that lists them with their repro lines."""
         out = [f"ledger entry {e.id} must be fixed by this change but is {e.verdict}"
                + (f" (reproduces in {e.reproduced} of {e.selected} cells)" if e.verdict == FAILING else
                   f" (its {e.selected} cell(s) all fail earlier, for another entry)" if e.selected and
@@ -85,9 +103,11 @@ class Review:
                   else "")
                for e in self.unfixed]
         out += [f"regression: {r.status} {r.cell}: {r.failures[0] if r.failures else 'no failure recorded'}"
-                for r in self.regressions]
+                for r in self.regressions if regressions]
         if self.harness_errors:
             out.append(f"{self.harness_errors} cell(s) hit a harness error: no verdict on them")
+        if self.incomplete:
+            out.append(f"not a verdict on the whole selection: {self.incomplete}")
         return out
 
     def serialize(self) -> dict[str, Any]:
@@ -101,11 +121,16 @@ def required_entries(patterns: Sequence[str], ledger: ledgers.Ledger) -> list[st
         ReviewError: a pattern matches no entry of the ledger.
     """
     ids = [e.id for e in ledger.entries]
+    if not patterns:
+        raise ReviewError(f"--fixes names no entry: give entry ids, globs over them or 'all' (ledger {ledger.name}: "
+                          f"{', '.join(ids)})")
     out: list[str] = []
     for p in patterns:
         hit = ids if p == "all" else [i for i in ids if fnmatch.fnmatchcase(i, p)]
         if not hit:
-            raise ReviewError(f"--fixes {p!r} names no entry of ledger {ledger.name} (entries: {', '.join(ids)})")
+            near = difflib.get_close_matches(p, ids, n=1)
+            hint = f" - did you mean {near[0]}?" if near else f" (entries: {', '.join(ids)})"
+            raise ReviewError(f"--fixes {p!r} names no entry of ledger {ledger.name}{hint}")
         out += [i for i in hit if i not in out]
     return out
 
@@ -125,8 +150,8 @@ def review(record: dict[str, Any]) -> Review | None:
     required = list(outcome.get("required") or [])
     entries = ledgers.Ledger.from_dict(outcome).entries
     rev = Review(ledger=outcome.get("path") or outcome.get("name", ""), required=required,
-                 unfixed_ids=list(outcome.get("unfixed") or []),
-                 tree=((record.get("environment") or {}).get("backend_info") or {}).get("extra", {}).get("te_tree"))
+                 unfixed_ids=list(outcome.get("unfixed") or []), tree=provenance.tree(record),
+                 incomplete=gate.incomplete(record))
     for e in outcome["entries"]:
         rev.entries.append(EntryVerdict(e["id"], e["upstream"], e["title"], _verdict(e), len(e.get("selected", [])),
                                         len(e.get("reproduced", [])), e["id"] in required))

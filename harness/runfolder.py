@@ -48,3 +48,24 @@ def read_text(path: Path) -> str:
 def exists(path: Path) -> bool:
     """Whether a launch file is there, plain or folded."""
     return path.exists() or path.with_name(path.name + ".gz").exists()
+
+
+#: what a run writes into its folder (the record, the result stream, the reports, the launches)
+RUN_FILES = ("results.json.gz", "results.json", "cells.jsonl", "cells.jsonl.gz", "cells.retired",
+             "report.html", "junit.xml", "summary.md", "selftest.json")
+RUN_FOLDERS = ("ranks", "logs", "plans")
+#: what makes a folder hold a run: a record or a result stream
+RUN_MARKERS = ("results.json.gz", "results.json", "cells.jsonl", "cells.retired")
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` already holds a run's verdicts (a record or a result stream)."""
+    return any((run_dir / name).exists() for name in RUN_MARKERS)
+
+
+def clear(run_dir: Path) -> None:
+    """Remove what an earlier run wrote into ``run_dir`` (``--force``); other files stay."""
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in RUN_FOLDERS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)

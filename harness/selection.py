@@ -10,10 +10,15 @@ from harness import matrix, shard, weights
 from harness.exitcodes import UsageError
 
 
+#: the preset a selection starts from when ``--preset`` is not given
+DEFAULT_PRESET = "ci"
+
+
 def add_selection(parser: argparse.ArgumentParser) -> None:
-    """``--preset``, one option per axis, ``--filter``."""
+    """``--preset``, one option per axis, ``--filter``, ``--cells``, ``--shard``: each with the
+    default None, so ``given`` can tell what the command line set."""
     g = parser.add_argument_group("selection")
-    g.add_argument("--preset", default="ci", help=f"cell preset: {', '.join(matrix.PRESETS)} (default: ci)")
+    g.add_argument("--preset", help=f"cell preset: {', '.join(matrix.PRESETS)} (default: {DEFAULT_PRESET})")
     for opt, axis in matrix.AXIS_OPTIONS.items():
         g.add_argument(opt, dest=f"axis_{axis}", metavar="V[,V...]",
                        help=f"restrict axis {axis} to these values: {matrix.values_help(axis)}")
@@ -25,6 +30,14 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
                         "--filter 'id == \"ID\" or \"TEXT\" in id'")
     g.add_argument("--shard", metavar="K/N", help="only shard K of N: a deterministic, cost-balanced "
                    "part of the selection (join the N run folders with `merge`)")
+
+
+def given(args: argparse.Namespace) -> list[str]:
+    """The selection options the command line set (``--preset smoke``, ``--dtypes bf16``, ...),
+    as their option strings: a resumed run takes its recorded selection, and says no to these."""
+    named = {"preset": "--preset", "filter_expr": "--filter", "cells": "--cells", "shard": "--shard",
+             **{f"axis_{axis}": opt for opt, axis in matrix.AXIS_OPTIONS.items()}}
+    return [opt for dest, opt in named.items() if getattr(args, dest, None) is not None]
 
 
 def overrides(args: argparse.Namespace) -> dict[str, tuple]:
@@ -70,15 +83,16 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     """
     ov = overrides(args)
     part = shard.Shard.parse(args.shard) if getattr(args, "shard", None) else None
+    preset = args.preset or DEFAULT_PRESET
     args.filter_expr = with_cells(args.filter_expr, getattr(args, "cells", None))
-    cells = matrix.select(args.preset, ov, args.filter_expr)
+    cells = matrix.select(preset, ov, args.filter_expr)
     if not cells:
-        raise UsageError(f"the selection is empty (preset={args.preset!r}, overrides={ov}, "
+        raise UsageError(f"the selection is empty (preset={preset!r}, overrides={ov}, "
                          f"filter={args.filter_expr!r})")
     why = weights.unavailable({c.weight for c in cells})
     if why is not None:
         raise UsageError(why)
-    sel = {"preset": args.preset, "overrides": {k: list(v) for k, v in ov.items()}, "filter": args.filter_expr}
+    sel = {"preset": preset, "overrides": {k: list(v) for k, v in ov.items()}, "filter": args.filter_expr}
     return apply_shard(cells, sel, part)
 
 

@@ -11,7 +11,7 @@ Order matters: it is the column order of every table and the order of the legend
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,9 @@ class Status:
         color: the report's colour for it (CSS).
         good: the cell met its expectation (a sweep with only good cells exits 0).
         bad: the backend or the harness went wrong (skipped cells are neither good nor bad).
-        severity: smaller is worse; summarising several cells shows the worst.
+        severity: smaller is worse; summarising several cells (or a cell's ranks,
+            ``harness.verdict``) shows the worst: a harness error says nothing of the backend,
+            then a rank that hung, one that raised, a check that failed.
     """
 
     name: str
@@ -42,9 +44,9 @@ TABLE: tuple[Status, ...] = (
     Status("xfail", "expected error met", "xf", "#0f7b8a", good=True, bad=False, severity=6),
     # every failure of the cell is explained by known-defect ledger entries (CONTRACTS §7)
     Status("known", "known defect", "kd", "#9a6700", good=True, bad=False, severity=5),
-    Status("fail", "fail", "\u2717", "#cf222e", good=False, bad=True, severity=1),
+    Status("fail", "fail", "\u2717", "#cf222e", good=False, bad=True, severity=3),
     Status("error", "error", "err", "#d4570b", good=False, bad=True, severity=2),
-    Status("timeout", "timeout", "t/o", "#8250df", good=False, bad=True, severity=3),
+    Status("timeout", "timeout", "t/o", "#8250df", good=False, bad=True, severity=1),
     # the harness itself failed on this cell (set-up or checking); never a verdict on the backend
     Status("harness_error", "harness error", "H!", "#6e7781", good=False, bad=True, severity=0),
     Status("skipped", "skipped", "skip", "#8c959f", good=False, bad=False, severity=4),
@@ -77,15 +79,3 @@ def counts_text(counts: dict[str, int]) -> str:
 def vocabulary() -> list[dict[str, Any]]:
     """The table as plain JSON, for the report page's JavaScript."""
     return [asdict(s) for s in TABLE]
-
-
-def run_exit_code(statuses: Iterable[str], stale: bool = False) -> int:
-    """The exit code of a run with these cell statuses: 3 when the harness failed on any
-    cell (a harness bug), 1 when any cell missed its expectation or a ledger entry is stale
-    (``stale``: it reproduces in none of its cells, CONTRACTS §7), else 0."""
-    from harness import exitcodes
-
-    seen = set(statuses)
-    if HARNESS_ERROR in seen:
-        return exitcodes.HARNESS_BUG
-    return exitcodes.OK if seen <= set(GOOD_STATUSES) and not stale else exitcodes.MISMATCH

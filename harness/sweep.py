@@ -9,7 +9,6 @@ marked ``incomplete``; ``resume`` reruns exactly the cells without a verdict in 
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import ledger as ledgers
-from harness import matrix, packing, runfolder, runinfo
+from harness import assemble, matrix, packing, runfolder, runinfo
 from harness.launch import LaunchFailure, LaunchOptions, launch_cells
 from harness.record import CellResult, RunRecord, load
 from harness.stream import ResultStream
@@ -29,7 +28,6 @@ class SweepSpec:
     backend: str
     run_dir: Path
     selection: dict[str, Any]
-    tolerance: dict[str, Any]
     argv: list[str]
     options: LaunchOptions
     resume: bool = False
@@ -88,15 +86,9 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         rerun = {c.id for c in todo}
         kept = [r for r in before.values() if r.id not in rerun]
         spec.on_resume([ledgers.judge(r, spec.ledger.entries if spec.ledger else ())[0] for r in kept], len(todo))
-    record = RunRecord(
-        status="incomplete", started=runinfo.now(), finished=None, duration_s=0.0,
-        command=shlex.join(["python", "-m", "harness", *spec.argv]), argv=list(spec.argv),
-        backend=spec.backend,
-        environment={**runinfo.environment(spec.options.device, (spec.backend_info or {}).get("torch")),
-                     **({"backend_info": spec.backend_info} if spec.backend_info else {})},
-        selection=spec.selection, tolerance=spec.tolerance,
-        world_sizes=sorted({c.world_size for c in spec.cells}),
-    )
+    record = assemble.start(backend=spec.backend, argv=spec.argv, selection=spec.selection,
+                            device=spec.options.device, backend_info=spec.backend_info,
+                            world_sizes=[c.world_size for c in spec.cells])
     if spec.resume:  # the launches so far stay on the record
         try:
             record.launches = load(run_dir).launches
@@ -116,11 +108,9 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         if final and len(cells) < total:
             # not ``latest.get(c.id) or ...``: a failing CellResult is falsy (``__bool__``)
             cells = [latest[c.id] if c.id in latest else
-                     unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
+                     assemble.unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
                      for c in spec.cells]
-        # a shard cannot tell a stale entry: it may reproduce in another shard (merge judges)
-        record.cells, record.ledger = ledgers.apply(cells, spec.ledger, judge_stale=not spec.selection.get("shard"),
-                                                    required=spec.selection.get("fixes"))
+        assemble.judge(record, cells, spec.ledger)
         record.duration_s = round(time.monotonic() - t0, 3)
         record.write(run_dir)
         return total - len(latest.keys() & order)
@@ -165,8 +155,3 @@ def retire(run_dir: Path, stream: ResultStream) -> None:
     stream.retire()
     shutil.rmtree(run_dir / "ranks", ignore_errors=True)
     runfolder.fold_launch_files(run_dir)
-
-
-def unrun(cell: matrix.Cell, why: str) -> CellResult:
-    """A cell the sweep never reached (interrupted): shown as skipped, rerun by --resume."""
-    return CellResult(cell.id, cell.serialize(), cell.expect, "skipped", first_failure=why)

@@ -16,6 +16,7 @@ No torch import here: the parent process validates trees with it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from dataclasses import asdict, dataclass
@@ -42,10 +43,17 @@ class Tree:
     """A TE source tree as the run record shows it."""
 
     path: str  #: absolute path of the tree's root (the folder holding ``transformer_engine/``)
-    commit: str | None  #: ``git rev-parse HEAD``; None when the tree is not a git checkout
-    dirty: bool | None  #: tracked files differ from ``commit`` (untracked ones do not count); None without git
+    commit: str | None  #: ``git rev-parse HEAD`` of the repository holding the tree; None without git
+    #: tracked files differ from ``commit``, or files git does not ignore are untracked (a new
+    #: module counts; Python's bytecode does not); None without git
+    dirty: bool | None
     version: str  #: ``build_tools/VERSION.txt`` (or ``transformer_engine/VERSION.txt``, ``PKG-INFO``), else "unknown"
     kind: str  #: "git" or "folder"
+    #: the tree's path inside its git repository when the repository's root is above it ("" at the root)
+    subdir: str | None = None
+    #: digest of the code under review: a git tree's uncommitted changes (diff and untracked
+    #: files), a plain folder's every file; two runs judged the same code when commit and state agree
+    state: str | None = None
 
     @property
     def package(self) -> Path:
@@ -71,6 +79,28 @@ class Tree:
 
     def serialize(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def identity(tree: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What makes two recorded trees the same code: commit, dirty state, its digest, version.
+    (Not the path: the same checkout may sit elsewhere on another CI machine.)"""
+    if not tree:
+        return None
+    return {k: tree.get(k) for k in ("commit", "dirty", "state", "version")}
+
+
+def describe(tree: dict[str, Any] | None) -> str:
+    """One line naming a recorded tree: ``/path at 1a2b3c4d5e6f (dirty), version 2.20.2``; the
+    tree's folder in its repository when that is not the root; ``(not a git checkout)``."""
+    if not tree:
+        return "the installed TE (no tree)"
+    if tree.get("commit"):
+        inside = f" in its repository's {tree['subdir']}/" if tree.get("subdir") else ""
+        state = f" (dirty, state {tree['state']})" if tree.get("dirty") else ""
+        at = f"{inside} at {tree['commit'][:12]}{state}"
+    else:
+        at = f" (not a git checkout{', state ' + tree['state'] if tree.get('state') else ''})"
+    return f"{tree.get('path')}{at}, version {tree.get('version')}"
 
 
 def read_version(root: Path) -> str:
@@ -101,15 +131,56 @@ def _git(root: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def _is_checkout_root(root: Path) -> bool:
-    """The tree is a git work tree's top level (not a folder inside some other repository)."""
+def _repository_root(root: Path) -> Path | None:
+    """The top level of the git work tree holding ``root`` (itself or a folder above), or None."""
     top = _git(root, "rev-parse", "--show-toplevel")
     if top is None or not top.strip():
-        return False
+        return None
     try:
-        return Path(top.strip()).resolve() == root.resolve()
+        return Path(top.strip()).resolve()
     except OSError:
-        return False
+        return None
+
+
+def _bytecode(path: str) -> bool:
+    """Python's caches, which importing a tree writes: never a change under review."""
+    return "__pycache__/" in path or path.endswith((".pyc", ".pyo"))
+
+
+def _git_state(root: Path) -> tuple[bool | None, str | None]:
+    """Whether the tree at ``root`` differs from its commit, and a digest of how: the diff of
+    tracked files and every untracked file git does not ignore (bytecode aside), limited to
+    the tree's own folder."""
+    diff = _git(root, "diff", "HEAD", "--binary", "--", ".")
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z", "--", ".")
+    if diff is None or untracked is None:
+        return None, None
+    new = sorted(p for p in untracked.split("\0") if p and not _bytecode(p))
+    if not diff and not new:
+        return False, None
+    h = hashlib.sha256(diff.encode())
+    for rel in new:
+        h.update(rel.encode() + b"\0")
+        try:
+            h.update(hashlib.sha256((root / rel).read_bytes()).digest())
+        except OSError:
+            pass
+    return True, h.hexdigest()[:16]
+
+
+def _folder_state(root: Path) -> str:
+    """A digest of every file of a plain folder's ``transformer_engine`` package (and its
+    version files): the only identity an unpacked sdist or a patched copy has."""
+    h = hashlib.sha256()
+    files = sorted(p for p in (root / "transformer_engine").rglob("*") if p.is_file())
+    files += [root / rel for rel in VERSION_FILES + (Path("PKG-INFO"),) if (root / rel).is_file()]
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        if _bytecode(rel):
+            continue
+        h.update(rel.encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def inspect(path: str | os.PathLike[str]) -> Tree:
@@ -129,12 +200,14 @@ def inspect(path: str | os.PathLike[str]) -> Tree:
             hint = f" (this looks like the transformer_engine package itself: give its parent {str(root.parent)!r})"
         raise TreeError(f"{str(root)!r} has no {MARKER.as_posix()}: expected {EXPECTED}{hint}")
     version = read_version(root)
-    if _is_checkout_root(root):
-        commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
-        status = _git(root, "status", "--porcelain", "--untracked-files=no")
-        dirty = bool(status.strip()) if status is not None else None
-        return Tree(path=str(root), commit=commit, dirty=dirty, version=version, kind="git")
-    return Tree(path=str(root), commit=None, dirty=None, version=version, kind="folder")
+    top = _repository_root(root)
+    commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None if top is not None else None
+    if commit is not None:
+        dirty, state = _git_state(root)
+        subdir = root.relative_to(top).as_posix() if root != top else ""
+        return Tree(path=str(root), commit=commit, dirty=dirty, version=version, kind="git",
+                    subdir=subdir or None, state=state)
+    return Tree(path=str(root), commit=None, dirty=None, version=version, kind="folder", state=_folder_state(root))
 
 
 def from_env() -> Tree | None:
@@ -147,4 +220,4 @@ def from_env() -> Tree | None:
     return inspect(value) if value else None
 
 
-__all__ = ["ENV", "EXPECTED", "Tree", "TreeError", "inspect", "from_env", "read_version"]
+__all__ = ["ENV", "EXPECTED", "Tree", "TreeError", "describe", "identity", "inspect", "from_env", "read_version"]

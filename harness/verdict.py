@@ -7,22 +7,18 @@ from typing import Any, Sequence
 
 from harness.matrix import Cell
 from harness.record import CellResult, RankResult
-from harness.status import HARNESS_ERROR
+from harness.status import BY_NAME, HARNESS_ERROR, SEVERITY
 
 
 def cell_status(ranks: Sequence[RankResult]) -> str:
-    """harness_error > timeout > error > fail > (all xfail: xfail) > pass; a pass/xfail mix
-    is a fail (ranks disagree). A harness error on any rank makes the cell one: what the
-    other ranks saw is not a verdict on the backend then."""
+    """The cell's status from its ranks': all ranks agreeing on a good status give it;
+    otherwise the worst bad one by ``harness.status.SEVERITY`` (harness_error > timeout >
+    error > fail: a harness error on any rank means what the others saw is no verdict on the
+    backend); ranks that disagree without a bad status (pass and xfail) make a ``fail``."""
     statuses = {r.status for r in ranks}
-    for s in (HARNESS_ERROR, "timeout", "error", "fail"):
-        if s in statuses:
-            return s
-    if statuses == {"xfail"}:
-        return "xfail"
-    if statuses == {"pass"}:
-        return "pass"
-    return "fail"
+    if len(statuses) == 1 and BY_NAME[next(iter(statuses))].good:
+        return next(iter(statuses))
+    return next((s for s in SEVERITY if s in statuses and BY_NAME[s].bad), "fail")
 
 
 def first_failure(ranks: Sequence[RankResult]) -> str | None:

@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from harness import matrix
-from harness.backends import RANK_PRELOAD, load_backend, resolve
+from harness import te_tree
+from harness.backends import RANK_PRELOAD, foreign_te_modules, load_backend, resolve, split_tree
 from harness.inputs import Example
 from harness.packing import Lane
 from harness.record import CellResult, RankResult, kind_ratios
@@ -84,11 +85,29 @@ class RankReport:
             f.flush()
 
 
-def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Example | None) -> RankResult:
+def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Example | None,
+                 tree: te_tree.Tree | None = None) -> RankResult:
+    known = len(sys.modules)
     try:
-        return run_cell(backend, cell, ctx, example)
+        result = run_cell(backend, cell, ctx, example)
     except Exception as exc:  # run_cell itself broke: a harness bug, still a recorded result
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(exc))
+    if tree is not None and len(sys.modules) != known:
+        _prove_tree_origin(result, tree)
+    return result
+
+
+def _prove_tree_origin(result: RankResult, tree: te_tree.Tree) -> None:
+    """A cell of a tree run judged the tree only if every TransformerEngine module it
+    imported came from the tree (the backend's load proved it for what it imported then);
+    otherwise its verdict is about other code: no verdict on the tree (a harness error)."""
+    foreign = foreign_te_modules(tree)
+    if foreign:
+        name, file = foreign[0]
+        why = (f"the cell imported {name} from {file}, not from the TE tree {tree.path}: "
+               "its verdict would not be about the tree")
+        result.status, result.error = HARNESS_ERROR, {"type": "TreeOrigin", "message": why, "traceback": why,
+                                                      "phase": "tree origin"}
 
 
 def lanes_of(plan: dict[str, Any], world: int) -> list[Lane]:
@@ -127,7 +146,7 @@ def _lane_groups(lanes: list[Lane], rank: int, world: int, control: Any, timeout
 
 def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: TextIO,
            tag: str) -> tuple[torch.device, dict[tuple[int, ...], tuple[Any, Any]],
-                              list[tuple[str, matrix.Cell]], dict[str, Any]]:
+                              list[tuple[str, matrix.Cell]], tuple[dict[str, Any], dict[str, te_tree.Tree]]]:
     """Process group, lane groups, stack dumps, agreed cells, loaded backends."""
     torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
     device, pg_backend = _device(plan.get("device", "auto"), local_rank)
@@ -150,12 +169,14 @@ def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: Te
     if len(set(digests)) != 1:
         raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
+    # the trees whose TE every cell must keep importing from (load_backend proved the load's)
+    trees = {spec: te_tree.inspect(path) for spec in backends if (path := split_tree(spec)[1]) is not None}
     # What the imports built lives as long as the rank: moved out of the collector's view,
     # a full collection (the live-gather check runs one per suspect step) scans only what
     # the cells allocate - 0.3 s a collection with TE and triton loaded, a few ms after.
     gc.freeze()
     groups = _lane_groups(lanes_of(plan, world), rank, world, control, timeout, pg_backend)
-    return device, groups, tasks, backends
+    return device, groups, tasks, (backends, trees)
 
 
 def run(plan: dict[str, Any]) -> int:
@@ -208,8 +229,8 @@ def _await_verdicts(stream: ResultStream, plan: dict[str, Any], offset: int, pol
 
 
 def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: list[tuple[str, matrix.Cell]],
-              backends: dict[str, Any], device: torch.device, rank: int, report: RankReport,
-              stream: ResultStream, tag: str) -> None:
+              backends: tuple[dict[str, Any], dict[str, te_tree.Tree]], device: torch.device, rank: int,
+              report: RankReport, stream: ResultStream, tag: str) -> None:
     """This rank's part of one lane: its cells in order, each merged over the lane's ranks
     and appended to the stream by the lane's first rank."""
     group, control = groups
@@ -218,16 +239,17 @@ def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: 
     example = Example.from_dict(plan["example"]) if plan.get("example") else None
     ctx = RankContext(lane.ranks.index(rank), size, device, group)
     modules = len(sys.modules)
+    loaded, trees = backends
     for i in lane.tasks:
         spec, cell = tasks[i]
-        backend = backends[spec]
+        backend = loaded[spec]
         print(f"{tag} {time.time():.3f} start {i + 1}/{len(tasks)} {cell.id} [{spec}] lane {list(lane.ranks)}",
               flush=True)
         t0 = time.perf_counter()
 
         def run_agreed(ex: Example | None) -> CellResult:
             """Run on this rank, then fold every lane rank's result (all of them get the verdict)."""
-            result = _run_guarded(backend, cell, ctx, ex)
+            result = _run_guarded(backend, cell, ctx, ex, trees.get(spec))
             if device.type == "cuda" and result.status not in ("error", HARNESS_ERROR):
                 torch.cuda.synchronize()
             report.append("result", i=i, backend=spec, cell=cell.id, result=result.serialize())

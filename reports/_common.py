@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable
+from typing import Any
 
 # the one status vocabulary (harness.status is tiny and imports nothing heavy)
-from harness.status import BAD_STATUSES, GOOD_STATUSES, SEVERITY, STATUS_LABELS, STATUSES, counts_text  # noqa: E402,F401
+from harness import gate
+from harness import ledger
+from harness.status import BAD_STATUSES, GOOD_STATUSES, STATUS_LABELS, STATUSES, counts_text  # noqa: E402,F401
 
 # Characters XML 1.0 forbids (everything below 0x20 except tab/newline/CR, lone surrogates,
 # U+FFFE/U+FFFF). The same filter keeps terminals and markdown renderers sane.
@@ -21,16 +23,6 @@ _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]
 def clean_text(s: Any) -> str:
     """``str(s)`` minus characters that are illegal in XML 1.0 (and invisible anyway)."""
     return _ILLEGAL_XML.sub("\ufffd", "" if s is None else str(s))
-
-
-def worst_status(statuses: Iterable[str]) -> str | None:
-    """The most severe status among ``statuses`` (unknown statuses rank as ``error``)."""
-    rank = {s: i for i, s in enumerate(SEVERITY)}
-    best: str | None = None
-    for s in statuses:
-        if best is None or rank.get(s, 1) < rank.get(best, 1):
-            best = s
-    return best
 
 
 def ratio_key(r: Any) -> float:
@@ -77,15 +69,9 @@ def fmt_duration(s: Any) -> str:
 
 
 def verdict(record: dict[str, Any]) -> str:
-    """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges. A stale ledger
-    entry fails the run as a failing cell does (its exit code is 1, CONTRACTS §7), and so does,
-    under review (``sweep --fixes``), a required entry that is not fixed here."""
-    counts = counts_of(record)
-    bad = sum(n for s, n in counts.items() if s not in GOOD_STATUSES)
-    if record.get("status") == "incomplete":
-        return "INCOMPLETE"
-    unfixed = (record.get("ledger") or {}).get("unfixed")
-    return "FAIL" if bad or stale_entries(record) or unfixed else "PASS"
+    """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges, by the gate's rule
+    (``harness.gate``: a stale or unfixed ledger entry fails the run as a failing cell does)."""
+    return gate.word(record)
 
 
 def counts_of(record: dict[str, Any]) -> dict[str, int]:
@@ -170,9 +156,7 @@ def entry_state(e: dict[str, Any], judged: bool = True) -> str:
 
 def stale_line(e: dict[str, Any], record: dict[str, Any]) -> str:
     """What the gate says about a stale entry: a fix landed, delete the entry."""
-    where = (record.get("ledger") or {}).get("path") or "the ledger"
-    return (f"ledger entry {e.get('id')} ({e.get('upstream')}) no longer reproduces in any of the "
-            f"{len(e.get('selected') or [])} cell(s) it selects: delete it from {where}")
+    return ledger.stale_message(e["id"], record.get("ledger") or {})
 
 
 def known_refs(cell: dict[str, Any], record: dict[str, Any]) -> list[str]:

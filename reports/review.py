@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from harness import provenance, te_tree
 from harness import review as reviews
 
 ICON = {reviews.FIXED: "✅", reviews.FAILING: "❌", reviews.NOT_EXERCISED: "⚪"}
@@ -15,28 +16,33 @@ ICON = {reviews.FIXED: "✅", reviews.FAILING: "❌", reviews.NOT_EXERCISED: "�
 
 def of(record: dict[str, Any]) -> reviews.Review | None:
     """The record's review, when it is one (a required list, or a tree under review)."""
-    tree = ((record.get("environment") or {}).get("backend_info") or {}).get("extra", {}).get("te_tree")
-    if (record.get("ledger") or {}).get("required") is None and not tree:
+    if (record.get("ledger") or {}).get("required") is None and not provenance.tree(record):
         return None
     return reviews.review(record)
 
 
 def headline(rev: reviews.Review) -> str:
+    """``GREEN: 2 of 2 required entries fixed here, 0 regression(s)`` (or RED, INCOMPLETE)."""
     if not (rev.required or rev.regressions or rev.harness_errors):
         return "no entry required (sweep --fixes names them)"
-    word = "GREEN" if rev.green else "RED"
     fixed = sum(e.required and e.verdict == reviews.FIXED for e in rev.entries)
-    return (f"{word}: {fixed} of {len(rev.required)} required entries fixed here, "
+    return (f"{rev.word}: {fixed} of {len(rev.required)} required entries fixed here, "
             f"{len(rev.regressions)} regression(s)" + (f", {rev.harness_errors} harness error(s)"
                                                        if rev.harness_errors else ""))
 
 
 def tree_line(rev: reviews.Review) -> str | None:
-    t = rev.tree
-    if not t:
-        return None
-    at = f" at {t['commit'][:12]}{' (dirty)' if t.get('dirty') else ''}" if t.get("commit") else " (not a git checkout)"
-    return f"{t.get('path')}{at}, version {t.get('version')}"
+    """The tree under review in one line (``harness.te_tree.describe``), None without one."""
+    return te_tree.describe(rev.tree) if rev.tree else None
+
+
+def code_lines(record: dict[str, Any]) -> list[str]:
+    """What code the run judged beyond the backend's name: the tree, where the compiled part
+    came from, and the warning a tree run with another install's build must carry."""
+    tree = provenance.tree(record)
+    lines = [f"TE tree under review: {te_tree.describe(tree)}"] if tree else []
+    lines += [line for line in (provenance.compiled_line(record), provenance.foreign_build_warning(record)) if line]
+    return lines
 
 
 def _md(s: Any) -> str:
@@ -48,8 +54,9 @@ def markdown(record: dict[str, Any]) -> str:
     if rev is None:
         return ""
     out = [f"\n### Review: {headline(rev)}\n\n"]
-    if tree_line(rev):
-        out.append(f"TE tree under review: `{tree_line(rev)}`\n\n")
+    out += [f"{_md(line)}\n\n" for line in code_lines(record)]
+    if not rev.green:
+        out += [f"- {_md(line)}\n" for line in rev.reasons(regressions=False)] + ["\n"]
     out.append("| entry | upstream | required | verdict | selected | reproduced in |\n|---|---|:-:|---|---:|---:|\n")
     for e in rev.entries:
         out.append(f"| `{e.id}` | {_md(e.upstream)} | {'yes' if e.required else ''} | {ICON[e.verdict]} {e.verdict} "
@@ -77,7 +84,9 @@ def html(record: dict[str, Any]) -> str:
         f'{ICON[e.verdict]} {e_(e.verdict)}</td><td>{e.selected}</td><td>{e.reproduced}</td></tr>' for e in rev.entries)
     regs = "".join(f'<li><span class="mono">{e_(r.cell)}</span> ({e_(r.status)}): '
                    f'{e_(r.failures[0] if r.failures else "")}</li>' for r in rev.regressions[:50])
-    tree = f'<p>TE tree under review: <span class="mono">{e_(tree_line(rev))}</span></p>' if tree_line(rev) else ""
+    tree = "".join(f'<p class="mono">{e_(line)}</p>' for line in code_lines(record))
+    if not rev.green:
+        tree += "<ul>" + "".join(f"<li>{e_(line)}</li>" for line in rev.reasons(regressions=False)) + "</ul>"
     return ('<section class="card" id="review"><h2>Review</h2>'
             f'<p class="{cls}"><b>{e_(headline(rev))}</b></p>{tree}'
             '<table class="plain"><tr><th>entry</th><th>upstream</th><th></th><th>verdict</th><th>selected</th>'

@@ -7,6 +7,7 @@ import datetime
 import os
 from pathlib import Path
 
+from harness import runfolder
 from harness.exitcodes import UsageError
 
 
@@ -19,7 +20,7 @@ def add_run(parser: argparse.ArgumentParser, prefix: str = "run") -> None:
                    help="import TransformerEngine from this source tree (a git checkout, an unpacked "
                         "sdist, or a `patch-te` folder) instead of the installed one; the same as "
                         "--backend SPEC@PATH")
-    g.add_argument("--out", type=Path, help=f"run folder (default: runs/{prefix}-<timestamp>)")
+    add_out(g, prefix)
     add_timeout_and_device(g)
     g.add_argument("--ledger", default="auto", metavar="auto|none|FILE",
                    help="known-defects ledger: auto (the one shipped for the backend's upstream "
@@ -82,9 +83,28 @@ def add_timeout_and_device(g: argparse._ActionsContainer) -> None:
                    help="auto: CUDA + NCCL when present, else CPU + gloo")
 
 
+def add_out(g: argparse._ActionsContainer, prefix: str, what: str = "run folder") -> None:
+    """``--out DIR`` and ``--force`` (a folder that holds a run is never silently replaced)."""
+    g.add_argument("--out", type=Path, help=f"{what} (default: runs/{prefix}-<timestamp>); a folder that "
+                   "already holds a run is refused unless --force")
+    g.add_argument("--force", action="store_true",
+                   help="with --out: replace the run the folder holds (its record, stream, reports and logs)")
+
+
 def run_dir(args: argparse.Namespace, prefix: str = "run") -> Path:
-    """The run folder, created and proven writable (bad input otherwise)."""
+    """The run folder, created and proven writable (bad input otherwise).
+
+    Raises:
+        UsageError: ``--out`` names a folder that already holds a run (a record or a result
+            stream) and neither ``--force`` nor ``--resume`` says what to do with it.
+    """
     path = args.out or Path("runs") / f"{prefix}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+    if args.out and not getattr(args, "resume", None) and runfolder.holds_run(path):
+        if not getattr(args, "force", False):
+            resume = " continue it with `sweep --resume DIR`, or" if prefix == "run" else ""
+            raise UsageError(f"--out {str(path)!r} already holds a run:{resume} choose another folder, or pass "
+                             "--force to replace it")
+        runfolder.clear(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-probe"

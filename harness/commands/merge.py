@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.commands import _options
-from harness.commands.sweep import gate, summary, write_reports
+from harness.commands import _options, _outcome
 from harness.merge import merge
 
 
@@ -14,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("merge", help="join the run folders of a sharded sweep (sweep --shard K/N) "
                        "into one run record and its reports")
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="the shards' run folders, all N")
-    p.add_argument("--out", type=Path, help="run folder of the merged record (default: runs/merged-<timestamp>)")
+    _options.add_out(p, "merged", "run folder of the merged record")
     p.set_defaults(func=run)
 
 
@@ -22,9 +21,6 @@ def run(args: argparse.Namespace) -> int:
     record = merge(args.runs, args.argv)  # refuses (exit 2) before anything is written
     run_dir = _options.run_dir(args, prefix="merged")
     path = record.write(run_dir)
-    paths = write_reports(record, run_dir)
-    print(summary(record))
-    print(f"\nrun record: {path} ({record.selection['merged_shards']} shards, {record.status})")
-    for kind, p in paths.items():
-        print(f"{kind}: {p}")
-    return gate(record)
+    paths = _outcome.write_reports(record, run_dir)
+    return _outcome.conclude(record, f"run record: {path} ({record.selection['merged_shards']} shards, "
+                             f"{record.status})", paths)

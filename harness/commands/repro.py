@@ -10,7 +10,8 @@ from harness.commands import _options
 from harness.shape import Example
 from harness.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
-from harness.status import label, run_exit_code
+from harness.gate import statuses_exit_code
+from harness.status import label
 from harness.stream import ResultStream
 
 
@@ -94,4 +95,4 @@ def run(args: argparse.Namespace) -> int:
         refs = {e.id: e for e in ledger.entries}
         print("known defect: " + "; ".join(f"{i} ({refs[i].upstream}): {refs[i].title}" for i in res.known))
     print(f"rank logs: {run_dir / 'logs'}")
-    return run_exit_code([res.status])
+    return statuses_exit_code([res.status])

@@ -7,11 +7,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from harness import exitcodes, preflight, runfolder, runinfo, selection, tolerance
+from harness import assemble, exitcodes, gate, preflight, runfolder, runinfo, selection
 from harness.commands import _options
 from harness.shape import Example
 from harness.launch import LaunchOptions
-from harness.record import CellResult, RunRecord
+from harness.record import CellResult
 from harness.selftest import CLEAN, run_selftest, table, write
 
 
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("selftest", help="prove the harness kills every known fault class "
                        "(docs/fault-classes.md) with zero false alarms")
     selection.add_selection(p)
-    p.add_argument("--out", type=Path, help="run folder (default: runs/selftest-<timestamp>)")
+    _options.add_out(p, "selftest", "run folder")
     _options.add_timeout_and_device(p)
     p.add_argument("--examples", type=int, default=0, metavar="N",
                    help="hunt for false alarms: N hypothesis-drawn shapes per cell on the clean reference")
@@ -50,11 +50,10 @@ def run(args: argparse.Namespace) -> int:
     sel["clean_examples"] = args.examples
     result = run_selftest(cells, opts, progress, clean_examples=args.examples)
     write(result, run_dir / "selftest.json")
-    record = RunRecord(status="complete", started=started, finished=runinfo.now(), duration_s=result.duration_s,
-                       command="python -m harness " + " ".join(args.argv), argv=args.argv, backend=CLEAN,
-                       environment=runinfo.environment(args.device, info.torch), selection=sel,
-                       tolerance=tolerance.policy(), world_sizes=sorted({c.world_size for c in cells}),
-                       cells=result.clean)
+    record = assemble.start(backend=CLEAN, argv=args.argv, selection=sel, device=args.device,
+                            backend_info=info.serialize(), world_sizes=[c.world_size for c in cells], started=started)
+    assemble.judge(record, result.clean, None)
+    record.status, record.finished, record.duration_s = "complete", runinfo.now(), result.duration_s
     record.write(run_dir)
     from harness.reports import write_all
 
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nselftest record: {run_dir / 'selftest.json'} (done in {result.duration_s:.0f}s)")
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    if result.harness_errors:
+    if gate.exit_code(record.serialize()) == exitcodes.HARNESS_BUG:
         print(f"dw-harness: selftest: the harness failed on {result.harness_errors} clean cell(s) (status "
               "harness_error, a harness bug); see the report", file=sys.stderr)
         return exitcodes.HARNESS_BUG

@@ -9,14 +9,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import exitcodes, matrix, preflight, recordfile, review, selection, shard, tolerance
-from harness import ledger as ledger_mod
+from harness import exitcodes, matrix, preflight, recordfile, review, selection, shard
 from harness.backends import split_tree
-from harness.commands import _options
+from harness.commands import _options, _outcome
 from harness.shape import Example
 from harness.launch import LaunchOptions
 from harness.record import CellResult, RunRecord, load
-from harness.status import HARNESS_ERROR, STATUSES, counts_text, label, run_exit_code
+from harness.status import counts_text, label
 from harness.sweep import SweepSpec, run_sweep
 
 
@@ -28,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue a run: only the cells without a verdict in its result stream run")
     p.add_argument("--rerun-failed", action="store_true",
                    help="with --resume: also rerun the cells whose verdict missed their expectation")
-    p.add_argument("--examples", type=int, default=0, metavar="N",
+    p.add_argument("--examples", type=int, metavar="N",
                    help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
                         "shrunk to its smallest example")
     p.add_argument("--fixes", metavar="ENTRY[,ENTRY...]",
@@ -96,88 +95,18 @@ class Progress:
             print(("\n" if self.tty else "") + f"          ... {what}", flush=True)
 
 
-def summary(record: RunRecord) -> str:
-    counts = record.counts
-    per: dict[str, Counter] = {}
-    for c in record.cells:
-        per.setdefault(c.axes["module"], Counter())[c.status] += 1
-    w = max([len("module")] + [len(m) for m in per])
-    cols = [max(len(label(s)), 5) for s in STATUSES]
-    lines = [f"{'module':{w}} " + " ".join(f"{label(s):>{c}}" for s, c in zip(STATUSES, cols))]
-    for mod, cnt in [*per.items(), ("total", counts)]:
-        lines.append(f"{mod:{w}} " + " ".join(f"{cnt.get(s, 0):>{c}}" for s, c in zip(STATUSES, cols)))
-    if record.ledger:
-        lines.append("")
-        lines.append(f"ledger {record.ledger['path']}:")
-        idw = max(len(e["id"]) for e in record.ledger["entries"]) if record.ledger["entries"] else 0
-        for e in record.ledger["entries"]:
-            state = ("STALE: no longer reproduces" if e["stale"] else
-                     f"{len(e['known_cells'])} known, reproduced in {len(e['reproduced'])}/{len(e['selected'])} "
-                     "selected cell(s)" if e["selected"] else "selects no cell of this run")
-            mark = "*" if e.get("required") else " "
-            lines.append(f" {mark}{e['id']:{idw}} {e['upstream']:20} {e.get('verdict', ''):14} {state}")
-        rev = review.review(record.serialize())
-        if rev is not None and (rev.required or rev.tree):
-            lines += [""] + review_lines(rev)
-    bad = [c for c in record.cells if not c]
-    if bad:
-        lines.append("")
-        lines.append(f"{len(bad)} cell(s) did not meet their expectation:")
-        for c in bad[:20]:
-            lines.append(f"  {label(c.status).upper():7} {c.id}\n          {c.first_failure}\n          repro: {c.repro}")
-        if len(bad) > 20:
-            lines.append(f"  ... and {len(bad) - 20} more (see the report)")
-    return "\n".join(lines)
-
-
-def review_lines(rev: review.Review) -> list[str]:
-    """The review's verdict: the tree, GREEN or RED with every reason, the entries fixed here."""
-    out = []
-    if rev.tree:
-        t = rev.tree
-        state = "" if t.get("commit") is None else f" at {t['commit'][:12]}{' (dirty)' if t.get('dirty') else ''}"
-        out.append(f"TE tree under review: {t.get('path')}{state}, version {t.get('version')}")
-    fixed = [e.id for e in rev.entries if e.verdict == review.FIXED]
-    if rev.required:
-        word = "GREEN" if rev.green else "RED"
-        out.append(f"review {word}: {sum(e.required and e.verdict == review.FIXED for e in rev.entries)} of "
-                   f"{len(rev.required)} required entries fixed here, {len(rev.regressions)} regression(s)"
-                   + (f", {rev.harness_errors} harness error(s)" if rev.harness_errors else ""))
-        out += [f"  {line}" for line in rev.reasons()[:20]]
-    elif rev.regressions:
-        out.append(f"{len(rev.regressions)} cell(s) fail without a ledger entry (regressions)")
-    bonus = [i for i in fixed if i not in rev.required]
-    if bonus:
-        out.append(f"also fixed here (not required): {', '.join(bonus)}")
-    return out
-
-
-def gate(record: RunRecord) -> int:
-    """The run's exit code; says which ledger entries are stale, and under review which
-    required entries are not fixed (each fails the gate)."""
-    for entry_id in record.stale_entries:
-        print(f"dw-harness: {ledger_mod.stale_message(entry_id, record.ledger)}", file=sys.stderr)
-    verdicts = {e["id"]: e["verdict"] for e in (record.ledger or {}).get("entries", [])}
-    for entry_id in record.unfixed_entries:
-        print(f"dw-harness: ledger entry {entry_id} must be fixed by this change but is {verdicts[entry_id]}",
-              file=sys.stderr)
-    return run_exit_code((c.status for c in record.cells),
-                         stale=bool(record.stale_entries or record.unfixed_entries))
-
-
-def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
-    """Render every report from the run record alone; a report failure never loses results."""
-    from harness.reports import write_all
-
-    try:
-        return write_all(record.serialize(), run_dir)
-    except Exception as exc:  # report rendering must not hide the verdict
-        print(f"dw-harness: warning: report rendering failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return {}
-
-
 def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict]:
-    """The recorded selection, backend and options of the run folder ``args.resume``."""
+    """The recorded selection, backend and options of the run folder ``args.resume``.
+
+    Raises:
+        UsageError: the command line also selects cells (a resumed run is the recorded
+            selection: options that would change it are refused, not dropped), or the folder
+            holds no readable record.
+    """
+    extra = selection.given(args) + ["--examples"] * (args.examples is not None)
+    if extra:
+        raise exitcodes.UsageError(f"--resume continues the recorded selection; drop {', '.join(extra)} "
+                                   "(or start a new run with --out)")
     try:
         previous = load(args.resume)
     except (OSError, ValueError) as exc:
@@ -210,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rerun_failed and not args.resume:
         raise exitcodes.UsageError("--rerun-failed needs --resume RUN_DIR")
     cells, sel = _resumed_selection(args) if args.resume else selection.select(args)
+    if args.examples is None:
+        args.examples = 0
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     _options.check_timeout(args.cell_timeout)
@@ -234,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples, on_wait=progress.waiting)
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
-                     tolerance=tolerance.policy(info.fp32_gemm), argv=args.argv, options=opts,
+                     argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,
                      backend_info=info.serialize(), packing=args.packing == "on",
                      slots=preflight.gpu_slots(args.device, info.torch), ledger=ledger, on_resume=progress.resuming)
@@ -250,17 +181,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # also on Ctrl-C or a launch failure: render what is there, marked incomplete
         try:
-            paths = write_reports(load(run_dir), run_dir)
+            paths = _outcome.write_reports(load(run_dir), run_dir)
         except (OSError, ValueError):
             paths = {}
-    print()
-    print(summary(record))
-    print(f"\nrun record: {recordfile.path_in(run_dir)}")
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
-    code = gate(record)
-    if code == exitcodes.HARNESS_BUG:
-        n = sum(c.status == HARNESS_ERROR for c in record.cells)
-        print(f"dw-harness: {n} cell(s) hit a harness bug (status {HARNESS_ERROR}: not a verdict on the "
-              "backend); please report it with the traceback in the report or the rank logs", file=sys.stderr)
-    return code
+    return _outcome.conclude(record, f"run record: {recordfile.path_in(run_dir)}", paths)

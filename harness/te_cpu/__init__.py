@@ -83,6 +83,8 @@ def describe() -> dict[str, Any]:
         "cuda_sites_answered": len(CUDA_SITES),
         # the source tree TE was imported from (path, commit, dirty, version, kind), None: the wheel
         "te_tree": TE_TREE.serialize() if TE_TREE is not None else None,
+        # TE's compiled extension is this package's CPU layer, never a build (harness.provenance)
+        "compiled": {"kind": "te-cpu", "path": None},
     }
 
 

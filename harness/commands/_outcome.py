@@ -1,0 +1,37 @@
+"""How a command that judged cells ends (``sweep``, ``merge``): the reports written from the
+record, the end-of-run text, and the gate's exit code with its lines on the error stream."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness import gate
+from harness.record import RunRecord
+
+
+def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
+    """Render every report from the run record alone; a report failure never loses results."""
+    from harness.reports import write_all
+
+    try:
+        return write_all(record.serialize(), run_dir)
+    except Exception as exc:  # report rendering must not hide the verdict
+        print(f"dw-harness: warning: report rendering failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return {}
+
+
+def conclude(record: RunRecord, record_line: str, paths: dict[str, Path]) -> int:
+    """Print the run's summary, where its record and reports are, the gate's lines; return
+    the exit code (``harness.gate``)."""
+    from harness.reports import terminal
+
+    data = record.serialize()
+    print()
+    print(terminal.summary(data))
+    print(f"\n{record_line}")
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    for line in gate.messages(data):
+        print(f"dw-harness: {line}", file=sys.stderr)
+    return gate.exit_code(data)

@@ -1,0 +1,68 @@
+"""What ``sweep`` and ``merge`` print when a run ends: counts per module and status, the
+ledger's entries, the review's verdict and the cells that missed their expectation (a pure
+function of the record, like every report)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from harness.review import FIXED
+from harness.status import GOOD_STATUSES, STATUSES, label
+
+from . import review
+from ._common import counts_of, entry_state, failing_messages
+
+#: how many failing cells the terminal lists (the report has them all)
+LISTED = 20
+
+
+def summary(record: dict[str, Any]) -> str:
+    """The end-of-run text: the status table, the ledger, the review, the failing cells."""
+    per: dict[str, Counter] = {}
+    for c in record.get("cells") or []:
+        per.setdefault(c["axes"]["module"], Counter())[c["status"]] += 1
+    w = max([len("module")] + [len(m) for m in per])
+    cols = [max(len(label(s)), 5) for s in STATUSES]
+    lines = [f"{'module':{w}} " + " ".join(f"{label(s):>{c}}" for s, c in zip(STATUSES, cols))]
+    for mod, cnt in [*per.items(), ("total", counts_of(record))]:
+        lines.append(f"{mod:{w}} " + " ".join(f"{cnt.get(s, 0):>{c}}" for s, c in zip(STATUSES, cols)))
+    outcome = record.get("ledger")
+    if outcome:
+        lines += ["", f"ledger {outcome['path']}:"]
+        entries = outcome.get("entries") or []
+        idw = max((len(e["id"]) for e in entries), default=0)
+        judged = outcome.get("judged_stale", True)
+        for e in entries:
+            mark = "*" if e.get("required") else " "
+            lines.append(f" {mark}{e['id']:{idw}} {e['upstream']:20} {e.get('verdict', ''):14} "
+                         f"{entry_state(e, judged)}")
+    rev = review.of(record)
+    if rev is not None:
+        lines += [""] + review_lines(rev, record)
+    else:
+        lines += [""] * bool(review.code_lines(record)) + review.code_lines(record)
+    bad = [c for c in record.get("cells") or [] if c["status"] not in GOOD_STATUSES]
+    if bad:
+        lines += ["", f"{len(bad)} cell(s) did not meet their expectation:"]
+        for c in bad[:LISTED]:
+            first = c.get("first_failure") or (failing_messages(c, 1) or [""])[0]
+            lines.append(f"  {label(c['status']).upper():7} {c['id']}\n          {first}\n          repro: {c.get('repro')}")
+        if len(bad) > LISTED:
+            lines.append(f"  ... and {len(bad) - LISTED} more (see the report)")
+    return "\n".join(lines)
+
+
+def review_lines(rev: Any, record: dict[str, Any]) -> list[str]:
+    """The review's verdict: the code judged, GREEN / RED / INCOMPLETE with every reason, the
+    entries fixed here without being required."""
+    out = review.code_lines(record)
+    if rev.required:
+        out.append(f"review {review.headline(rev)}")
+        out += [f"  {line}" for line in rev.reasons()[:LISTED]]
+    elif rev.regressions:
+        out.append(f"{len(rev.regressions)} cell(s) fail without a ledger entry (regressions)")
+    bonus = [e.id for e in rev.entries if e.verdict == FIXED and not e.required]
+    if bonus:
+        out.append(f"also fixed here (not required): {', '.join(bonus)}")
+    return out
