@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from harness.stream import ResultStream
 from harness import loopback, modules
 from harness import recordfile
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_worker_runs_under_external_torchrun(tmp_path):
@@ -56,3 +59,48 @@ def test_external_packs_smaller_world_sizes_and_takes_a_shard(tmp_path):
     assert all(c["status"] in ("pass", "xfail") for c in record["cells"])
     logs = (out / "logs" / "external-ws2" / "rank1.log").read_text()
     assert "lane [1]" in logs and "lane [0, 1]" in logs, logs[-2000:]
+
+
+def _ledger(tmp_path):
+    from fixtures.ledgers import PREFIX_HOOKS_FAILS
+
+    path = tmp_path / "prefix.toml"
+    path.write_text('[[entry]]\nid = "prefix-hooks"\ntitle = "pre-fix hooks"\nupstream = "unreported"\n'
+                    'row = "planted"\nkind = "defect"\n'
+                    'cells = \'weight != "plain" and hooks != "off" and module != "ops_grouped_linear" '
+                    'and module != "ops_grouped_linear_tensor"\'\n' + PREFIX_HOOKS_FAILS
+                    + 'where = "harness/reference/prefix.py"\ncontract = "CONTRACTS §2"\n')
+    return path
+
+
+def test_external_s_record_is_sweep_s(tmp_path):
+    """The same cells under the same ledger: the same statuses, known entries, ledger outcome
+    and exit code from ``harness.external`` as from ``sweep`` (one record builder, one gate)."""
+    ledger = _ledger(tmp_path)
+    ext, swept = tmp_path / "ext", tmp_path / "sweep"
+    cmd = loopback.command("--nproc-per-node", "2", "-m", "harness.external", "--preset", "smoke",
+                           "--backend", "harness.reference.prefix", "--ledger", str(ledger), "--out", str(ext))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--preset", "smoke", "--backend",
+                           "harness.reference.prefix", "--ledger", str(ledger), "--out", str(swept), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    a, b = recordfile.read(ext), recordfile.read(swept)
+    same = lambda r: {c["id"]: (c["status"], c.get("known"), c.get("raw_status")) for c in r["cells"]}  # noqa: E731
+    assert same(a) == same(b) and "known" in {s for s, _, _ in same(a).values()}
+    outcome = lambda r: [(e["id"], e["verdict"], e["stale"], e["reproduced"]) for e in r["ledger"]["entries"]]  # noqa: E731
+    assert outcome(a) == outcome(b)
+    assert a["tolerance"] == b["tolerance"] and a["environment"]["backend_info"]["spec"] == "harness.reference.prefix"
+
+
+def test_a_harness_bug_under_external_exits_3(tmp_path):
+    out = tmp_path / "bug"
+    cmd = loopback.command("--nproc-per-node", "1", "-m", "harness.external", "--preset", "full",
+                           "--modules", "linear", "--world-sizes", "1", "--dtypes", "bf16", "--hooks", "off",
+                           "--weights", "plain", "--fused", "off", "--consumers", "autograd", "--microbatches", "1",
+                           "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off",
+                           "--backend", str(ROOT / "fixtures" / "harness_bug.py"), "--out", str(out))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert "exitcode: 3" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {c["status"] for c in recordfile.read(out)["cells"]} == {"harness_error"}

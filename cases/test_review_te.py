@@ -13,6 +13,9 @@ Three trees, each a git checkout made from the installed wheel:
 * **planted**: the unpatched wheel with two regressions planted inside ``known`` cells (the
   wgrad scaled by 2 in a cell of the wgrad-dtype entry; a different exception in a must-raise
   cell of the delayed-wgrad entry): red, each cell named as a regression.
+* **broken check**: the shipped patch whose new delayed-wgrad rejection calls a helper that
+  does not exist: the ``NameError`` names both "delay" and "distributed", but a programming
+  error is never the rejection the contract asks for: red, the entry not fixed here.
 
 A tree that does not import is ``cases/test_te_tree.py``'s; the unpatched wheel's ``ci`` sweep
 (exit 0 under the ledger) is ``cases/test_ledger_te.py``'s, shared here through ``te_runs``.
@@ -57,6 +60,11 @@ PLANTS = [  # (anchor line in the unpatched linear.py, what goes before it)
 ]
 
 
+#: the shipped patch's rejection in linear.py, and the broken helper call planted before it
+REJECTION = "        raise NotImplementedError(\n            \"delay_wgrad_compute=True is not supported with a DistributedWeight \"\n"
+BROKEN_CHECK = "        check_delay_wgrad_distributed(args)  # planted: the new check calls a helper that does not exist\n"
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
                           capture_output=True, text=True).stdout
@@ -97,7 +105,15 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         text = text.replace(anchor, plant + anchor)
     (planted / LINEAR).write_text(text)
     _git(planted, "commit", "-qam", "two planted regressions")
-    return {"fixed": fixed.resolve(), "broken": broken.resolve(), "planted": planted.resolve(), "base": base}
+
+    broken_check = base / "broken-check"
+    _git(base, "clone", "-q", str(fixed), str(broken_check))
+    text = (broken_check / LINEAR).read_text()
+    assert text.count(REJECTION) == 1
+    (broken_check / LINEAR).write_text(text.replace(REJECTION, BROKEN_CHECK + REJECTION))
+    _git(broken_check, "commit", "-qam", "the rejection's helper does not exist")
+    return {"fixed": fixed.resolve(), "broken": broken.resolve(), "planted": planted.resolve(),
+            "broken_check": broken_check.resolve(), "base": base}
 
 
 def _sweep(tree: Path | None, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -188,3 +204,14 @@ def test_regressions_planted_in_known_cells_are_red_and_named(trees, te_runs, tm
     assert "Review: RED: 0 of 0 required entries fixed here, 2 regression(s)" in head
     regressions = summary[summary.index("**Regressions** (2)"):]
     assert f"`{WGRAD_CELL}`" in regressions and f"`{RAISE_CELL}`" in regressions
+
+
+def test_a_broken_rejection_check_is_not_the_expected_error(trees, tmp_path):
+    proc, record = _sweep(trees["broken_check"], tmp_path / "run", "--preset", "ci", "--cells", RAISE_CELL,
+                          "--fixes", "delayed-wgrad-distributed-not-rejected")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert _statuses(record) == {RAISE_CELL: "fail"}
+    assert _verdicts(proc.stdout)["delayed-wgrad-distributed-not-rejected"] != "fixed here"
+    assert "review RED: 0 of 1 required entries fixed here, 1 regression(s)" in proc.stdout, out[-4000:]
+    assert "NameError: name 'check_delay_wgrad_distributed' is not defined is a programming error" in proc.stdout

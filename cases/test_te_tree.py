@@ -109,15 +109,48 @@ def test_inspect_git_tree_commit_and_dirty_flag(tmp_path: Path) -> None:
     found = te_tree.inspect(tree)
     assert (found.kind, found.commit, found.dirty, found.version, found.path) == (
         "git", head, False, "9.1.0.dev0", str(tree.resolve()))
-    # untracked bytecode (importing the tree writes it) does not make a tree dirty
+    # untracked bytecode (importing the tree writes it) and ignored files do not make a tree dirty
     (tree / "transformer_engine" / "pytorch" / "__pycache__").mkdir()
     (tree / "transformer_engine" / "pytorch" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"x")
-    (tree / "notes.txt").write_text("untracked")
-    assert te_tree.inspect(tree).dirty is False
+    (tree / ".git" / "info" / "exclude").write_text("*.log\n")
+    (tree / "build.log").write_text("ignored")
+    assert te_tree.inspect(tree).dirty is False and te_tree.inspect(tree).state is None
+    # an untracked module is part of the code under review: dirty, and its content is in the digest
+    (tree / "transformer_engine" / "pytorch" / "extra.py").write_text("Y = 1\n")
+    first = te_tree.inspect(tree)
+    assert first.dirty is True and first.state
+    (tree / "transformer_engine" / "pytorch" / "extra.py").write_text("Y = 2\n")
+    assert te_tree.inspect(tree).state not in (None, first.state)
+    (tree / "transformer_engine" / "pytorch" / "extra.py").unlink()
     (tree / "transformer_engine" / "pytorch" / "__init__.py").write_text("X = 2\n")
+    found = te_tree.inspect(str(tree))
+    assert found.serialize() == {"path": str(tree.resolve()), "commit": head, "dirty": True, "version": "9.1.0.dev0",
+                                 "kind": "git", "subdir": None, "state": found.state}
+
+
+def test_a_tree_inside_a_larger_repository_records_its_commit_and_path(tmp_path: Path) -> None:
+    repo = tmp_path / "monorepo"
+    tree = _mini_tree(repo / "third_party" / "te")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    found = te_tree.inspect(tree)
+    assert (found.kind, found.commit, found.subdir, found.dirty) == (
+        "git", _git(repo, "rev-parse", "HEAD").strip(), "third_party/te", False)
+    assert "in its repository's third_party/te/ at " in te_tree.describe(found.serialize())
+    # a change elsewhere in the repository is not a change of the tree
+    (repo / "README").write_text("elsewhere")
+    assert te_tree.inspect(tree).dirty is False
+    (tree / "transformer_engine" / "pytorch" / "__init__.py").write_text("X = 3\n")
     assert te_tree.inspect(tree).dirty is True
-    assert te_tree.inspect(str(tree)).serialize() == {"path": str(tree.resolve()), "commit": head, "dirty": True,
-                                                      "version": "9.1.0.dev0", "kind": "git"}
+
+
+def test_a_plain_folder_is_identified_by_its_content(tmp_path: Path) -> None:
+    tree = _mini_tree(tmp_path / "sdist")
+    before = te_tree.inspect(tree)
+    assert before.kind == "folder" and before.state and te_tree.inspect(tree).state == before.state
+    (tree / "transformer_engine" / "pytorch" / "__init__.py").write_text("X = 9\n")
+    assert te_tree.inspect(tree).state != before.state
 
 
 def test_inspect_plain_folder_and_version_sources(tmp_path: Path) -> None:
@@ -362,7 +395,10 @@ def test_sweep_records_the_tree(tree_sweep: tuple[Path, dict, subprocess.Complet
     assert info["upstream_origin"] == str(patched / "transformer_engine")
     tree = info["extra"]["te_tree"]
     assert tree == {"path": str(patched), "commit": _git(patched, "rev-parse", "HEAD").strip(), "dirty": False,
-                    "version": te_component.TE_VERSION, "kind": "git"}
+                    "version": te_component.TE_VERSION, "kind": "git", "subdir": None, "state": None}
+    # the compiled part is named: te-cpu's CPU layer, never a build from elsewhere
+    assert info["extra"]["compiled"] == {"kind": "te-cpu", "path": None}
+    assert "compiled part: te-cpu's CPU layer" in proc.stdout
     for cell in record["cells"]:
         argv = shlex.split(cell["repro"])
         assert argv[argv.index("--backend") + 1] == spec, cell["repro"]
@@ -402,6 +438,27 @@ def test_resume_merge_and_diff_carry_the_tree(tree_sweep: tuple[Path, dict, subp
     proc = _harness("sweep", "--resume", str(run), "--quiet")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"backend {record['backend']}" in proc.stdout
+
+
+def test_resume_after_a_commit_in_the_tree_is_refused_naming_both(patched: Path, tmp_path: Path) -> None:
+    """A record names one commit: a resumed run against a tree that moved on would judge other
+    code under it. Refused before anything runs (exit 2), naming both commits."""
+    tree = tmp_path / "tree"
+    _git(tmp_path, "clone", "-q", str(patched), str(tree))
+    run = tmp_path / "run"
+    cell = "linear-plain-hooks_off-unfused-bf16-ws1-ddp-mb1-g1-nobias-igrad-nodelay"
+    proc = _harness("sweep", "--backend", "te-cpu", "--te-tree", str(tree), "--preset", "full", "--cells", cell,
+                    "--quiet", "--out", str(run))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    before = _git(tree, "rev-parse", "HEAD").strip()
+    (tree / "NOTES").write_text("a later commit\n")
+    _git(tree, "add", "NOTES")
+    _git(tree, "commit", "-qm", "later")
+    after = _git(tree, "rev-parse", "HEAD").strip()
+    proc = _harness("sweep", "--resume", str(run), "--quiet")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"commit {before[:12]}" in proc.stderr and f"commit {after[:12]}" in proc.stderr, proc.stderr
+    assert "judged other code than now" in proc.stderr
 
 
 def test_tree_that_does_not_import_is_bad_input(patched: Path, tmp_path: Path) -> None:

@@ -113,6 +113,21 @@ def attach_tree(spec: str, tree: str) -> str:
     return with_tree(spec, found.path)
 
 
+def spec_with_tree(spec: str, tree: str | None) -> str:
+    """The backend spec a run records: ``spec`` with the TE tree of ``--te-tree`` attached, or -
+    when the option is absent - the tree ``DW_TE_TREE`` names in this environment, so the
+    record, every repro line and ``--resume`` carry it (a repro line without it would judge
+    the installed TE).
+
+    Raises:
+        BackendError: the folder is not a TE tree, or ``spec`` already names one.
+    """
+    from harness import te_tree
+
+    tree = tree or (os.environ.get(te_tree.ENV) or None if split_tree(spec)[1] is None else None)
+    return attach_tree(spec, tree) if tree else spec
+
+
 def resolve(spec: str) -> str:
     """The import target of ``spec`` (an alias resolved, a ``@TREE`` dropped, anything else unchanged)."""
     base, _ = split_tree(spec)
@@ -220,7 +235,10 @@ def load_backend(spec: str) -> Any:
     except Exception as exc:  # any import-time failure is bad input, reported in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         hint = ""
-        if resolve(spec).startswith("transformer_engine"):
+        near = did_you_mean(split_tree(spec)[0]) if isinstance(exc, ModuleNotFoundError) else None
+        if near:
+            hint = f" - did you mean --backend {near}?"
+        elif resolve(spec).startswith("transformer_engine"):
             hint = (" (real TE needs its CUDA build and a GPU; to run TE's own Python code on this machine, "
                     "use --backend te-cpu after `python -m harness install te`)")
         raise BackendError(f"cannot import backend {spec!r}: {type(exc).__name__}: {first}{hint}") from exc
@@ -228,6 +246,18 @@ def load_backend(spec: str) -> Any:
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} (CONTRACTS §1)")
     return backend
+
+
+#: the backends a user may mean, for a did-you-mean (the short names first)
+KNOWN = (*ALIASES, "transformer_engine.pytorch", *ALIASES.values(), "harness.reference.mutants:NAME")
+
+
+def did_you_mean(spec: str) -> str | None:
+    """The known backend name closest to a mistyped ``spec`` (None when nothing is close)."""
+    import difflib
+
+    near = difflib.get_close_matches(spec, KNOWN, n=1, cutoff=0.6)
+    return near[0] if near and near[0] != spec else None
 
 
 def has_api(backend: Any, name: str) -> bool:

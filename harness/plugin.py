@@ -71,13 +71,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_harness_make_backend(config: pytest.Config) -> str:
     backend = config.getoption("harness_backend") or "harness.reference"
-    tree = config.getoption("harness_te_tree")
-    if not tree:
-        return backend
-    from harness.backends import BackendError, attach_tree
+    from harness.backends import BackendError, spec_with_tree
 
     try:
-        return attach_tree(backend, tree)
+        return spec_with_tree(backend, config.getoption("harness_te_tree"))
     except BackendError as exc:
         raise pytest.UsageError(str(exc)) from exc
 

@@ -38,19 +38,19 @@ def compiled(record: dict[str, Any]) -> dict[str, Any] | None:
     return (backend_info(record).get("extra") or {}).get("compiled")
 
 
-def compiled_line(record: dict[str, Any]) -> str | None:
-    """One sentence naming the compiled part of a run that imported TE (None otherwise)."""
+def compiled_text(record: dict[str, Any]) -> str | None:
+    """Where the compiled part of a run that imported TE came from (None otherwise)."""
     c = compiled(record)
     if not c:
         return None
     kind, path = c.get("kind"), c.get("path")
     if kind == COMPILED_TE_CPU:
-        return "compiled part: te-cpu's CPU layer (TE's kernels stood in for on CPU)"
+        return "te-cpu's CPU layer (TE's kernels stood in for on CPU)"
     if kind == COMPILED_TREE:
-        return f"compiled part: the tree's own build ({path})"
+        return f"the tree's own build ({path})"
     if kind == COMPILED_OTHER:
-        return f"compiled part: {path}, from another install"
-    return f"compiled part: the installed build ({path})" if path else None
+        return f"{path}, from another install"
+    return f"the installed build ({path})" if path else None
 
 
 def foreign_build_warning(record: dict[str, Any]) -> str | None:
@@ -58,16 +58,20 @@ def foreign_build_warning(record: dict[str, Any]) -> str | None:
     c = compiled(record)
     if not tree(record) or not c or c.get("kind") != COMPILED_OTHER:
         return None
-    return (f"warning: the tree's Python ran with the compiled extension {c.get('path')} from another install: "
+    return (f"the tree's Python ran with the compiled extension {c.get('path')} from another install: "
             "the tree's C++ changes were not run (build the tree in place, or judge its Python with --backend te-cpu)")
 
 
 def identity(record: dict[str, Any]) -> dict[str, Any]:
     """What must agree for two records' verdicts to be one run's: the backend, the upstream
     package and version it ran, the tree's commit, dirty state and digest."""
-    info = backend_info(record)
-    return {"backend": record.get("backend"), "upstream": info.get("upstream"), "version": info.get("version"),
-            "tree": te_tree.identity(tree(record))}
+    return identity_of(record.get("backend"), backend_info(record))
+
+
+def identity_of(backend: str | None, info: dict[str, Any]) -> dict[str, Any]:
+    """``identity`` of a run about to start: its backend and the probe's ``BackendInfo``."""
+    return {"backend": backend, "upstream": info.get("upstream"), "version": info.get("version"),
+            "tree": te_tree.identity((info.get("extra") or {}).get("te_tree"))}
 
 
 def describe(ident: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from harness import compare, modules, oracle, twin, weights
+from harness import compare, modules, oracle, rejection, twin, weights
 from harness.consumer import Consumer
 from harness.attach import attach_weight
 from harness.gtp import GTPGroup, weight_names
@@ -246,7 +246,7 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
     except BackendFault as fault:  # the backend's failure is a result, not a harness crash
         if cell.expect == "error":
             with _owned("harness", "checks", cell):
-                return _judge_expected_error(cell, fault.exc, consumer, gtp, ctx.rank)
+                return _judge_expected_error(cell, fault.exc, consumer, gtp, ctx.rank, backend)
         exc = fault.exc
         return RankResult(ctx.rank, "error", [Check("exception", "exception", False,
                                                     message=f"{type(exc).__name__}: {exc}"),
@@ -326,13 +326,19 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
 
 
 def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer | None,
-                          gtp: GTPGroup | None, rank: int) -> RankResult:
+                          gtp: GTPGroup | None, rank: int, backend: ModuleType | None = None) -> RankResult:
     """§5: passes exactly when the backend raised the clear exception, touching nothing.
 
+    The exception must be the backend's deliberate rejection (``rejection.judge``): a
+    programming error whose text happens to name both (``NameError: name
+    'check_delay_wgrad_distributed' is not defined``) is a broken check, not the contract.
     A constructor that raised leaves no consumer: nothing can have been touched."""
     text = str(exc).lower()
     checks = [compare.compare_value("exception_names_both", "exception",
                                     "delay" in text and "distributed" in text, True)]
+    why_not = rejection.judge(exc, rejection.source_roots(backend))
+    checks.append(Check("exception_is_a_rejection", "exception", why_not is None,
+                        message=None if why_not is None else f"exception_is_a_rejection: {why_not}"))
     if gtp is not None:
         collectives = sum(gtp.log.count(k) for k in ("materialize_forward", "materialize_backward", "finalize"))
         checks.append(compare.compare_value("collectives_before_error", "count", collectives, 0))

@@ -61,6 +61,13 @@ def _state(e: dict[str, Any], judged: bool) -> str:
     return "reproduces" if e.get("reproduced") else "not judged (a shard)" if not judged else "does not reproduce"
 
 
+#: one line on what "known" and each entry kind mean (every summary with a ledger says it)
+KNOWN_MEANS = ("*Known defect*: the cell fails, and every failure on every rank is one an entry below states "
+               "precisely for this cell (an exception's type and text, a check's form, a value the entry's model "
+               "predicts); any other failure keeps it red. Kind *defect*: the upstream code loses or corrupts a "
+               "gradient, or fails, under a supported use; kind *difference*: a choice upstream may keep.")
+
+
 def _ledger(record: dict[str, Any]) -> str:
     """The ledger section: the file, a warning per stale entry, the entries, the known cells."""
     led = record.get("ledger")
@@ -75,11 +82,17 @@ def _ledger(record: dict[str, Any]) -> str:
                    f"from {_code(led.get('path') or 'the ledger')}\n")
     entries = ledger_entries(record)
     if entries:
-        out.append("\n| entry | upstream | kind | known cells | reproduced / selected | state |\n"
-                   "|---|---|---|---:|---:|---|\n")
-        out += [f"| {_code(e.get('id'))} | {_code(e.get('upstream'))} | {_md_text(e.get('kind'))} | "
-                f"{len(e.get('known_cells') or []):,} | {len(e.get('reproduced') or []):,} / "
+        out.append(f"\n{KNOWN_MEANS}\n")
+        out.append("\n| entry | title | upstream | kind | known cells | reproduced / selected | state |\n"
+                   "|---|---|---|---|---:|---:|---|\n")
+        out += [f"| {_code(e.get('id'))} | {_md_text(e.get('title'))} | {_code(e.get('upstream'))} | "
+                f"{_md_text(e.get('kind'))} | {len(e.get('known_cells') or []):,} | {len(e.get('reproduced') or []):,} / "
                 f"{len(e.get('selected') or []):,} | {_state(e, judged)} |\n" for e in entries]
+        shared = sum(len(c.get("known") or []) > 1 for c in record.get("cells") or [] if c.get("status") == "known")
+        if shared:
+            out.append(f"\n{shared:,} known cell(s) fail the ways of two or more entries at once: each such cell "
+                       "counts in the *known cells* of every entry that explains part of it, so that column adds up to "
+                       "more than the known cells.\n")
     groups: dict[tuple[str, ...], list[str]] = {}
     for c in record.get("cells") or []:
         if c.get("status") == "known":

@@ -36,25 +36,44 @@ def tree_line(rev: reviews.Review) -> str | None:
     return te_tree.describe(rev.tree) if rev.tree else None
 
 
-def code_lines(record: dict[str, Any]) -> list[str]:
-    """What code the run judged beyond the backend's name: the tree, where the compiled part
-    came from, and the warning a tree run with another install's build must carry."""
+def code_facts(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """What code the run judged beyond the backend's name, as ``(label, value)``: the tree,
+    where the compiled part came from, and the warning a tree run with another install's
+    build must carry (``harness.provenance``)."""
     tree = provenance.tree(record)
-    lines = [f"TE tree under review: {te_tree.describe(tree)}"] if tree else []
-    lines += [line for line in (provenance.compiled_line(record), provenance.foreign_build_warning(record)) if line]
-    return lines
+    facts = [("TE tree under review", te_tree.describe(tree))] if tree else []
+    for label, value in (("compiled part", provenance.compiled_text(record)),
+                         ("warning", provenance.foreign_build_warning(record))):
+        if value:
+            facts.append((label, value))
+    return facts
+
+
+def code_lines(record: dict[str, Any]) -> list[str]:
+    """``code_facts`` as plain lines (the terminal)."""
+    return [f"{label}: {value}" for label, value in code_facts(record)]
 
 
 def _md(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
+def _md_facts(record: dict[str, Any]) -> list[str]:
+    return [f"**{label}**: {_md(value)}\n\n" if label == "warning" else f"{label}: `{value}`\n\n"
+            for label, value in code_facts(record)]
+
+
+def _html_facts(record: dict[str, Any]) -> str:
+    return "".join(f'<p class="{"t-fail" if label == "warning" else ""}">{escape(label)}: '
+                   f'<span class="mono">{escape(value)}</span></p>' for label, value in code_facts(record))
+
+
 def markdown(record: dict[str, Any]) -> str:
+    """The review section of ``summary.md`` (a run without a review: only what code it judged)."""
     rev = of(record)
     if rev is None:
-        return ""
-    out = [f"\n### Review: {headline(rev)}\n\n"]
-    out += [f"{_md(line)}\n\n" for line in code_lines(record)]
+        return "".join(["\n"] + _md_facts(record)) if code_facts(record) else ""
+    out = [f"\n### Review: {headline(rev)}\n\n"] + _md_facts(record)
     if not rev.green:
         out += [f"- {_md(line)}\n" for line in rev.reasons(regressions=False)] + ["\n"]
     out.append("| entry | upstream | required | verdict | selected | reproduced in |\n|---|---|:-:|---|---:|---:|\n")
@@ -72,9 +91,11 @@ def markdown(record: dict[str, Any]) -> str:
 
 
 def html(record: dict[str, Any]) -> str:
+    """The review section of the HTML report (without a review: only what code it judged)."""
     rev = of(record)
     if rev is None:
-        return ""
+        facts = _html_facts(record)
+        return f'<section class="card" id="code"><h2>Code judged</h2>{facts}</section>' if facts else ""
     e_ = escape
     cls = "t-pass" if rev.green else "t-fail"
     rows = "".join(
@@ -84,7 +105,7 @@ def html(record: dict[str, Any]) -> str:
         f'{ICON[e.verdict]} {e_(e.verdict)}</td><td>{e.selected}</td><td>{e.reproduced}</td></tr>' for e in rev.entries)
     regs = "".join(f'<li><span class="mono">{e_(r.cell)}</span> ({e_(r.status)}): '
                    f'{e_(r.failures[0] if r.failures else "")}</li>' for r in rev.regressions[:50])
-    tree = "".join(f'<p class="mono">{e_(line)}</p>' for line in code_lines(record))
+    tree = _html_facts(record)
     if not rev.green:
         tree += "<ul>" + "".join(f"<li>{e_(line)}</li>" for line in rev.reasons(regressions=False)) + "</ul>"
     return ('<section class="card" id="review"><h2>Review</h2>'

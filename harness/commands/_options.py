@@ -14,8 +14,9 @@ from harness.exitcodes import UsageError
 def add_run(parser: argparse.ArgumentParser, prefix: str = "run") -> None:
     g = parser.add_argument_group("running")
     g.add_argument("--backend", default="harness.reference",
-                   help="import path, module:attr, or a .py file, optionally @TREE "
-                        "(default: harness.reference)")
+                   help="reference (the hook-safe reference, the default), prefix (the pre-fix behaviour), "
+                        "te-cpu (TE's own code on CPU), te-cpu-tf32, transformer_engine.pytorch (real TE), "
+                        "or any import path, module:attr or .py file; optionally @TREE")
     g.add_argument("--te-tree", metavar="PATH",
                    help="import TransformerEngine from this source tree (a git checkout, an unpacked "
                         "sdist, or a `patch-te` folder) instead of the installed one; the same as "
@@ -28,23 +29,24 @@ def add_run(parser: argparse.ArgumentParser, prefix: str = "run") -> None:
 
 
 def backend_spec(args: argparse.Namespace) -> str:
-    """Fold ``--te-tree PATH`` into ``args.backend`` (``te-cpu@/abs/PATH``, the form the run
-    record, the repro lines and ``--resume`` carry) and return it.
+    """Fold ``--te-tree PATH`` (or a ``DW_TE_TREE`` set in the environment) into
+    ``args.backend`` (``te-cpu@/abs/PATH``, the form the run record, the repro lines and
+    ``--resume`` carry) and return it.
 
     Raises:
         UsageError: the folder is not a TE tree, the backend already names a tree, or
             ``--te-tree`` comes with ``--resume`` (a resumed run takes the recorded backend).
     """
-    from harness.backends import BackendError, attach_tree
+    from harness.backends import BackendError, spec_with_tree
 
     tree = getattr(args, "te_tree", None)
-    if not tree:
-        return args.backend
-    if getattr(args, "resume", None):
+    if tree and getattr(args, "resume", None):
         raise UsageError("--te-tree cannot be combined with --resume: a resumed run uses the backend "
                          "(and tree) it recorded")
+    if getattr(args, "resume", None):
+        return args.backend
     try:
-        args.backend = attach_tree(args.backend, tree)
+        args.backend = spec_with_tree(args.backend, tree)
     except BackendError as exc:
         raise UsageError(str(exc)) from exc
     args.te_tree = None

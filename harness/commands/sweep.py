@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import exitcodes, matrix, preflight, recordfile, review, selection, shard
+from harness import exitcodes, matrix, preflight, provenance, recordfile, review, selection, shard
 from harness.backends import split_tree
 from harness.commands import _options, _outcome
 from harness.shape import Example
@@ -121,9 +121,24 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
     part = shard.Shard(**sel["shard"]) if sel.get("shard") else None
     cells, out = selection.apply_shard(cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
                                                "filter": sel.get("filter")}, part)
-    if sel.get("fixes") is not None and args.fixes is None:
+    if sel.get("fixes") and args.fixes is None:  # a tree review without --fixes recorded []
         args.fixes = ",".join(sel["fixes"])
     return cells, out
+
+
+def _check_same_code(run_dir: Path, backend: str, info) -> None:
+    """A resumed run judges the code its record names: the same backend, upstream version and
+    tree commit, dirty state and digest (``harness.provenance``); otherwise its verdicts would
+    mix two versions of the code under one record.
+
+    Raises:
+        UsageError: the code changed since the record was written (naming both).
+    """
+    differs = provenance.differences(provenance.identity(load(run_dir).serialize()),
+                                     provenance.identity_of(backend, info.serialize()))
+    if differs:
+        raise exitcodes.UsageError(f"cannot resume {str(run_dir)!r}: its verdicts judged other code than now "
+                                   f"({differs}); start a new run with --out")
 
 
 def _about(info) -> str:
@@ -148,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
                                             {c.module for c in cells}, keep_warm=True)
     selection.check_shardable(cells, Example().out_features)
+    if args.resume:
+        _check_same_code(args.resume, args.backend, info)
     ledger = _options.ledger_for(args.ledger, info)
     if args.fixes is not None:
         if ledger is None:
