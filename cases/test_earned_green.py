@@ -10,6 +10,7 @@ run, never on a shard or an unfinished one. TE's own code under review is
 
 from __future__ import annotations
 
+import html
 import os
 import subprocess
 import sys
@@ -216,3 +217,30 @@ def test_the_report_word_and_the_exit_code_are_one_rule():
             assert gate.word(record) == ("PASS" if code == exitcodes.OK else "FAIL"), (s, stale)
             assert (code == exitcodes.HARNESS_BUG) == (s == "harness_error")
             assert (code == exitcodes.OK) == (BY_NAME[s].good and not stale)
+
+
+# ---- what code ran: a tree's Python with another install's compiled extension ------------------
+def test_a_tree_run_with_a_foreign_build_says_its_cpp_did_not_run(tmp_path: Path):
+    """A backend importing TE from a tree whose compiled extension comes from elsewhere (a
+    wheel's ``transformer_engine_torch`` on the path): the record names the extension and
+    every report says the tree's C++ changes were not run; real TE's version is read."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "transformer_engine_torch.py").write_text("# a compiled extension of another install\n")
+    tree = tmp_path / "tree"
+    (tree / "transformer_engine" / "pytorch").mkdir(parents=True)
+    (tree / "transformer_engine" / "__init__.py").write_text("__version__ = '2.99.0'\n")
+    (tree / "transformer_engine" / "pytorch" / "__init__.py").write_text("import transformer_engine_torch\n")
+    backend = tmp_path / "te_like.py"
+    backend.write_text("import transformer_engine.pytorch\n"
+                       "from harness.reference import GroupedLinear, LayerNormLinear, Linear, ops\n")
+    out = tmp_path / "run"
+    proc = _harness("sweep", *ONE, "--backend", str(backend), "--te-tree", str(tree), "--ledger", "none",
+                    "--out", str(out), "--quiet", env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    info = recordfile.read(out)["environment"]["backend_info"]
+    assert (info["upstream"], info["version"]) == ("transformer_engine", "2.99.0")
+    assert info["extra"]["compiled"] == {"kind": "other", "path": str(site / "transformer_engine_torch.py")}
+    said = "the tree's C++ changes were not run"
+    assert said in proc.stdout
+    assert said in (out / "summary.md").read_text() and html.escape(said) in (out / "report.html").read_text()

@@ -322,7 +322,8 @@ def describe(spec: str, backend: Any) -> BackendInfo:
         if facts.get("upstream") is None:  # real TE says nothing of itself: its tree or package does
             tree_version = (facts.get("te_tree") or {}).get("version")
             facts["upstream"] = "transformer_engine"
-            facts.setdefault("origin", getattr(sys.modules["transformer_engine"], "__file__", None))
+            te_file = getattr(sys.modules["transformer_engine"], "__file__", None)
+            facts.setdefault("origin", str(Path(te_file).resolve().parent) if te_file else None)
             facts["version"] = tree_version if tree_version not in (None, "unknown") else te_version()
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
