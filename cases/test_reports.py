@@ -483,9 +483,14 @@ def test_markdown_ledger_section(ledger_record: dict[str, Any]) -> None:
     assert f"ledger `{H.LEDGER_PATH}` · package `transformer_engine` · versions `>=2.20,<2.21`" in ledger
     assert ("> [!CAUTION]\n> **stale**: ledger entry `fixed-ops` (`TE PR #3397`) no longer reproduces in any of the "
             f"12 cell(s) it selects: delete it from `{H.LEDGER_PATH}`") in ledger
-    assert "| `seed-hooks` | `TE PR #3545 (open)` | defect | 6 | 10 / 29 | reproduces |" in ledger
+    assert ("| `seed-hooks` | backward decides 'distributed?' from the unpacked saved tensor | `TE PR #3545 (open)` "
+            "| defect | 6 | 10 / 29 | reproduces |") in ledger
+    # what known and each kind mean, and why the known column adds up to more than the known cells
+    assert "*Known defect*: the cell fails, and every failure" in ledger and "kind *difference*" in ledger
+    assert "fail the ways of two or more entries at once" in ledger
     assert "| `assigns-grad` | `unreported` | difference | 0 | 0 / 0 | selects no cell |" in ledger
-    assert "| `fixed-ops` | `TE PR #3397` | defect | 0 | 0 / 12 | **STALE** |" in ledger
+    assert "| `fixed-ops` | ops GroupedLinear never calls grad_buffer() | `TE PR #3397` | defect | 0 | 0 / 12 | **STALE** |" \
+        in ledger
     assert f"Known cells ({counts['known']}), by the entries that explain them:" in ledger
     assert "- `seed-hooks`, `precision`: 2 cells, e.g. " in ledger and "- `seed-hooks`: 4 cells, e.g. " in ledger
     assert "- **known**" not in md, "known cells are not listed as failing"

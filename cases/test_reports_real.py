@@ -370,7 +370,8 @@ def test_reports_of_a_real_run_under_a_ledger(runs: dict[str, Any], ledgered: di
     md = paths["markdown"].read_text()
     assert re.search(rf"{len(target - linear)} of {len(ledgered['cells'])} cells missed their expectation \([^)]*\), "
                      rf"{len(known)} known defects", md), md[:300]
-    assert f"| `prefix-linear` | `TE PR #3545 (open)` | defect | {len(known)} |" in md
+    assert (f"| `prefix-linear` | pre-fix Linear decides 'distributed?' from the unpacked saved tensor | "
+            f"`TE PR #3545 (open)` | defect | {len(known)} |") in md
     assert "> **stale**: ledger entry `fixed-plain`" in md
     for fc in classes.failure_classes(ledgered):
         assert (fc.signature.status == "known") == (fc.signature.known == ("prefix-linear",))
