@@ -488,7 +488,7 @@ def test_markdown_ledger_section(ledger_record: dict[str, Any]) -> None:
     # what known and each kind mean, and why the known column adds up to more than the known cells
     assert "*Known defect*: the cell fails, and every failure" in ledger and "kind *difference*" in ledger
     assert "fail the ways of two or more entries at once" in ledger
-    assert "| `assigns-grad` | backward_dw() assigns .grad | `unreported` | difference | 0 | 0 / 0 | selects no cell |" in ledger
+    assert "| `assigns-grad` | backward\\_dw() assigns .grad | `unreported` | difference | 0 | 0 / 0 | selects no cell |" in ledger
     assert "| `fixed-ops` | ops GroupedLinear never calls grad_buffer() | `TE PR #3397` | defect | 0 | 0 / 12 | **STALE** |" \
         in ledger
     assert f"Known cells ({counts['known']}), by the entries that explain them:" in ledger
