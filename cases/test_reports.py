@@ -489,7 +489,7 @@ def test_markdown_ledger_section(ledger_record: dict[str, Any]) -> None:
     assert "*Known defect*: the cell fails, and every failure" in ledger and "kind *difference*" in ledger
     assert "fail the ways of two or more entries at once" in ledger
     assert "| `assigns-grad` | backward\\_dw() assigns .grad | `unreported` | difference | 0 | 0 / 0 | selects no cell |" in ledger
-    assert "| `fixed-ops` | ops GroupedLinear never calls grad_buffer() | `TE PR #3397` | defect | 0 | 0 / 12 | **STALE** |" \
+    assert "| `fixed-ops` | ops GroupedLinear never calls grad\\_buffer() | `TE PR #3397` | defect | 0 | 0 / 12 | **STALE** |" \
         in ledger
     assert f"Known cells ({counts['known']}), by the entries that explain them:" in ledger
     assert "- `seed-hooks`, `precision`: 2 cells, e.g. " in ledger and "- `seed-hooks`: 4 cells, e.g. " in ledger
