@@ -72,8 +72,6 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop_flag
     src = tensor.contiguous()
     dst = output if output is not None else create_tensor(quantizer, list(src.shape), src.dtype, "quantize")
     quantize_into(quantizer, src, dst, noop_flag, "quantize")
-    if getattr(quantizer, "optimize_for_gemm", False) and hasattr(dst, "_with_gemm_swizzled_scales"):
-        _family_module("swizzle").swizzle_in_place(dst)
     return dst
 
 
