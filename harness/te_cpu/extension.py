@@ -262,8 +262,9 @@ def missing(name: str, detail: str = "") -> MissingCpuKernel:
     extra = f" ({detail})" if detail else ""
     return MissingCpuKernel(
         f"{MODULE_NAME}.{name}{extra}: no CPU kernel in the te-cpu layer; called from "
-        f"{_te_caller()}. te-cpu runs only TE's non-quantized Linear / LayerNormLinear / "
-        f"GroupedLinear / ops.GroupedLinear paths (harness/te_cpu/extension.py)")
+        f"{_te_caller()}. te-cpu runs only TE's Linear / LayerNormLinear / GroupedLinear / "
+        f"ops.GroupedLinear paths, non-quantized and under the recipes of harness/te_cpu/quant "
+        f"(harness/te_cpu/extension.py)")
 
 
 def _require_plain(name: str, **operands: Any) -> None:
