@@ -6,7 +6,8 @@ Run as a script (it imports ``harness.te_cpu``, which patches torch in this proc
 
 For each size H, TE 2.20.2's ``Linear(H, H, bias=True)`` in bf16 on an ``H x H`` input:
 forward + backward under each recipe te-cpu builds (``te.autocast``), and without one (the
-twin), median wall time per step over ``--steps`` steps after two warm-up steps. Then the
+twin), median wall time per step over ``--steps`` steps after two warm-up steps, one torch thread
+(as a worker rank runs). Then the
 per-tensor FP8 GEMM of the same size through te-cpu's quantized GEMM and through mmaemu
 (``hopper`` profile, ``splitk=1``: mmaemu cannot decide cuBLAS's split for these shapes),
 when mmaemu is installed. Results go to ``benchmarks/lowprec-<date>.json`` (``--out``).
@@ -112,6 +113,9 @@ def bench_gemm(h: int, steps: int) -> dict[str, Any]:
 
 
 def main() -> int:
+    import torch
+
+    torch.set_num_threads(1)  # as a worker rank runs (harness/worker.py: threads_per_rank, 1 by default)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="32,64,256")
     ap.add_argument("--steps", type=int, default=20)

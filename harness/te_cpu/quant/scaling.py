@@ -76,19 +76,17 @@ def delayed_update(amax_history: torch.Tensor, scale: torch.Tensor, newest: torc
     """
     if algo not in ("max", "most_recent"):
         raise RuntimeError(f"Unsupported amax compute algorithm ({algo})")
-    length = amax_history.shape[0]
     last = amax_history[0].clone()
     if newest is not None:
         last = torch.where(newest != 0, newest.to(torch.float32), last)
     rolls = last != 0
-    window = torch.cat([amax_history[1:], last.reshape(1, -1)], dim=0) if length > 1 else last.reshape(1, -1)
-    rolled = window.clone()
+    older = amax_history[1:]
+    # the window the kernel takes the maximum over: rows 1.. and the newest amax (fmaxf drops NaNs)
+    window_max = _nan_max(torch.cat([older, last.reshape(1, -1)], dim=0))
+    rolled = torch.cat([older, last.reshape(1, -1)], dim=0)
     rolled[0] = 0
     amax_history.copy_(torch.where(rolls.reshape(1, -1), rolled, amax_history))
-    if algo == "max":
-        used = torch.where(rolls, _nan_max(window), torch.zeros_like(last))
-    else:
-        used = last
+    used = torch.where(rolls, window_max, torch.zeros_like(last)) if algo == "max" else last
     fresh = torch.full_like(used, scaled_max) / used
     new_scale = torch.where(torch.isfinite(used) & (used > 0), fresh, scale)
     new_scale = torch.where(torch.isinf(new_scale), torch.full_like(new_scale, FP32_MAX), new_scale)
@@ -97,5 +95,5 @@ def delayed_update(amax_history: torch.Tensor, scale: torch.Tensor, newest: torc
 
 def _nan_max(window: torch.Tensor) -> torch.Tensor:
     """Column maxima the way the kernel's ``fmaxf`` reduction takes them (NaNs dropped, 0 start)."""
-    w = torch.where(torch.isnan(window), torch.zeros_like(window), window)
-    return torch.clamp(w.max(dim=0).values, min=0.0)
+    w = torch.nan_to_num(window, nan=0.0, posinf=float("inf"), neginf=0.0)
+    return torch.clamp(w.amax(dim=0), min=0.0)
