@@ -104,11 +104,9 @@ def bench_gemm(h: int, steps: int) -> dict[str, Any]:
     ref = ((x.float() @ w.float().t()) * (sa * sb)).to(torch.bfloat16)
     res["mmaemu_outputs_differing_from_fp32_accumulation"] = int((emu() != ref).sum())
     res["outputs"] = h * h
-    try:
-        mmaemu.explain(x, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=False, profile="hopper")
-        res["mmaemu_splitk_without_override"] = "decided"
-    except Exception as exc:  # the package raises SplitKUnknownError for shapes it cannot decide
-        res["mmaemu_splitk_without_override"] = type(exc).__name__
+    plan = mmaemu.explain(x, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=False, profile="hopper")
+    validation = plan.validation  # "ok", or (error name, message): SplitKUnknownError for these shapes
+    res["mmaemu_splitk_without_override"] = validation if isinstance(validation, str) else validation[0]
     return res
 
 

@@ -21,13 +21,24 @@ from harness.te_cpu.quant.tensors import family, is_quantized, storage_module
 __all__ = ["KERNELS", "is_quantized", "generic_gemm", "grouped_gemm", "norm_output"]
 
 
+_MODULES: dict[str, ModuleType] = {}
+
+
+def _module(name: str) -> ModuleType:
+    """A module by name, imported once (``importlib.import_module`` costs a lookup per call)."""
+    mod = _MODULES.get(name)
+    if mod is None:
+        mod = _MODULES[name] = importlib.import_module(name)
+    return mod
+
+
 def _ext() -> ModuleType:
     """``harness.te_cpu.extension`` (imported when called: it imports this module)."""
-    return importlib.import_module("harness.te_cpu.extension")
+    return _module("harness.te_cpu.extension")
 
 
 def _family_module(name: str) -> ModuleType:
-    return importlib.import_module(f"harness.te_cpu.quant.{name}")
+    return _module(f"harness.te_cpu.quant.{name}")
 
 
 def _quantizer_impl(quantizer: Any, binding: str) -> tuple[ModuleType, dict[str, Any]]:
