@@ -308,13 +308,20 @@ _SCRIPT = """
         tex.rmsnorm_bwd(dz=x, x=x, rsigma=rms[2], gamma=w, sm_margin=0, zero_centered_gamma=False)
     except TypeError:
         facts["bwd_positional_only"] = True
+    from transformer_engine.pytorch.quantized_tensor import Quantizer
     from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
+
+    class OtherQuantizer(Quantizer):  # a quantizer te-cpu has no kernels for
+        pass
+
     q = Float8Quantizer(torch.ones(1), torch.zeros(1), tex.DType.kFloat8E4M3)
+    other = OtherQuantizer(rowwise=True, columnwise=False)
     f32 = tex.DType.kFloat32
-    for name, call in (("layernorm_fwd", lambda: tex.layernorm_fwd(x, w, b, 1e-5, None, q, f32, 0, False)),
-                       ("rmsnorm_fwd", lambda: tex.rmsnorm_fwd(x, w, 1e-5, None, q, f32, 0, False))):
+    for name, call in (("layernorm_fwd", lambda q: tex.layernorm_fwd(x, w, b, 1e-5, None, q, f32, 0, False)),
+                       ("rmsnorm_fwd", lambda q: tex.rmsnorm_fwd(x, w, 1e-5, None, q, f32, 0, False))):
+        facts["fp8_" + name] = type(call(q)[0]).__name__  # served by harness/te_cpu/quant
         try:
-            call()
+            call(other)
         except extension.MissingCpuKernel as exc:
             facts["quantizer_" + name] = str(exc)
     saved["facts"] = facts
@@ -392,15 +399,17 @@ def test_te_layernorm_linear_fused_wgrad_accumulates_into_main_grad(te_run: dict
 def test_extension_binding_conventions_and_quantizers(te_run: dict[str, Any]) -> None:
     """The kernels answer TE's calls as the pybind11 bindings do: named forward arguments, a
     filled ``ln_out`` returned as the output, fp32 statistics, ``[out, None, rsigma]`` for
-    RMSNorm, positional-only backwards; an output quantizer raises MissingCpuKernel."""
+    RMSNorm, positional-only backwards; an FP8 output quantizer gets an FP8 tensor (the
+    quantization surface), a quantizer te-cpu has no kernels for raises MissingCpuKernel."""
     facts = te_run["facts"]
     assert facts["ln_fwd"] == ["list", 3, True, "torch.float32", "torch.float32"]
     assert facts["rms_fwd"] == [3, "torch.bfloat16", True, "torch.float32"]
     assert facts["ln_bwd"] == [3, "torch.float32", "torch.float32"]
     assert facts.get("bwd_positional_only")
     for name in ("layernorm_fwd", "rmsnorm_fwd"):
+        assert facts["fp8_" + name] == "Float8Tensor"
         msg = facts.get("quantizer_" + name, "")
-        prefix = f"transformer_engine_torch.{name} (output quantizer Float8Quantizer): no CPU kernel"
+        prefix = f"transformer_engine_torch.{name} (output quantizer OtherQuantizer): no CPU kernel"
         assert msg.startswith(prefix), msg
         assert "LayerNormLinear" in msg
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from harness.te_cpu import cuda_surface, evidence, extension, loader
+from harness.te_cpu import cuda_surface, device, evidence, extension, loader
 
 FP32_ENV = "DW_TE_CPU_FP32"
 FP32_GEMM: str = os.environ.get(FP32_ENV, "ieee") or "ieee"
@@ -49,8 +49,15 @@ def use_path(path: str) -> None:
     grouped GEMM's minimum for ``"grouped_tensor"`` and 12.9.1 otherwise. The runner calls it
     before each cell; the answer holds over the cell's whole step."""
     grouped = path == "grouped_tensor"
-    extension.set_cublaslt_version(extension.GROUPED_GEMM_CUBLASLT_VERSION if grouped
+    extension.set_cublaslt_version(extension.grouped_gemm_cublaslt_version() if grouped
                                    else extension.CUBLASLT_VERSION)
+
+
+def use_recipe(recipe: str) -> None:
+    """Present the device ``recipe`` needs (``harness.te_cpu.device.RECIPE_CAPABILITY``: sm_90
+    for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
+    before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
+    device.present(device.capability_for(recipe))
 
 
 def device_tensor(t: Any) -> Any:
@@ -81,6 +88,8 @@ def describe() -> dict[str, Any]:
         "device_only": "cpu",
         "te_sees": f"{cuda_surface.DEVICE_NAME}, sm_{''.join(map(str, cuda_surface.COMPUTE_CAPABILITY))}",
         "cuda_sites_answered": len(CUDA_SITES),
+        # the device each recipe runs on (use_recipe): Blackwell where TE requires it
+        "te_sees_by_recipe": {r: device.name(c) for r, c in device.RECIPE_CAPABILITY.items()},
         # the source tree TE was imported from (path, commit, dirty, version, kind), None: the wheel
         "te_tree": TE_TREE.serialize() if TE_TREE is not None else None,
         # TE's compiled extension is this package's CPU layer, never a build (harness.provenance)
@@ -89,5 +98,5 @@ def describe() -> dict[str, Any]:
 
 
 __all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "path_evidence", "reset_path_evidence",
-           "use_path", "device_tensor",
+           "use_path", "use_recipe", "device_tensor",
            "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "TE_TREE", "describe"]

@@ -37,6 +37,26 @@ import torch
 DEVICE_NAME = "te-cpu (CPU standing in for CUDA device 0)"
 COMPUTE_CAPABILITY = (9, 0)
 MULTI_PROCESSOR_COUNT = 132
+#: the CUDA version ``torch.version.cuda`` answers: 12.9, the toolkit of the cuBLASLt 12.9.1
+#: that ``extension`` reports (``Float8BlockScaling`` asks for CUDA >= 12.9 on Hopper)
+CUDA_VERSION = "12.9"
+
+#: the capability presented now: :data:`COMPUTE_CAPABILITY` unless :func:`set_capability`
+#: chose another (a recipe that needs Blackwell: ``harness.te_cpu.device``)
+_CAPABILITY = [COMPUTE_CAPABILITY]
+
+
+def capability() -> tuple[int, int]:
+    """The compute capability TE is told the device has, now."""
+    return _CAPABILITY[0]
+
+
+def set_capability(cap: tuple[int, int]) -> tuple[int, int]:
+    """Present ``cap`` from here on (``cuda.get_device_properties``); returns the previous one.
+    TE caches what it derives from the capability: ``harness.te_cpu.device`` clears those caches."""
+    major, minor = (int(c) for c in cap)
+    previous, _CAPABILITY[0] = _CAPABILITY[0], (major, minor)
+    return previous
 
 
 #: what a device-resident tensor's ``device`` answers: CUDA device 0, the device TE is told
@@ -98,7 +118,7 @@ def _tensor_cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = Fa
 
 
 def _device_properties(device: Any = None) -> SimpleNamespace:
-    major, minor = COMPUTE_CAPABILITY
+    major, minor = capability()
     return SimpleNamespace(name=DEVICE_NAME, major=major, minor=minor,
                            multi_processor_count=MULTI_PROCESSOR_COUNT, total_memory=0)
 
@@ -147,8 +167,8 @@ def _answers() -> dict[str, tuple[Any, str, str]]:
                                 "utils.py get_device_compute_capability, get_sm_count; "
                                 "cpp_extensions/gemm.py get_cublas_workspace_size_bytes"),
         "cuda.get_device_properties": (_device_properties,
-                                       f"sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}, "
-                                       f"{MULTI_PROCESSOR_COUNT} SMs",
+                                       f"sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]} "
+                                       f"(sm_100 while a Blackwell recipe runs), {MULTI_PROCESSOR_COUNT} SMs",
                                        "utils.py _get_device_compute_capability, get_sm_count; "
                                        "cpp_extensions/gemm.py get_cublas_workspace_size_bytes"),
         "cuda.is_current_stream_capturing": (lambda: False, "False",
@@ -162,8 +182,13 @@ def _answers() -> dict[str, tuple[Any, str, str]]:
         "empty": (_factory(torch.empty), device_arg,
                   "module/base.py get_dummy_wgrad, cpp_extensions/gemm.py general_grouped_gemm "
                   "(bias-gradient buffers) use device='cuda'; the modules' parameters use 'cuda:0'"),
+        "ones": (_factory(torch.ones), device_arg,
+                 "quantization.py DelayedScalingRecipeState.__init__ (the scales, device='cuda')"),
         "zeros": (_factory(torch.zeros), device_arg,
                   "ops/basic/grouped_linear.py reset_parameters (device='cuda:0')"),
+        "version.cuda": (CUDA_VERSION, CUDA_VERSION,
+                         "quantization.py _compute_fp8_block_scaling_support (float(torch.version.cuda) "
+                         ">= 12.9 for Float8BlockScaling)"),
         "tensor": (_factory(torch.tensor), device_arg,
                    "module/grouped_linear.py _GroupedLinear.forward (m_splits on the module's device)"),
     }

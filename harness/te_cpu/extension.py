@@ -56,6 +56,12 @@ CUBLASLT_VERSION = 120901
 #: ``is_op_fuser_grouped_tensor_path_supported``, ``check_grouped_gemm_requirements``);
 #: answer it with :func:`cublaslt_version` to put BF16/FP16 grouped layers on that path
 GROUPED_GEMM_CUBLASLT_VERSION = 130300 if _cuda.COMPUTE_CAPABILITY >= (10, 0) else 130400
+
+
+def grouped_gemm_cublaslt_version() -> int:
+    """:data:`GROUPED_GEMM_CUBLASLT_VERSION` for the device presented now (13.3 on Blackwell,
+    13.4 on Hopper): ``harness.te_cpu.device`` may present Blackwell for a recipe."""
+    return 130300 if _cuda.capability() >= (10, 0) else 130400
 #: what ``get_cudnn_version`` answers: cuDNN 9.12.0, TE 2.20's minimum (``MIN_CUDNN_VERSION``)
 CUDNN_VERSION = 91200
 #: ``get_num_cublas_streams``: TE's default number of compute streams for grouped GEMMs
@@ -256,8 +262,9 @@ def missing(name: str, detail: str = "") -> MissingCpuKernel:
     extra = f" ({detail})" if detail else ""
     return MissingCpuKernel(
         f"{MODULE_NAME}.{name}{extra}: no CPU kernel in the te-cpu layer; called from "
-        f"{_te_caller()}. te-cpu runs only TE's non-quantized Linear / LayerNormLinear / "
-        f"GroupedLinear / ops.GroupedLinear paths (harness/te_cpu/extension.py)")
+        f"{_te_caller()}. te-cpu runs only TE's Linear / LayerNormLinear / GroupedLinear / "
+        f"ops.GroupedLinear paths, non-quantized and under the recipes of harness/te_cpu/quant "
+        f"(harness/te_cpu/extension.py)")
 
 
 def _require_plain(name: str, **operands: Any) -> None:
@@ -280,9 +287,11 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     """
     if A is None or B is None:
         raise ValueError(f"Tensor {'A' if A is None else 'B'} has not been provided")
+    if _quant.is_quantized(A) or _quant.is_quantized(B) or quantizer is not None:
+        return _quant.generic_gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gelu,
+                                   gelu_in, grad, workspace, workspace_size, accumulate, use_split_accumulator,
+                                   comm_overlap, comm_type, extra_output, bulk_overlap, alpha, beta)
     _require_plain("generic_gemm", A=A, B=B, D=D)
-    if quantizer is not None:
-        raise missing("generic_gemm", f"output quantizer {type(quantizer).__name__}")
     if gelu:
         raise missing("generic_gemm", "GELU epilogue")
     if comm_overlap is not None or bulk_overlap:
@@ -309,6 +318,9 @@ def te_general_grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], tr
         raise ValueError("not implemented, D should be allocated for single output case.")
     if any(t.numel() for t in pre_gelu_out):
         raise missing("te_general_grouped_gemm", "GELU epilogue")
+    if any(_quant.is_quantized(t) for t in (*A, *B)):
+        return _quant.grouped_gemm(A, transa, B, transb, D, D_type, m_splits, bias, bias_type, single_output,
+                                   grad, accumulate, use_split_accumulator)
     for a, b in zip(A, B):
         _require_plain("te_general_grouped_gemm", A=a, B=b)
     results = _gemm.grouped_gemm(A, transa, B, transb, out_dtype=_torch_dtype(D_type),
@@ -323,11 +335,9 @@ def te_general_grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], tr
 
 
 def _require_unquantized(name: str, quantizer: Any, **operands: Any) -> None:
-    """A norm with an output quantizer (FP8, MXFP8, NVFP4, ...) or a quantized operand has
-    no CPU kernel: fail loudly rather than return an unquantized output."""
+    """A quantized operand of a norm has no CPU kernel: fail loudly. (An output quantizer is
+    the quantization surface's: ``_quant.norm_output``.)"""
     _require_plain(name, **operands)
-    if quantizer is not None:
-        raise missing(name, f"output quantizer {type(quantizer).__name__}")
 
 
 def layernorm_fwd(input: Any, weight: Any, bias: torch.Tensor | None, eps: float, ln_out: Any,
@@ -337,7 +347,11 @@ def layernorm_fwd(input: Any, weight: Any, bias: torch.Tensor | None, eps: float
     Writes into ``ln_out`` when given, else allocates the output in ``otype``. ``sm_margin``
     only sizes the CUDA launch. Returns ``[out, mu, rsigma]`` (fp32 statistics), as the binding does.
     """
-    _require_unquantized("layernorm_fwd", quantizer, input=input, weight=weight, bias=bias, ln_out=ln_out)
+    _require_unquantized("layernorm_fwd", quantizer, input=input, weight=weight, bias=bias)
+    if quantizer is not None:
+        return _quant.norm_output("layernorm_fwd", quantizer, otype, ln_out, lambda out_dtype: _norm.layernorm_fwd(
+            input, weight, bias, eps, zero_centered_gamma=zero_centered_gamma, out_dtype=out_dtype, out=None))
+    _require_plain("layernorm_fwd", ln_out=ln_out)
     res = _norm.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma=zero_centered_gamma,
                               out_dtype=_torch_dtype(otype), out=ln_out)
     return [res.out, res.mu, res.rsigma]
@@ -349,7 +363,11 @@ def rmsnorm_fwd(input: Any, weight: Any, eps: float, ln_out: Any, quantizer: Any
 
     Returns ``[out, None, rsigma]``, as the binding does.
     """
-    _require_unquantized("rmsnorm_fwd", quantizer, input=input, weight=weight, ln_out=ln_out)
+    _require_unquantized("rmsnorm_fwd", quantizer, input=input, weight=weight)
+    if quantizer is not None:
+        return _quant.norm_output("rmsnorm_fwd", quantizer, otype, ln_out, lambda out_dtype: _norm.rmsnorm_fwd(
+            input, weight, eps, zero_centered_gamma=zero_centered_gamma, out_dtype=out_dtype, out=None))
+    _require_plain("rmsnorm_fwd", ln_out=ln_out)
     res = _norm.rmsnorm_fwd(input, weight, eps, zero_centered_gamma=zero_centered_gamma,
                             out_dtype=_torch_dtype(otype), out=ln_out)
     return [res.out, None, res.rsigma]
@@ -411,7 +429,7 @@ def get_grouped_gemm_setup_workspace_size(num_tensors: int) -> int:
 def _check_grouped_gemm_requirements(api: str) -> None:
     """``check_grouped_gemm_requirements``: the device and the *run-time* cuBLASLt version
     (what ``get_cublasLt_version`` answers now) must have the grouped GEMM."""
-    sm, version = _cuda.COMPUTE_CAPABILITY, _CUBLASLT[0]
+    sm, version = _cuda.capability(), _CUBLASLT[0]
     if sm < (9, 0):
         raise RuntimeError(f"{api} requires Hopper (SM90) or newer architecture.")
     if version < 130300:
@@ -459,7 +477,7 @@ def _grouped_gemm_binding(name: str, api: str, A: Any, transa: bool, B: Any, tra
     _check_grouped_gemm_requirements(api)
     try:
         _grouped.grouped_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta,
-                              per_group_alpha_beta=_cuda.COMPUTE_CAPABILITY >= (10, 0), fp32_mode=fp32_mode())
+                              per_group_alpha_beta=_cuda.capability() >= (10, 0), fp32_mode=fp32_mode())
         if bias is not None:  # the separate bias-add kernel TE runs after the GEMM (a second rounding)
             row_starts = [m.offset // m.cols if m.cols else 0 for m in d_members]
             scale = None if bias_scale is None else bias_scale.reshape(-1)
@@ -534,6 +552,10 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "get_cudnn_version": get_cudnn_version,
     "get_num_cublas_streams": get_num_cublas_streams,
 }
+# the quantization surface (harness/te_cpu/quant): quantize, dequantize, the recipes' updates, ...
+from harness.te_cpu.quant import bindings as _quant  # noqa: E402  (reads this module's names when called)
+
+KERNELS.update(_quant.KERNELS)
 
 
 # ---- everything else: stubs that fail when called -----------------------------------------
@@ -815,7 +837,7 @@ def build(te_root: Path | None = None) -> ModuleType:
     mod.__file__ = __file__
     mod.__getattr__ = _module_getattr  # type: ignore[attr-defined]
     if te_root is None:
-        enums, stubbed = BUILTIN_ENUMS, set(STUBBED)
+        enums, stubbed = BUILTIN_ENUMS, set(STUBBED) - set(KERNELS)
     else:
         te_root = Path(te_root)
         found = tree_enums(te_root)

@@ -1,0 +1,60 @@
+"""Which format family handles a TE quantizer or quantized tensor (by TE's class names).
+
+The compiled extension converts a Python quantizer to its C++ twin by type
+(``convert_quantizer``) and a Python tensor by its storage class
+(``makeTransformerEngineTensor``); this module does the same lookup for the families of
+:mod:`harness.te_cpu.quant`. Names, not classes, so that nothing here imports TE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Family:
+    """A quantizer class and what te-cpu calls for it."""
+
+    recipe: str  #: the recipe value (``harness.te_cpu.device.RECIPE_CAPABILITY``)
+    module: str  #: the module of harness.te_cpu.quant with its kernels
+    storage: str  #: the TE storage class its tensors derive from
+
+
+#: TE quantizer class name -> family
+QUANTIZERS: dict[str, Family] = {
+    "Float8Quantizer": Family("delayed", "per_tensor", "Float8TensorStorage"),
+    "Float8CurrentScalingQuantizer": Family("current", "per_tensor", "Float8TensorStorage"),
+    "MXFP8Quantizer": Family("mxfp8", "mxfp8", "MXFP8TensorStorage"),
+    "Float8BlockQuantizer": Family("blockwise", "blockwise", "Float8BlockwiseQTensorStorage"),
+    "NVFP4Quantizer": Family("nvfp4", "nvfp4", "NVFP4TensorStorage"),
+}
+#: TE storage class name -> the module of its kernels
+STORAGES: dict[str, str] = {f.storage: f.module for f in QUANTIZERS.values()}
+
+
+def family(quantizer: Any) -> Family | None:
+    """The family of a TE quantizer (None for a quantizer te-cpu has no kernels for)."""
+    for cls in type(quantizer).__mro__:
+        if cls.__name__ in QUANTIZERS:
+            return QUANTIZERS[cls.__name__]
+    return None
+
+
+def storage_module(tensor: Any) -> str | None:
+    """The family module of a TE quantized tensor or storage (None for anything else)."""
+    for cls in type(tensor).__mro__:
+        if cls.__name__ in STORAGES:
+            return STORAGES[cls.__name__]
+    return None
+
+
+def is_quantized(t: Any) -> bool:
+    """A TE quantized tensor or storage (anything but a plain tensor or None)."""
+    if t is None:
+        return False
+    if storage_module(t) is not None:
+        return True
+    return not isinstance(t, torch.Tensor) or getattr(t, "_quantizer", None) is not None
