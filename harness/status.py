@@ -23,7 +23,9 @@ class Status:
         label: what a reader sees (legend, pills, tables).
         glyph: the short text on a report chip.
         color: the report's colour for it (CSS).
-        good: the cell met its expectation (a sweep with only good cells exits 0).
+        good: the cell does not fail the gate (a sweep with only good cells exits 0): it met
+            its expectation, or (``path_not_taken``) TE itself ran another path than the one
+            the cell names, so the cell has no verdict on it.
         bad: the backend or the harness went wrong (skipped cells are neither good nor bad).
         severity: smaller is worse; summarising several cells shows the worst.
     """
@@ -38,10 +40,13 @@ class Status:
 
 
 TABLE: tuple[Status, ...] = (
-    Status("pass", "pass", "ok", "#1f883d", good=True, bad=False, severity=7),
-    Status("xfail", "expected error met", "xf", "#0f7b8a", good=True, bad=False, severity=6),
+    Status("pass", "pass", "ok", "#1f883d", good=True, bad=False, severity=8),
+    Status("xfail", "expected error met", "xf", "#0f7b8a", good=True, bad=False, severity=7),
     # every failure of the cell is explained by known-defect ledger entries (CONTRACTS §7)
-    Status("known", "known defect", "kd", "#9a6700", good=True, bad=False, severity=5),
+    Status("known", "known defect", "kd", "#9a6700", good=True, bad=False, severity=6),
+    # TE chose another execution path than the cell's module value names (e.g. no grouped GEMM
+    # in this cuBLASLt): no verdict on the named path, never "met" for a ledger entry
+    Status("path_not_taken", "path not taken", "path", "#3e63dd", good=True, bad=False, severity=5),
     Status("fail", "fail", "\u2717", "#cf222e", good=False, bad=True, severity=1),
     Status("error", "error", "err", "#d4570b", good=False, bad=True, severity=2),
     Status("timeout", "timeout", "t/o", "#8250df", good=False, bad=True, severity=3),
@@ -61,6 +66,9 @@ SEVERITY: tuple[str, ...] = tuple(s.name for s in sorted(TABLE, key=lambda s: s.
 STATUS_LABELS: dict[str, str] = {s.name: s.label for s in TABLE}
 #: the one status a harness bug gets (exit 3, never counted against the backend).
 HARNESS_ERROR = "harness_error"
+#: TE ran another execution path than the cell names (``harness.te_path``): exit 0, but the
+#: cell counts toward no ledger verdict (a required entry it selects is "not exercised")
+PATH_NOT_TAKEN = "path_not_taken"
 
 
 def label(name: str) -> str:

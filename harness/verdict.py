@@ -7,15 +7,16 @@ from typing import Any, Sequence
 
 from harness.matrix import Cell
 from harness.record import CellResult, RankResult
-from harness.status import HARNESS_ERROR
+from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN
 
 
 def cell_status(ranks: Sequence[RankResult]) -> str:
-    """harness_error > timeout > error > fail > (all xfail: xfail) > pass; a pass/xfail mix
-    is a fail (ranks disagree). A harness error on any rank makes the cell one: what the
-    other ranks saw is not a verdict on the backend then."""
+    """harness_error > path_not_taken > timeout > error > fail > (all xfail: xfail) > pass; a
+    pass/xfail mix is a fail (ranks disagree). A harness error on any rank makes the cell one:
+    what the other ranks saw is not a verdict on the backend then; nor is it on the cell's
+    path when TE ran another one (``path_not_taken``)."""
     statuses = {r.status for r in ranks}
-    for s in (HARNESS_ERROR, "timeout", "error", "fail"):
+    for s in (HARNESS_ERROR, PATH_NOT_TAKEN, "timeout", "error", "fail"):
         if s in statuses:
             return s
     if statuses == {"xfail"}:
@@ -26,8 +27,11 @@ def cell_status(ranks: Sequence[RankResult]) -> str:
 
 
 def first_failure(ranks: Sequence[RankResult]) -> str | None:
-    """One line naming the rank and the first failed check or exception (a harness error first)."""
-    for r in sorted(ranks, key=lambda r: r.status != HARNESS_ERROR):
+    """One line naming the rank and the first failed check or exception (a harness error
+    first, then the reason TE gave for taking another path)."""
+    for r in sorted(ranks, key=lambda r: (r.status != HARNESS_ERROR, r.status != PATH_NOT_TAKEN)):
+        if r.status == PATH_NOT_TAKEN and r.choice and r.choice.get("reason"):
+            return f"[rank {r.rank}] {r.choice['reason']}"
         if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
             return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
         for c in r.comparisons:

@@ -16,7 +16,7 @@ from harness.commands import _options
 from harness.shape import Example
 from harness.launch import LaunchOptions
 from harness.record import CellResult, RunRecord, load
-from harness.status import HARNESS_ERROR, STATUSES, counts_text, label, run_exit_code
+from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN, STATUSES, counts_text, label, run_exit_code
 from harness.sweep import SweepSpec, run_sweep
 
 
@@ -119,6 +119,7 @@ def summary(record: RunRecord) -> str:
         rev = review.review(record.serialize())
         if rev is not None and (rev.required or rev.tree):
             lines += [""] + review_lines(rev)
+    lines += not_taken_lines(record.cells)
     bad = [c for c in record.cells if not c]
     if bad:
         lines.append("")
@@ -128,6 +129,23 @@ def summary(record: RunRecord) -> str:
         if len(bad) > 20:
             lines.append(f"  ... and {len(bad) - 20} more (see the report)")
     return "\n".join(lines)
+
+
+def not_taken_lines(cells: list[CellResult], shown: int = 5) -> list[str]:
+    """The cells where TE ran another path than they name, by the reason TE gave."""
+    groups: dict[str, list[str]] = {}
+    for c in cells:
+        if c.status == PATH_NOT_TAKEN:
+            groups.setdefault(review.path_reason({"first_failure": c.first_failure}), []).append(c.id)
+    if not groups:
+        return []
+    n = sum(len(ids) for ids in groups.values())
+    out = ["", f"{n} cell(s) did not run the TE path they name ({label(PATH_NOT_TAKEN)}: no verdict on that path):"]
+    for reason, ids in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:shown]:
+        out.append(f"  {len(ids)} cell(s), e.g. {ids[0]}:\n          {reason}")
+    if len(groups) > shown:
+        out.append(f"  ... and {len(groups) - shown} more reasons (see the report)")
+    return out
 
 
 def review_lines(rev: review.Review) -> list[str]:
