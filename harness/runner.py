@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Iterator
@@ -340,7 +340,7 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
             out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb], backend, dev), x)
-        with _owned("harness", "path evidence", cell):
+        with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):
             if gtp is not None:

@@ -40,7 +40,7 @@ checks, path]`` with trailing empties dropped:
   where it is worst), ``top8``/``top3`` (the few worst checks, and how many were dropped),
   ``none``. A thinned cell's kept checks are the flat ``checks`` list of ``[rank, *check]``.
   ``results.json`` remains the full truth;
-* ``path`` is the cell's path evidence, an S index of its compact JSON ``{"rank", "choice",
+* ``path`` is the cell's path evidence, ``[S index]`` of its compact JSON ``{"rank", "choice",
   "kernels"}``: TE's recorded choice (``harness.te_path``) and the kernels the backend says
   TE called, from the rank that took another path than the cell names, else the first rank
   that has any (identical evidence of many cells is one string); absent when none.
@@ -352,14 +352,15 @@ def _detail_thinned(cell: dict[str, Any], level: str, S: _Strings) -> list[Any]:
     return [ranks, LEVELS.index(level), total - len(checks), flat]
 
 
-def _path_evidence(cell: dict[str, Any], S: _Strings) -> int | None:
-    """The cell's path evidence as an S index (see the module docstring), None without any."""
+def _path_evidence(cell: dict[str, Any], S: _Strings) -> list[int] | None:
+    """The cell's path evidence as ``[S index]`` (see the module docstring; a list, so that
+    index 0 is not trimmed as empty), None without any."""
     ranks = [r for r in cell.get("ranks") or [] if r.get("choice") or r.get("path")]
     if not ranks:
         return None
     r = next((r for r in ranks if (r.get("choice") or {}).get("reason")), ranks[0])
     pe = {"rank": r.get("rank", 0), "choice": r.get("choice"), "kernels": r.get("path")}
-    return S.add(json.dumps(_jsonable(pe), sort_keys=True, separators=(",", ":")))
+    return [S.add(json.dumps(_jsonable(pe), sort_keys=True, separators=(",", ":")))]
 
 
 def _detail_cell(cell: dict[str, Any], level: str | None, S: _Strings) -> list[Any]:
@@ -504,6 +505,6 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
                 by_rank[a[0]]["checks"].append(_unpack_check(a[1:], DS, kinds))
             cell.update({"duration_s": d[0] or 0, "expects_error": bool(d[1]), "example": d[2] or None,
                          "level": LEVELS[level] if level else None, "dropped": d[5] or 0, "ranks": ranks,
-                         "path": None if d[7] is None else json.loads(DS[d[7]])})
+                         "path": None if not d[7] else json.loads(DS[d[7][0]])})
         out.append(cell)
     return out

@@ -113,7 +113,9 @@ def summary(record: RunRecord) -> str:
         for e in record.ledger["entries"]:
             state = ("STALE: no longer reproduces" if e["stale"] else
                      f"{len(e['known_cells'])} known, reproduced in {len(e['reproduced'])}/{len(e['selected'])} "
-                     "selected cell(s)" if e["selected"] else "selects no cell of this run")
+                     "selected cell(s)" + (f", {len(e['path_not_taken'])} {label(PATH_NOT_TAKEN)}"
+                                           if e.get("path_not_taken") else "")
+                     if e["selected"] else "selects no cell of this run")
             mark = "*" if e.get("required") else " "
             lines.append(f" {mark}{e['id']:{idw}} {e['upstream']:20} {e.get('verdict', ''):14} {state}")
         rev = review.review(record.serialize())

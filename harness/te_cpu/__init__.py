@@ -92,6 +92,12 @@ def use_path(path: str) -> None:
     extension.set_cublaslt_version(GROUPED_CUBLASLT if grouped else extension.CUBLASLT_VERSION)
 
 
+def harness_reads() -> Any:
+    """``with backend.harness_reads(): ...``: what the harness calls inside to read TE's state
+    (its path choice's inputs, ``harness.te_path``) is not counted as TE's kernel calls."""
+    return evidence.paused()
+
+
 def device_tensor(t: Any) -> Any:
     """``t`` (a CPU tensor) as TE sees a tensor in CUDA memory: the grouped-tensor path
     insists that ``m_splits`` be there (``module/grouped_linear.py``: "requires CUDA
@@ -129,6 +135,6 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "device_tensor",
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "device_tensor", "harness_reads",
            "FP32_GEMM", "GROUPED_CUBLASLT", "KERNEL_EVIDENCE", "TE_VERSION", "TE_ORIGIN", "TE_TREE", "describe",
            *(("path_evidence", "reset_path_evidence") if KERNEL_EVIDENCE else ())]

@@ -77,7 +77,7 @@ function main(D) {
     ranks.forEach(function (g) { byRank[g.rank] = g; });
     (a[6] || []).forEach(function (x) { if (byRank[x[0]]) byRank[x[0]].checks.push(x.slice(1)); });
     return {dur: a[0] || 0, xp: !!a[1], ex: a[2] || null, ranks: ranks, lvl: a[4] ? LEVELS[a[4]] : null, drop: a[5] || 0,
-            pe: a[7] != null ? JSON.parse(DD.S[a[7]]) : null};
+            pe: a[7] ? JSON.parse(DD.S[a[7][0]]) : null};
   }
 
   function esc(s) {
