@@ -13,6 +13,7 @@ import pytest
 
 import harness.reference as reference
 from harness import modules, te_path, verdict
+from harness.commands import repro
 from harness.matrix import Cell
 from harness.runner import RankContext, run_cell
 from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN
@@ -171,6 +172,10 @@ def test_te_choosing_another_path_is_path_not_taken_with_tes_reason(calls):
     merged = verdict.merge(Cell.from_id(TENSOR), [result], 0.1, "fixtures/path_choice.py")
     assert merged.status == PATH_NOT_TAKEN and merged.first_failure == f"[rank 0] {UNAVAILABLE}"
     assert merged  # it does not fail the gate
+    shown = repro.detail(merged)  # what `repro` prints for the cell
+    assert "    path: TE took the split_quantize path (GroupGemmBackward: grouped_tensor_supported=False" in shown
+    assert f"          {UNAVAILABLE}" in shown
+    assert ("    kernels: te_general_grouped_gemm x3" in shown) == (calls is not None)
 
 
 def test_the_named_path_recorded_by_te_passes(monkeypatch):
