@@ -356,3 +356,29 @@ def test_fixes_names_entries_by_id_glob_or_all():
     assert review.required_entries(["all"], led) == ["dtype", "dtype-linear", "buffer"]
     with pytest.raises(review.ReviewError, match="names no entry"):
         review.required_entries(["nope"], led)
+
+
+def test_a_path_not_taken_cell_is_never_met_known_or_a_regression():
+    """TE ran another path than the cell names: its checks say nothing of the entry's path. An
+    entry whose cells all did so is not exercised (never fixed here, never stale); a required
+    one keeps the review red, quoting TE's reason; the cell itself fails no gate."""
+    from harness import review
+    from harness.status import PATH_NOT_TAKEN
+
+    why = "TE chose the split-quantize path: cuBLASLt 12.9.1 < 13.3 required for the grouped GEMM"
+    other_path = _result(CELL, ("finalize_dtypes",), status=PATH_NOT_TAKEN)  # even with a failure of the entry's form
+    other_path.first_failure = f"[rank 0] {why}"
+    cells, outcome = ledger.apply([other_path], _ledger(_entry()))
+    assert cells[0].status == PATH_NOT_TAKEN and cells[0].known is None
+    (e,) = outcome["entries"]
+    assert e["verdict"] == ledger.NOT_EXERCISED and e["path_not_taken"] == [CELL.id] and not e["reproduced"]
+    assert outcome["stale"] == [] and run_exit_code([PATH_NOT_TAKEN]) == exitcodes.OK
+
+    rev = _reviewed([other_path], _entry())
+    assert rev.entries[0].verdict == review.NOT_EXERCISED and rev.entries[0].path_not_taken == 1
+    assert not rev.green and rev.regressions == []
+    assert rev.reasons() == [f"ledger entry dtype must be fixed by this change but is not exercised (its 1 of 1 "
+                             f"cell(s) took another TE path than they name: {why})"]
+    # one cell of the entry met its expectation elsewhere: fixed here, the other path aside
+    rev = _reviewed([other_path, _result(matrix.Cell(**{**CELL.serialize(), "hooks": "off"}))], _entry())
+    assert rev.entries[0].verdict == review.FIXED and rev.green

@@ -635,6 +635,9 @@ def _diff_pair() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
         "ratio_grown_small": ("pass", "pass", 0.001, 0.05),  # grew 50x but still negligible
         "ratio_steady": ("pass", "pass", 0.3, 0.5),  # not > 2x
         "newly_skipped": ("pass", "skipped", 0.1, None),
+        # TE ran another path than the cell names: coverage lost, never a fix of a known cell
+        "path_lost": ("known", "path_not_taken", None, None),
+        "path_back_failing": ("path_not_taken", "fail", None, None),
         "only_in_base": ("pass", None, 0.1, None),
         "only_in_new": (None, "pass", None, 0.1),
     }
@@ -659,18 +662,19 @@ def test_diff_classifies_every_class() -> None:
     base, new, ids = _diff_pair()
     d = diff_records(base, new)
     got = {k: [c.id for c in getattr(d, k)] for k in d.CLASSES}
-    assert got["newly_failing"] == [ids["newly_failing"], ids["newly_failing_xfail"], ids["newly_failing_skip"]]
+    assert got["newly_failing"] == [ids["newly_failing"], ids["newly_failing_xfail"], ids["newly_failing_skip"],
+                                    ids["path_back_failing"]]
     assert got["newly_passing"] == [ids["newly_passing"]]
     assert got["still_failing"] == [ids["still_failing"]]
     assert got["ratio_grown"] == [ids["ratio_grown"]]
-    assert got["newly_skipped"] == [ids["newly_skipped"]]
+    assert got["newly_skipped"] == [ids["newly_skipped"], ids["path_lost"]]
     assert got["only_in_base"] == [ids["only_in_base"]]
     assert got["only_in_new"] == [ids["only_in_new"]]
     assert d.unchanged == 2  # ratio_grown_small, ratio_steady
     assert d.exit_code == 1
     text = render_diff_text(d)
-    assert "REGRESSION" in text and "gate fails: 3 cell(s) newly failing" in text and ids["newly_failing"] in text and "repro:" in text
-    assert "coverage lost: 1 cell(s) newly skipped, 1 only in base" in text
+    assert "REGRESSION" in text and "gate fails: 4 cell(s) newly failing" in text and ids["newly_failing"] in text and "repro:" in text
+    assert "coverage lost: 2 cell(s) newly skipped, 1 only in base" in text
     page = render_diff_html(d, base, new)
     assert page.startswith("<!DOCTYPE html>") and ids["ratio_grown"] in page and "REGRESSION" in page
     assert H.EVIL not in page

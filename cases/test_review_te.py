@@ -17,6 +17,13 @@ Three trees, each a git checkout made from the installed wheel:
   does not exist: the ``NameError`` names both "delay" and "distributed", but a programming
   error is never the rejection the contract asks for: red, the entry not fixed here.
 
+The fixed tree is also reviewed where TE cannot take its grouped-tensor path (te-cpu answering
+cuBLASLt 12.9.1, ``DW_TE_CPU_CUBLASLT``, as on most CUDA 12 machines): the fix of
+``grouped-tensor-path-no-distributed-weight-handling`` never runs there, so every grouped-tensor
+cell is "path not taken" with TE's reason and the review requiring that entry is red - judged
+once with te-cpu's kernel evidence and once from TE's recorded choice alone
+(``DW_TE_CPU_EVIDENCE=off``), the route a GPU run takes.
+
 A tree that does not import is ``cases/test_te_tree.py``'s; the unpatched wheel's ``ci`` sweep
 (exit 0 under the ledger) is ``cases/test_ledger_te.py``'s, shared here through ``te_runs``.
 """
@@ -116,9 +123,10 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "broken_check": broken_check.resolve(), "base": base}
 
 
-def _sweep(tree: Path | None, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _sweep(tree: Path | None, out: Path, *args: str,
+           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     backend = ["--backend", "te-cpu"] + (["--te-tree", str(tree)] if tree else [])
-    proc = harness("sweep", *backend, *args, "--out", str(out), "--quiet")
+    proc = harness("sweep", *backend, *args, "--out", str(out), "--quiet", env=env)
     with gzip.open(out / "results.json.gz", "rt") as fh:
         return proc, json.load(fh)
 
@@ -215,3 +223,50 @@ def test_a_broken_rejection_check_is_not_the_expected_error(trees, tmp_path):
     assert _verdicts(proc.stdout)["delayed-wgrad-distributed-not-rejected"] != "fixed here"
     assert "review RED: 0 of 1 required entries fixed here, 1 regression(s)" in proc.stdout, out[-4000:]
     assert "NameError: name 'check_delay_wgrad_distributed' is not defined is a programming error" in proc.stdout
+
+
+GROUPED_ENTRY = "grouped-tensor-path-no-distributed-weight-handling"
+#: three ci cells on the grouped-tensor paths: two the entry selects, one of the op fuser's
+TENSOR_CELLS = ["grouped_linear_tensor-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g4-bias-igrad-nodelay",
+                "grouped_linear_tensor-distributed-hooks_identity-unfused-bf16-ws2-ddp-mb2-g4-bias-igrad-nodelay",
+                "ops_grouped_linear_tensor-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g4-bias-igrad-nodelay"]
+#: what TE 2.20.2 says on such a machine, per layer (its path predicate, the inputs it saw)
+TE_SAYS = ("TE chose the split-quantize path: cuBLASLt 12.9.1 < 13.3 required for the grouped GEMM (TE's "
+           "is_{}_grouped_tensor_path_supported saw torch.bfloat16, sm_90, cuBLASLt 12.9.1: False)")
+
+
+def test_a_fix_whose_path_te_cannot_take_is_not_exercised_and_red(trees, tmp_path):
+    runs = {}
+    for evidence in ("on", "off"):
+        out = tmp_path / f"evidence-{evidence}"
+        proc, record = _sweep(trees["fixed"], out, "--preset", "ci", "--cells", ",".join(TENSOR_CELLS),
+                              "--fixes", GROUPED_ENTRY,
+                              env={"DW_TE_CPU_CUBLASLT": "12.9.1", "DW_TE_CPU_EVIDENCE": evidence})
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 1, text[-4000:]
+        cells = {c["id"]: c for c in record["cells"]}
+        assert set(cells) == set(TENSOR_CELLS) and {c["status"] for c in cells.values()} == {"path_not_taken"}
+        for cid, c in cells.items():
+            says = TE_SAYS.format("op_fuser" if cid.startswith("ops_") else "module")
+            assert c["first_failure"] == f"[rank 0] {says}"
+            for rank in c["ranks"]:  # TE's recorded choice on every rank; kernels only where counted
+                assert rank["choice"]["path"] == "split_quantize" and rank["choice"]["reason"] == says
+                if evidence == "on":
+                    assert rank["path"].get("te_general_grouped_gemm") and not any(
+                        k.startswith("te_general_grouped_gemm_for") for k in rank["path"]), rank["path"]
+                else:
+                    assert "path" not in rank
+        assert _verdicts(proc.stdout)[GROUPED_ENTRY] == "not exercised"
+        assert "review RED: 0 of 1 required entries fixed here, 0 regression(s)" in proc.stdout
+        why = (f"ledger entry {GROUPED_ENTRY} must be fixed by this change but is not exercised (its 2 of 2 cell(s) "
+               f"took another TE path than they name: {TE_SAYS.format('module')})")
+        assert why in proc.stdout
+        assert "3 cell(s) did not run the TE path they name" in proc.stdout
+        summary = (out / "summary.md").read_text()
+        assert "### Path not taken (3)" in summary and "2 cell(s) took another TE path" in summary
+        assert 'id="not-taken"' in (out / "report.html").read_text()
+        junit = (out / "junit.xml").read_text()
+        assert junit.count('<skipped message="path not taken: TE chose the split-quantize path') == 3
+        runs[evidence] = {cid: (c["status"], c["first_failure"]) for cid, c in cells.items()}
+    assert runs["off"] == runs["on"]  # the ctx flags alone judge as the kernels and flags together
+

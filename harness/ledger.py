@@ -49,6 +49,7 @@ from typing import Any, Iterable, Sequence
 
 from harness import matrix
 from harness.record import CellResult
+from harness.status import PATH_NOT_TAKEN
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -448,6 +449,8 @@ class _Tally:
     reproduced: list[str] = field(default_factory=list)
     known: list[str] = field(default_factory=list)
     met: list[str] = field(default_factory=list)  #: selected cells that met their expectation
+    #: selected cells where TE ran another path than the cell names (never "met", never known)
+    other_path: list[str] = field(default_factory=list)
 
 
 def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[Entry], set[str]]:
@@ -467,7 +470,8 @@ def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[
 #: what a run says of an entry: its defect is still failing (it reproduces), fixed here (it
 #: reproduces in none of its cells and at least one of them now meets its expectation), or not
 #: exercised (no cell of the run selects it, or every one it selects fails earlier, for
-#: another entry's defect: masked, so nothing can be said)
+#: another entry's defect: masked, or ran another TE path than it names - ``path_not_taken``:
+#: so nothing can be said)
 FIXED, FAILING, NOT_EXERCISED = "fixed here", "still failing", "not exercised"
 
 
@@ -477,7 +481,8 @@ def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool 
 
     The outcome is the ledger (``Ledger.serialize()``) with, per entry, the cells it
     selects, reproduces in and explains (``known``), its ``verdict`` (``FIXED``, ``FAILING``,
-    ``NOT_EXERCISED``) and ``stale`` (selects cells, reproduces in none); ``stale`` lists the
+    ``NOT_EXERCISED``), ``path_not_taken`` (the selected cells where TE ran another path: they
+    never count as met) and ``stale`` (selects cells, reproduces in none); ``stale`` lists the
     stale entries' ids. With ``judge_stale=False`` (a shard of a sweep: the entry may
     reproduce in another shard) no entry is stale.
 
@@ -499,6 +504,8 @@ def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool 
             tally[e.id].selected.append(cell.id)
             if judged.status in ("pass", "xfail"):
                 tally[e.id].met.append(cell.id)
+            elif judged.status == PATH_NOT_TAKEN:
+                tally[e.id].other_path.append(cell.id)
             if e.id in reproduced:
                 tally[e.id].reproduced.append(cell.id)
             if judged.known and e.id in judged.known:
@@ -512,7 +519,7 @@ def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool 
         # cells that all fail earlier (another entry's defect) leave it not exercised, not stale
         verdict = FAILING if t.reproduced else FIXED if t.met else NOT_EXERCISED
         e.update(selected=t.selected, reproduced=t.reproduced, known_cells=t.known, verdict=verdict,
-                 stale=judge_stale and required is None and verdict == FIXED)
+                 path_not_taken=t.other_path, stale=judge_stale and required is None and verdict == FIXED)
         if required is not None:
             e["required"] = e["id"] in required
             if e["required"] and (verdict != FIXED if judge_stale else verdict == FAILING):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModuleKind", "KINDS", "NAMES", "APIS", "NORM_PARAMS"]
+__all__ = ["ModuleKind", "KINDS", "NAMES", "APIS", "NORM_PARAMS", "on_path"]
 
 #: a normalization's parameters, in order (RMSNorm has only the first)
 NORM_PARAMS: tuple[str, ...] = ("layer_norm_weight", "layer_norm_bias")
@@ -132,3 +132,10 @@ NAMES: tuple[str, ...] = tuple(KINDS)
 #: the backend classes the values need, in axis order (``ops.GroupedLinear`` is nested)
 APIS: tuple[str, ...] = tuple(dict.fromkeys(k.api for k in _ALL))
 
+
+
+def on_path(kind: ModuleKind, path: str) -> ModuleKind | None:
+    """The module value of the same class on TE's other execution ``path`` (``grouped_linear``
+    for ``grouped_linear_tensor`` on ``"split_quantize"``): whose evidence proves what TE ran
+    when it took that path instead (None: the class has no such path)."""
+    return next((k for k in _ALL if k.api == kind.api and k.ops == kind.ops and k.path == path), None)

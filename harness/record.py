@@ -120,10 +120,15 @@ class RankResult:
     error: dict[str, str] | None = None
     #: the backend's path evidence (te-cpu: extension function -> calls), None if it has none
     path: dict[str, int] | None = None
+    #: TE's own record of the execution path it chose (``harness.te_path.Choice.serialize()``:
+    #: path, node, flags, inputs, and the reason when it is not the cell's), None: none recorded
+    choice: dict[str, Any] | None = None
 
     def serialize(self, margins: bool = False) -> dict[str, Any]:
         """``margins``: keep each check's verdict and margin only (``margin``)."""
         extra = {"path": self.path} if self.path is not None else {}
+        if self.choice is not None:
+            extra["choice"] = self.choice
         return {
             "rank": self.rank,
             "status": self.status,
@@ -140,6 +145,7 @@ class RankResult:
             comparisons=[Check.from_dict(c) for c in d.get("comparisons", [])],
             error=d.get("error"),
             path=d.get("path"),
+            choice=d.get("choice"),
         )
 
 

@@ -9,7 +9,9 @@ Per entry of the ledger:
   meets its expectation;
 - *still failing*: it reproduces in at least one cell;
 - *not exercised*: the run has no cell it selects, or every one fails earlier for another
-  entry's defect (widen the selection, or fix that one first, to judge it).
+  entry's defect (widen the selection, or fix that one first, to judge it), or TE ran
+  another execution path in them than they name (status ``path_not_taken``: the code under
+  review never ran; the reason TE gave is quoted).
 
 A *regression* is a cell that misses its expectation with a failure no reproducing entry
 explains (``harness.ledger.unexplained``): a newly broken cell, or a known cell with one more
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from harness import gate, provenance
 from harness import ledger as ledgers
 from harness.record import CellResult
-from harness.status import HARNESS_ERROR
+from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN
 
 FIXED, FAILING, NOT_EXERCISED = ledgers.FIXED, ledgers.FAILING, ledgers.NOT_EXERCISED
 VERDICTS = (FIXED, FAILING, NOT_EXERCISED)
@@ -51,6 +54,9 @@ class EntryVerdict:
     selected: int
     reproduced: int
     required: bool
+    #: selected cells where TE ran another path than they name, and the reason TE gave
+    path_not_taken: int = 0
+    why_not_taken: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class Review:
         leaves out the regressions, for a report that lists them with their repro lines."""
         out = [f"ledger entry {e.id} must be fixed by this change but is {e.verdict}"
                + (f" (reproduces in {e.reproduced} of {e.selected} cells)" if e.verdict == FAILING else
+                  not_taken(e) if e.verdict == NOT_EXERCISED and e.path_not_taken else
                   f" (its {e.selected} cell(s) all fail earlier, for another entry)" if e.selected and
                   e.verdict == NOT_EXERCISED else " (no cell of this run selects it)" if e.verdict == NOT_EXERCISED
                   else "")
@@ -112,6 +119,13 @@ class Review:
 
     def serialize(self) -> dict[str, Any]:
         return {**asdict(self), "green": self.green}
+
+
+def not_taken(e: EntryVerdict) -> str:
+    """`` (its 3 of 4 cell(s) took another TE path: TE chose ...)``: why an entry whose cells
+    ran another path is not exercised."""
+    return (f" (its {e.path_not_taken} of {e.selected} cell(s) took another TE path than they name"
+            + (f": {e.why_not_taken}" if e.why_not_taken else "") + ")")
 
 
 def required_entries(patterns: Sequence[str], ledger: ledgers.Ledger) -> list[str]:
@@ -142,6 +156,17 @@ def _verdict(e: dict[str, Any]) -> str:
     return FAILING if e.get("reproduced") else FIXED if e.get("stale") else NOT_EXERCISED
 
 
+def path_reason(cell: dict[str, Any]) -> str:
+    """The reason TE gave for running another path than a ``path_not_taken`` cell names: its
+    first failure line without the rank."""
+    return re.sub(r"^\[rank \d+\] ", "", cell.get("first_failure") or "(no reason recorded)")
+
+
+def _path_reasons(record: dict[str, Any]) -> dict[str, str]:
+    """Cell id -> ``path_reason`` for the ``path_not_taken`` cells of the record."""
+    return {c["id"]: path_reason(c) for c in record.get("cells", []) if c.get("status") == PATH_NOT_TAKEN}
+
+
 def review(record: dict[str, Any]) -> Review | None:
     """The review of a run record judged under a ledger (None without a ledger)."""
     outcome = record.get("ledger")
@@ -152,9 +177,12 @@ def review(record: dict[str, Any]) -> Review | None:
     rev = Review(ledger=outcome.get("path") or outcome.get("name", ""), required=required,
                  unfixed_ids=list(outcome.get("unfixed") or []), tree=provenance.tree(record),
                  incomplete=gate.incomplete(record))
+    reasons = _path_reasons(record)
     for e in outcome["entries"]:
+        other = list(e.get("path_not_taken") or [])
         rev.entries.append(EntryVerdict(e["id"], e["upstream"], e["title"], _verdict(e), len(e.get("selected", [])),
-                                        len(e.get("reproduced", [])), e["id"] in required))
+                                        len(e.get("reproduced", [])), e["id"] in required, len(other),
+                                        next((reasons[c] for c in other if c in reasons), None)))
     for raw in record.get("cells", []):
         if raw["status"] == HARNESS_ERROR:
             rev.harness_errors += 1

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Iterator
 
 import torch
 
-from harness import compare, modules, oracle, rejection, twin, weights
+from harness import compare, modules, oracle, rejection, te_path, twin, weights
 from harness.consumer import Consumer
 from harness.attach import attach_weight
 from harness.gtp import GTPGroup, weight_names
@@ -27,7 +27,7 @@ from harness.hooks import forward_executions, run_forward
 from harness.inputs import DTYPES, CellInputs, Example, make_inputs
 from harness.matrix import Cell
 from harness.record import Check, RankResult
-from harness.status import HARNESS_ERROR
+from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN
 
 
 @dataclass
@@ -111,6 +111,8 @@ class _Step:
     dgrads: list[torch.Tensor | None] = field(default_factory=list)
     #: most forward-gathered weights alive between a forward and its backward
     live_gathers: int = 0
+    #: TE's recorded path choice of each forward (``harness.te_path``; None: none recorded)
+    choices: list[te_path.Choice | None] = field(default_factory=list)
 
 
 def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
@@ -180,22 +182,42 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
                 _add_twin_checks(backend, cell, ctx, example, result, kept)
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
-    if callable(evidence):
-        _judge_path(cell, result, dict(evidence()))
+    _judge_path(cell, result, dict(evidence()) if callable(evidence) else None)
     return result
 
 
-def _judge_path(cell: Cell, result: RankResult, called: dict[str, int]) -> None:
-    """Record which TE functions ran; a step that ran to the end on another path than the
-    cell's label is a harness error (the cell would otherwise pass or fail hollow)."""
+def _judge_path(cell: Cell, result: RankResult, called: dict[str, int] | None) -> None:
+    """Judge the path the cell ran, from TE's own record of its choice (``result.choice``,
+    every backend that is TE) and the kernels it called (``called``, te-cpu only).
+
+    TE recorded another path than the cell names: ``path_not_taken`` with TE's reason,
+    whatever the step did after (it tested that other path) - unless the kernels contradict
+    TE's record, a harness error. Otherwise the kernels of a step that ran to the end must
+    prove the named path, or it is a harness error (the cell would pass or fail hollow)."""
     result.path = called
-    if result.status not in ("pass", "fail") or result.error is not None:
-        return  # a backend that raised (as expected or not) stopped somewhere on its way
-    mismatch = modules.KINDS[cell.module].path_mismatch(called)
+    kind = modules.KINDS[cell.module]
+    choice = te_path.Choice(**result.choice) if result.choice else None
+    ran = result.status in ("pass", "fail") and result.error is None  # a raise stops anywhere
+    if choice is not None and kind.path and choice.path != kind.path:
+        taken = modules.on_path(kind, choice.path)
+        clash = taken.path_mismatch(called) if taken is not None and called is not None and ran else None
+        if clash is not None:
+            _path_mismatch(result, f"{clash}; yet TE's {choice.node} records the "
+                                   f"{te_path.NAMES[choice.path]} path")
+            return
+        choice.reason = te_path.explain(choice, kind.path)
+        result.choice, result.status = choice.serialize(), PATH_NOT_TAKEN
+        return
+    mismatch = kind.path_mismatch(called) if called is not None and ran else None
     if mismatch is not None:
-        result.status = HARNESS_ERROR
-        result.error = {"type": "PathMismatch", "message": mismatch, "traceback": mismatch,
-                        "phase": "path evidence"}
+        recorded = f"; TE's {choice.node} records the {te_path.NAMES[choice.path]} path" if choice else ""
+        _path_mismatch(result, mismatch + recorded)
+
+
+def _path_mismatch(result: RankResult, why: str) -> None:
+    """The evidence contradicts itself or the cell's label: a harness error (exit 3)."""
+    result.status = HARNESS_ERROR
+    result.error = {"type": "PathMismatch", "message": why, "traceback": why, "phase": "path evidence"}
 
 
 def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,
@@ -221,7 +243,17 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
               seed: int | None = None, kept: twin.Kept | None = None, judge: bool = True) -> RankResult:
     """One step of ``cell``; ``seed`` (default the cell's) draws the inputs and start values,
     ``kept`` receives the step's tensors and call counts for a twin, ``judge=False`` skips
-    the oracle (a twin is judged only against its hooked cell)."""
+    the oracle (a twin is judged only against its hooked cell). The result carries the path
+    TE recorded (``choice``), however the step ended."""
+    step = _Step()
+    result = _run_cell_step(backend, cell, ctx, example, step, seed, kept, judge)
+    choice = te_path.pick(step.choices, modules.KINDS[cell.module].path)
+    result.choice = choice.serialize() if choice is not None else None
+    return result
+
+
+def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example, step: _Step,
+                   seed: int | None, kept: twin.Kept | None, judge: bool) -> RankResult:
     seed = cell.seed if seed is None else seed
     kind = modules.KINDS[cell.module]
     with _owned("harness", "inputs", cell):
@@ -229,7 +261,6 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
                              cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
-    step = _Step()
     try:
         with _owned("backend", "constructor", cell):
             module = build_module(backend, cell, example, ctx.device)
@@ -309,6 +340,8 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
             out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb], backend, dev), x)
+        with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
+            step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):
             if gtp is not None:
                 step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers())

@@ -7,23 +7,27 @@ from typing import Any, Sequence
 
 from harness.matrix import Cell
 from harness.record import CellResult, RankResult
-from harness.status import BY_NAME, HARNESS_ERROR, SEVERITY
+from harness.status import BY_NAME, HARNESS_ERROR, PATH_NOT_TAKEN, SEVERITY
 
 
 def cell_status(ranks: Sequence[RankResult]) -> str:
-    """The cell's status from its ranks': all ranks agreeing on a good status give it;
-    otherwise the worst bad one by ``harness.status.SEVERITY`` (harness_error > timeout >
-    error > fail: a harness error on any rank means what the others saw is no verdict on the
-    backend); ranks that disagree without a bad status (pass and xfail) make a ``fail``."""
+    """The cell's status from its ranks': all ranks agreeing give their status; otherwise the
+    first not-met one by ``harness.status.SEVERITY`` (harness_error > path_not_taken >
+    timeout > error > fail: a harness error on any rank means what the others saw is no
+    verdict on the backend, nor is it on the cell's path when TE ran another one); ranks
+    that disagree only between met statuses (pass and xfail) make a ``fail``."""
     statuses = {r.status for r in ranks}
-    if len(statuses) == 1 and BY_NAME[next(iter(statuses))].good:
+    if len(statuses) == 1 and next(iter(statuses)) in BY_NAME:
         return next(iter(statuses))
-    return next((s for s in SEVERITY if s in statuses and BY_NAME[s].bad), "fail")
+    return next((s for s in SEVERITY if s in statuses and not BY_NAME[s].met and s != "skipped"), "fail")
 
 
 def first_failure(ranks: Sequence[RankResult]) -> str | None:
-    """One line naming the rank and the first failed check or exception (a harness error first)."""
-    for r in sorted(ranks, key=lambda r: r.status != HARNESS_ERROR):
+    """One line naming the rank and the first failed check or exception (a harness error
+    first, then the reason TE gave for taking another path)."""
+    for r in sorted(ranks, key=lambda r: (r.status != HARNESS_ERROR, r.status != PATH_NOT_TAKEN)):
+        if r.status == PATH_NOT_TAKEN and r.choice and r.choice.get("reason"):
+            return f"[rank {r.rank}] {r.choice['reason']}"
         if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
             return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
         for c in r.comparisons:

@@ -13,7 +13,8 @@ from typing import Any
 # the one status vocabulary (harness.status is tiny and imports nothing heavy)
 from harness import gate
 from harness import ledger
-from harness.status import BAD_STATUSES, GOOD_STATUSES, STATUS_LABELS, STATUSES, counts_text  # noqa: E402,F401
+from harness.status import (BAD_STATUSES, GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS,  # noqa: E402,F401
+                            STATUSES, counts_text)
 
 # Characters XML 1.0 forbids (everything below 0x20 except tab/newline/CR, lone surrogates,
 # U+FFFE/U+FFFF). The same filter keeps terminals and markdown renderers sane.
@@ -151,7 +152,9 @@ def entry_state(e: dict[str, Any], judged: bool = True) -> str:
         return "selects no cell of this run"
     if not rep and not judged:
         return f"reproduced in none of {sel} selected (stale is judged when the shards merge)"
-    return f"{known} known cell(s), reproduced in {rep} of {sel} selected"
+    other = len(e.get("path_not_taken") or [])
+    return (f"{known} known cell(s), reproduced in {rep} of {sel} selected"
+            + (f", {other} took another TE path ({STATUS_LABELS[PATH_NOT_TAKEN]})" if other else ""))
 
 
 def stale_line(e: dict[str, Any], record: dict[str, Any]) -> str:
@@ -163,3 +166,4 @@ def known_refs(cell: dict[str, Any], record: dict[str, Any]) -> list[str]:
     """``ID (upstream)`` for each ledger entry that explains a ``known`` cell."""
     upstream = {e.get("id"): e.get("upstream") for e in ledger_entries(record)}
     return [f"{i} ({upstream[i]})" if upstream.get(i) else str(i) for i in cell.get("known") or []]
+

@@ -24,7 +24,7 @@ need), columnar:
 ``detail`` (``<script id="dw-detail">``, decoded only when a cell is first opened, or when
 the page is idle): its own string table ``S`` (check names, messages, tracebacks, error types,
 rank statuses) and, per cell, ``[duration_s, expects_error, example, ranks, level, dropped,
-checks]`` with trailing empties dropped:
+checks, path]`` with trailing empties dropped:
 
 * ``ranks`` is a list of ``[rank, status, error, checks]`` (``error`` is ``0`` or
   ``[type, message, traceback, phase]``, all S indices, trailing empties dropped; ``phase``
@@ -39,7 +39,11 @@ checks]`` with trailing empties dropped:
   bytes, in steps (``level`` indexes ``LEVELS``): ``fold`` (each check once, at the rank
   where it is worst), ``top8``/``top3`` (the few worst checks, and how many were dropped),
   ``none``. A thinned cell's kept checks are the flat ``checks`` list of ``[rank, *check]``.
-  ``results.json`` remains the full truth.
+  ``results.json`` remains the full truth;
+* ``path`` is the cell's path evidence, ``[S index]`` of its compact JSON ``{"rank", "choice",
+  "kernels"}``: TE's recorded choice (``harness.te_path``) and the kernels the backend says
+  TE called, from the rank that took another path than the cell names, else the first rank
+  that has any (identical evidence of many cells is one string); absent when none.
 
 Both blobs are embedded with a standard codec: the compact JSON, gzip-compressed, in base64
 (:func:`encode`); the page decodes them with the browser's ``DecompressionStream("gzip")``.
@@ -348,13 +352,26 @@ def _detail_thinned(cell: dict[str, Any], level: str, S: _Strings) -> list[Any]:
     return [ranks, LEVELS.index(level), total - len(checks), flat]
 
 
+def _path_evidence(cell: dict[str, Any], S: _Strings) -> list[int] | None:
+    """The cell's path evidence as ``[S index]`` (see the module docstring; a list, so that
+    index 0 is not trimmed as empty), None without any."""
+    ranks = [r for r in cell.get("ranks") or [] if r.get("choice") or r.get("path")]
+    if not ranks:
+        return None
+    r = next((r for r in ranks if (r.get("choice") or {}).get("reason")), ranks[0])
+    pe = {"rank": r.get("rank", 0), "choice": r.get("choice"), "kernels": r.get("path")}
+    return [S.add(json.dumps(_jsonable(pe), sort_keys=True, separators=(",", ":")))]
+
+
 def _detail_cell(cell: dict[str, Any], level: str | None, S: _Strings) -> list[Any]:
     ex = cell.get("example")
     head = [num(float(cell.get("duration_s") or 0.0)), 1 if cell.get("expect") == "error" else 0,
             _jsonable(ex) if ex else 0]
+    pe = _path_evidence(cell, S)
     if level is None or level == "full":
-        return _trim(head + [_ranks_full(cell, S)]) if cell.get("ranks") else _trim_zeros(head)
-    return _trim_zeros(head + _detail_thinned(cell, level, S))
+        ranks = _ranks_full(cell, S) if cell.get("ranks") else 0
+        return _trim_zeros(head + [ranks, 0, 0, 0, pe])
+    return _trim_zeros(head + _detail_thinned(cell, level, S) + [pe])
 
 
 def _trim_zeros(a: list[Any]) -> list[Any]:
@@ -452,7 +469,8 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
     Keys: id, status, axes, worst_ratio, first_failure, repro, known and raw_status (the
     explaining entry ids and the backend's verdict of a ``known`` cell, else None); with ``detail`` also
     duration_s, expects_error, example, level (None when kept whole), dropped, ranks
-    (``[{rank, status, error, checks}]``, thinned cells' kept checks under their rank).
+    (``[{rank, status, error, checks}]``, thinned cells' kept checks under their rank), path
+    (``{rank, choice, kernels}`` or None).
     """
     S = summary["S"]
     axes = summary["axes"]
@@ -486,6 +504,7 @@ def unpack(summary: dict[str, Any], detail: dict[str, Any] | None = None) -> lis
             for a in d[6] or []:
                 by_rank[a[0]]["checks"].append(_unpack_check(a[1:], DS, kinds))
             cell.update({"duration_s": d[0] or 0, "expects_error": bool(d[1]), "example": d[2] or None,
-                         "level": LEVELS[level] if level else None, "dropped": d[5] or 0, "ranks": ranks})
+                         "level": LEVELS[level] if level else None, "dropped": d[5] or 0, "ranks": ranks,
+                         "path": None if not d[7] else json.loads(DS[d[7][0]])})
         out.append(cell)
     return out

@@ -18,8 +18,9 @@ Classes (a cell lands in at most one):
   explains still fails).
 * ``known_changed`` - ``known`` in both, explained by different entries (reported, not a
   failure of the diff); ``known`` in both with the same entries is unchanged.
-* ``newly_skipped`` - not skipped in ``base``, skipped in ``new`` (coverage lost; reported,
-  but not a failure of the diff).
+* ``newly_skipped`` - not skipped in ``base``, skipped in ``new``, or ``path_not_taken`` in
+  ``new`` but not in ``base`` (TE ran another path than the cell names: what ``base`` tested
+  ran nowhere, so it is coverage lost, never a fix of a known cell).
 * ``ratio_grown`` - good in both, both have a worst_ratio, and
   ``new > ratio_growth * base`` and ``new > 0.1``: the error grew a lot *and* is no longer
   negligible (a ratio of 0.001 tripling is noise; 0.05 -> 0.4 is a backend getting worse).
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _assets
-from ._common import BAD_STATUSES, GOOD_STATUSES, fmt_ratio, ratio_key, stale_entries, verdict
+from ._common import BAD_STATUSES, GOOD_STATUSES, PATH_NOT_TAKEN, fmt_ratio, ratio_key, stale_entries, verdict
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,8 @@ def diff_records(base: dict[str, Any], new: dict[str, Any], *, ratio_growth: flo
                 d.known_changed.append(ch)
         elif _failing(ns):  # bad -> known still fails; known -> bad is no longer explained
             (d.still_failing if _bad(bs) else d.newly_failing).append(ch)
-        elif ns == "skipped":
-            if bs == "skipped":
+        elif ns in ("skipped", PATH_NOT_TAKEN):  # nothing of the cell's path ran in new
+            if bs == ns:
                 d.unchanged += 1
             else:
                 d.newly_skipped.append(ch)

@@ -15,6 +15,9 @@ Why it looks the way it does:
   side, escaped.
 * A ledger entry that no longer reproduces (stale) fails the run, so it is shown as loudly
   as a failing cell: a banner under the header, a pill, and its ledger row, in the fail red.
+* A cell where TE ran another path than it names (``path not taken``) passes the gate but
+  tested nothing of that path: its own card lists those cells by the reason TE gave, and a
+  cell's detail shows the path evidence (TE's recorded choice, the kernels called).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Sequence
 
 from . import _assets
 from .review import html as review_html
+from .review import paths_not_taken
 from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, entry_state, fmt_duration,
                       fmt_ratio, ledger_entries, ratio_key, stale_entries, stale_line, verdict, worst_check)
 from ._pack import SCRIPT_TYPE, encode, pack
@@ -262,6 +266,22 @@ def _signatures(cells: list[dict[str, Any]], limit: int = 12) -> str:
             f'<th>example cell</th></tr>{rows}</table>{extra}</section>')
 
 
+def _not_taken(record: dict[str, Any], limit: int = 12) -> str:
+    """The ``path_not_taken`` cells by the reason TE gave (they pass the gate, untested)."""
+    groups = paths_not_taken(record)
+    if not groups:
+        return ""
+    rows = "".join(
+        f'<tr><td class="num">{len(ids):,}</td><td style="overflow-wrap:anywhere">{_e(reason)}</td>'
+        f'<td class="idcell">{_cell_links(ids, 3)}</td></tr>' for reason, ids in groups[:limit])
+    extra = f'<p class="muted">… and {len(groups) - limit} more reasons.</p>' if len(groups) > limit else ""
+    return ('<section class="card" id="not-taken"><h2>Path not taken</h2><p class="muted" style="margin:0 0 8px">'
+            'TE ran another execution path in these cells than their module value names: they say nothing about '
+            'the named path and count toward no ledger entry (a review that requires one of their entries is '
+            'red).</p><table class="plain" style="width:100%"><tr><th class="num">cells</th><th>the reason TE gave'
+            f'</th><th>cells</th></tr>{rows}</table>{extra}</section>')
+
+
 def _selftest(selftest: dict[str, Any]) -> str:
     mutants = selftest.get("mutants") or []
     score = selftest.get("score")
@@ -364,6 +384,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'
         '<tbody><tr><td>building the grid… (needs JavaScript)</td></tr></tbody></table></div></section>',
         _signatures(cells),
+        _not_taken(record),
         _ledger(record),
         _near_miss(cells),
         _selftest(selftest) if selftest else "",

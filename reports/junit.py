@@ -5,7 +5,9 @@ Mapping: ``fail`` -> ``<failure>``, ``error``/``timeout`` -> ``<error>``, ``skip
 the clear error the contract asks for, noted in ``<system-out>``); ``known`` (every failure
 explained by the known-defects ledger, CONTRACTS §7) is what pytest writes for an xfail,
 ``<skipped type="pytest.xfail" message="known defect: ENTRY (TE PR #N); ...">``, so CI widgets
-count it as expected-to-fail, not as passing. The root is ``<testsuites>`` around a single
+count it as expected-to-fail, not as passing. ``path_not_taken`` (TE ran another path than
+the cell names) is ``<skipped message="path not taken: REASON">``: it tested nothing of the
+named path. The root is ``<testsuites>`` around a single
 ``<testsuite name="dw-harness">`` (pytest's layout); both carry the totals, so readers that
 look at either find them.
 
@@ -20,10 +22,12 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from harness.review import path_reason
+
 from .review import headline as review_headline
 from .review import of as review_of
 from .review import tree_line as review_tree_line
-from ._common import (GOOD_STATUSES, STATUS_LABELS, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
+from ._common import (GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
                       stale_line)
 
 MESSAGE_LIMIT = 1_000  # characters of the message attribute (CI widgets show it on one line)
@@ -115,7 +119,7 @@ def render_junit(record: dict[str, Any]) -> str:
         "tests": str(len(cells) + len(entries)),
         "failures": str(counts.get("fail", 0) + stale),
         "errors": str(sum(n for s, n in counts.items() if s not in (*GOOD_STATUSES, "fail", "skipped"))),
-        "skipped": str(counts.get("skipped", 0) + counts.get("known", 0) + idle),
+        "skipped": str(counts.get("skipped", 0) + counts.get("known", 0) + counts.get(PATH_NOT_TAKEN, 0) + idle),
         "time": f"{float(record.get('duration_s') or sum(c.get('duration_s') or 0 for c in cells)):.3f}",
     }
     root = ET.Element("testsuites", {"name": "dw-harness", **totals})
@@ -153,6 +157,8 @@ def render_junit(record: dict[str, Any]) -> str:
             el.text = _body(c)
         elif status == "skipped":
             ET.SubElement(tc, "skipped", {"message": _one_line(c.get("first_failure") or "skipped")})
+        elif status == PATH_NOT_TAKEN:  # the named path never ran: pytest's skip, with TE's reason
+            ET.SubElement(tc, "skipped", {"message": _one_line(f"{STATUS_LABELS[status]}: {path_reason(c)}")})
         elif status == "known":  # pytest's xfail: the reason names the entries
             el = ET.SubElement(tc, "skipped", {"type": "pytest.xfail",
                                                "message": _one_line(f"{STATUS_LABELS['known']}: " + "; ".join(known_refs(c, record)))})

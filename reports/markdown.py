@@ -8,7 +8,8 @@ a fence longer than any backtick run inside them.
 A run judged under a known-defects ledger (CONTRACTS §7) gets a ledger section: one table row
 per entry, a warning per stale entry (it fails the run), and the ``known`` cells grouped by
 the entries that explain them - a few example ids per group, since a real backend can have
-thousands of known cells and the HTML report lists them all.
+thousands of known cells and the HTML report lists them all. The cells where TE ran another
+path than they name (``path_not_taken``) are listed by the reason TE gave.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections import Counter
 from typing import Any
 
 from .review import markdown as review_markdown
-from ._common import (BAD_STATUSES, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of, counts_text, fmt_duration,
-                      fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
+from .review import paths_not_taken
+from ._common import (BAD_STATUSES, PATH_NOT_TAKEN, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of,
+                      counts_text, fmt_duration, fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
 
 ICONS = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️"}
 LINE_LIMIT = 600  # characters of one first_failure line
@@ -58,6 +60,9 @@ def _state(e: dict[str, Any], judged: bool) -> str:
         return "**STALE**"
     if not e.get("selected"):
         return "selects no cell"
+    other = len(e.get("path_not_taken") or [])
+    if other and not e.get("reproduced"):
+        return f"{other:,} cell(s) took another TE path"
     return "reproduces" if e.get("reproduced") else "not judged (a shard)" if not judged else "does not reproduce"
 
 
@@ -110,6 +115,23 @@ def _ledger(record: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _not_taken(record: dict[str, Any]) -> str:
+    """The ``path_not_taken`` cells by the reason TE gave: no verdict on the path they name."""
+    groups = paths_not_taken(record)
+    if not groups:
+        return ""
+    n = sum(len(ids) for _, ids in groups)
+    out = [f"\n### {STATUS_LABELS[PATH_NOT_TAKEN].capitalize()} ({n:,})\n\nTE ran another execution path in "
+           "these cells than their module value names: they say nothing about the named path, and count "
+           "toward no ledger entry.\n\n"]
+    for reason, ids in groups[:KNOWN_GROUPS]:
+        eg = ", ".join(_code(c) for c in ids[:KNOWN_EXAMPLES]) + (", …" if len(ids) > KNOWN_EXAMPLES else "")
+        out.append(f"- {_md_text(reason)}: {len(ids):,} cell{'s' if len(ids) != 1 else ''}, e.g. {eg}\n")
+    if len(groups) > KNOWN_GROUPS:
+        out.append(f"- … and {len(groups) - KNOWN_GROUPS:,} more reasons (see the HTML report)\n")
+    return "".join(out)
+
+
 def render_markdown(record: dict[str, Any], *, html_path: str | None = None, limit_bytes: int = 1_000_000) -> str:
     """Render the step summary; the UTF-8 encoding of the result is at most ``limit_bytes``.
 
@@ -130,7 +152,8 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     extra = [f"{counts.get('known', 0):,} known defect{'s' if counts.get('known', 0) != 1 else ''}"
              if counts.get("known") else "",
              f"{len(stale_entries(record)):,} stale ledger entr{'ies' if len(stale_entries(record)) != 1 else 'y'}"
-             if stale_entries(record) else ""]
+             if stale_entries(record) else "",
+             f"{counts[PATH_NOT_TAKEN]:,} {STATUS_LABELS[PATH_NOT_TAKEN]}" if counts.get(PATH_NOT_TAKEN) else ""]
     missed = Counter(c.get("status") for c in bad)
     what = f" ({counts_text(missed)})" if bad else ""
     head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells missed their expectation{what}"
@@ -156,6 +179,7 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
         top = max(passing, key=lambda c: ratio_key(c["worst_ratio"]))
         head.append(f"\nClosest passing cell: {_code(top['id'])} at ratio {fmt_ratio(top['worst_ratio'])} of its bound.\n")
     head.append(_ledger(record))
+    head.append(_not_taken(record))
 
     out = "".join(head)
     size = len(out.encode())

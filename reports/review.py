@@ -1,7 +1,8 @@
 """The review verdict at the top of the markdown summary and the HTML report: which tree was
 judged, GREEN or RED, per ledger entry fixed here / still failing / not exercised, and every
 regression (``harness.review``). Shown when the run reviews a change (``sweep --fixes``) or
-judged a TE source tree (``--te-tree``)."""
+judged a TE source tree (``--te-tree``). Also the cells where TE ran another path than they
+name (``path_not_taken``), grouped by the reason TE gave, which every report shows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from harness import provenance, te_tree
 from harness import review as reviews
+from harness.status import PATH_NOT_TAKEN
 
 ICON = {reviews.FIXED: "✅", reviews.FAILING: "❌", reviews.NOT_EXERCISED: "⚪"}
 
@@ -54,6 +56,22 @@ def code_lines(record: dict[str, Any]) -> list[str]:
     return [f"{label}: {value}" for label, value in code_facts(record)]
 
 
+def paths_not_taken(record: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """``[(reason, [cell id, ...]), ...]`` of the ``path_not_taken`` cells, most cells first."""
+    groups: dict[str, list[str]] = {}
+    for c in record.get("cells") or []:
+        if c.get("status") == PATH_NOT_TAKEN:
+            groups.setdefault(reviews.path_reason(c), []).append(str(c.get("id")))
+    return sorted(groups.items(), key=lambda kv: -len(kv[1]))
+
+
+def verdict_text(e: reviews.EntryVerdict) -> str:
+    """``not exercised (3 cells took another TE path)``: an entry's verdict, and why when its
+    cells ran another path."""
+    return e.verdict + (f" ({e.path_not_taken} cell(s) took another TE path)"
+                        if e.verdict == reviews.NOT_EXERCISED and e.path_not_taken else "")
+
+
 def _md(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
@@ -78,8 +96,11 @@ def markdown(record: dict[str, Any]) -> str:
         out += [f"- {_md(line)}\n" for line in rev.reasons(regressions=False)] + ["\n"]
     out.append("| entry | upstream | required | verdict | selected | reproduced in |\n|---|---|:-:|---|---:|---:|\n")
     for e in rev.entries:
-        out.append(f"| `{e.id}` | {_md(e.upstream)} | {'yes' if e.required else ''} | {ICON[e.verdict]} {e.verdict} "
-                   f"| {e.selected} | {e.reproduced} |\n")
+        out.append(f"| `{e.id}` | {_md(e.upstream)} | {'yes' if e.required else ''} | {ICON[e.verdict]} "
+                   f"{verdict_text(e)} | {e.selected} | {e.reproduced} |\n")
+    unfixed = rev.reasons()[:len(rev.unfixed)]  # reasons() names the unfixed entries first
+    if unfixed:
+        out.append("\n" + "".join(f"- {_md(line)}\n" for line in unfixed))
     if rev.regressions:
         out.append(f"\n**Regressions** ({len(rev.regressions)}): cells that fail without a ledger entry\n\n")
         for r in rev.regressions[:30]:
@@ -102,7 +123,9 @@ def html(record: dict[str, Any]) -> str:
         f'<tr><td><a class="mono" href="#ledger-{e_(e.id)}">{e_(e.id)}</a></td><td>{e_(e.upstream)}</td>'
         f'<td>{"required" if e.required else ""}</td>'
         f'<td class="{"t-pass" if e.verdict == reviews.FIXED else "t-fail" if e.required else ""}">'
-        f'{ICON[e.verdict]} {e_(e.verdict)}</td><td>{e.selected}</td><td>{e.reproduced}</td></tr>' for e in rev.entries)
+        f'{ICON[e.verdict]} {e_(verdict_text(e))}</td><td>{e.selected}</td><td>{e.reproduced}</td></tr>'
+        for e in rev.entries)
+    why = "".join(f"<li>{e_(line)}</li>" for line in rev.reasons()[:len(rev.unfixed)])
     regs = "".join(f'<li><span class="mono">{e_(r.cell)}</span> ({e_(r.status)}): '
                    f'{e_(r.failures[0] if r.failures else "")}</li>' for r in rev.regressions[:50])
     tree = _html_facts(record)
@@ -112,5 +135,6 @@ def html(record: dict[str, Any]) -> str:
             f'<p class="{cls}"><b>{e_(headline(rev))}</b></p>{tree}'
             '<table class="plain"><tr><th>entry</th><th>upstream</th><th></th><th>verdict</th><th>selected</th>'
             f'<th>reproduced in</th></tr>{rows}</table>'
+            + (f'<ul class="why">{why}</ul>' if why else "")
             + (f'<h3>Regressions ({len(rev.regressions)})</h3><ul>{regs}</ul>' if regs else "")
             + '</section>')

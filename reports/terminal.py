@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from harness.review import FIXED
-from harness.status import GOOD_STATUSES, STATUSES, label
+from harness.review import FIXED, path_reason
+from harness.status import GOOD_STATUSES, PATH_NOT_TAKEN, STATUSES, label
 
 from . import review
-from ._common import counts_of, entry_state, failing_messages
+from ._common import counts_of, failing_messages
 
 #: how many failing cells the terminal lists (the report has them all)
 LISTED = 20
@@ -35,13 +35,13 @@ def summary(record: dict[str, Any]) -> str:
         judged = outcome.get("judged_stale", True)
         for e in entries:
             mark = "*" if e.get("required") else " "
-            lines.append(f" {mark}{e['id']:{idw}} {e['upstream']:20} {e.get('verdict', ''):14} "
-                         f"{entry_state(e, judged)}")
+            lines.append(f" {mark}{e['id']:{idw}} {e['upstream']:20} {e.get('verdict', ''):14} {_state(e, judged)}")
     rev = review.of(record)
     if rev is not None:
         lines += [""] + review_lines(rev, record)
     else:
         lines += [""] * bool(review.code_lines(record)) + review.code_lines(record)
+    lines += not_taken_lines(record)
     bad = [c for c in record.get("cells") or [] if c["status"] not in GOOD_STATUSES]
     if bad:
         lines += ["", f"{len(bad)} cell(s) did not meet their expectation:"]
@@ -51,6 +51,36 @@ def summary(record: dict[str, Any]) -> str:
         if len(bad) > LISTED:
             lines.append(f"  ... and {len(bad) - LISTED} more (see the report)")
     return "\n".join(lines)
+
+
+def _state(e: dict[str, Any], judged: bool) -> str:
+    """``3 known, reproduced in 3/4 selected cell(s)`` (a shard: stale is judged at the merge)."""
+    sel, rep, known = (len(e.get(k) or []) for k in ("selected", "reproduced", "known_cells"))
+    if e.get("stale"):
+        return "STALE: no longer reproduces"
+    if not sel:
+        return "selects no cell of this run"
+    other = len(e.get("path_not_taken") or [])
+    return (f"{known} known, reproduced in {rep}/{sel} selected cell(s)"
+            + (" (stale is judged when the shards merge)" if not rep and not judged else "")
+            + (f", {other} {label(PATH_NOT_TAKEN)}" if other else ""))
+
+
+def not_taken_lines(record: dict[str, Any], shown: int = 5) -> list[str]:
+    """The cells where TE ran another path than they name, by the reason TE gave."""
+    groups: dict[str, list[str]] = {}
+    for c in record.get("cells") or []:
+        if c["status"] == PATH_NOT_TAKEN:
+            groups.setdefault(path_reason(c), []).append(c["id"])
+    if not groups:
+        return []
+    n = sum(len(ids) for ids in groups.values())
+    out = ["", f"{n} cell(s) did not run the TE path they name ({label(PATH_NOT_TAKEN)}: no verdict on that path):"]
+    for reason, ids in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:shown]:
+        out.append(f"  {len(ids)} cell(s), e.g. {ids[0]}:\n          {reason}")
+    if len(groups) > shown:
+        out.append(f"  ... and {len(groups) - shown} more reasons (see the report)")
+    return out
 
 
 def review_lines(rev: Any, record: dict[str, Any]) -> list[str]:

@@ -63,6 +63,13 @@ def detail(res: CellResult) -> str:
             lines.append(f"    {mark} {c.name:40} {info}".rstrip())
             if not c.ok and c.message:
                 lines.extend("         " + m for m in c.message.splitlines())
+        if r.choice:  # TE's own record of the path it took (harness.te_path)
+            flags = ", ".join(f"{k}={v!r}" for k, v in (r.choice.get("flags") or {}).items())
+            lines.append(f"    path: TE took the {r.choice['path']} path ({r.choice.get('node')}: {flags})")
+            if r.choice.get("reason"):
+                lines.append(f"          {r.choice['reason']}")
+        if r.path is not None:
+            lines.append("    kernels: " + (", ".join(f"{k} x{n}" for k, n in sorted(r.path.items())) or "none"))
         if r.error:
             lines.append(f"    raised {r.error['type']}: {r.error['message']}")
             tb = (r.error.get("traceback") or "").rstrip()

@@ -15,7 +15,12 @@ The backend exposes TE's own classes: ``Linear``, ``GroupedLinear``, ``LayerNorm
 ``te-cpu-tf32`` backend, :mod:`harness.te_cpu_tf32`, does that) - TE's fp32 GEMMs are TF32
 on CUDA, and the run's fp32 tolerance follows this value (CONTRACTS §5).
 ``path_evidence()`` says which extension kernels TE called since ``reset_path_evidence()``:
-the proof of which TE code path a cell ran.
+the proof of which TE code path a cell ran; ``DW_TE_CPU_EVIDENCE=off`` at import leaves both
+out, so the path is judged from TE's own record of its choice alone, as on a GPU
+(``harness.te_path``). ``DW_TE_CPU_CUBLASLT`` (``12.9.1`` or ``120901``) is the cuBLASLt
+version te-cpu answers in the cells of a grouped-tensor path (default: the grouped GEMM's
+minimum): one below TE's threshold makes that path unavailable, as TE sees it on such a
+machine (:func:`use_path`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,40 @@ from harness.te_cpu import cuda_surface, device, evidence, extension, loader
 FP32_ENV = "DW_TE_CPU_FP32"
 FP32_GEMM: str = os.environ.get(FP32_ENV, "ieee") or "ieee"
 extension.set_fp32_mode(FP32_GEMM)  # raises on an unknown mode, before anything is patched
+CUBLASLT_ENV, EVIDENCE_ENV = "DW_TE_CPU_CUBLASLT", "DW_TE_CPU_EVIDENCE"
+
+
+def _version(text: str) -> int:
+    """``"12.9.1"`` or ``"120901"`` as TE's integer cuBLASLt version (120901).
+
+    Raises:
+        ValueError: neither form (before anything is patched).
+    """
+    parts = text.strip().split(".")
+    try:
+        if len(parts) == 1:
+            version = int(parts[0])
+        elif len(parts) == 3:
+            major, minor, patch = (int(p) for p in parts)
+            if not (0 <= minor < 100 and 0 <= patch < 100):
+                raise ValueError(text)
+            version = major * 10000 + minor * 100 + patch
+        else:
+            raise ValueError(text)
+    except ValueError:
+        raise ValueError(f"{CUBLASLT_ENV}={text!r} is no cuBLASLt version (e.g. 12.9.1 or 120901)") from None
+    if version <= 0:
+        raise ValueError(f"{CUBLASLT_ENV}={text!r} is no cuBLASLt version (e.g. 12.9.1 or 120901)")
+    return version
+
+
+#: what ``get_cublasLt_version`` answers in a grouped-tensor cell (``use_path``), when
+#: ``DW_TE_CPU_CUBLASLT`` sets it; None: the grouped GEMM's minimum on the device presented
+GROUPED_CUBLASLT: int | None = _version(os.environ[CUBLASLT_ENV]) if os.environ.get(CUBLASLT_ENV) else None
+if os.environ.get(EVIDENCE_ENV, "on") not in ("on", "off"):
+    raise ValueError(f"{EVIDENCE_ENV}={os.environ[EVIDENCE_ENV]!r}: choose on or off")
+#: the kernel counts are the cells' path evidence (off: TE's recorded choice alone judges)
+KERNEL_EVIDENCE: bool = os.environ.get(EVIDENCE_ENV, "on") == "on"
 
 #: the TE source tree followed instead of the installed TE (``--backend te-cpu@TREE``), or None
 TE_TREE = loader.tree()
@@ -45,12 +84,26 @@ TE_ORIGIN: str = loader.origin(_te)
 
 def use_path(path: str) -> None:
     """Make TE choose ``path`` from here on: TE picks its grouped-tensor paths by the cuBLASLt
-    version (asked at every forward; the backward follows its forward), so the answer is the
-    grouped GEMM's minimum for ``"grouped_tensor"`` and 12.9.1 otherwise. The runner calls it
-    before each cell; the answer holds over the cell's whole step."""
+    version (asked at every forward; the backward follows its forward), so the answer is
+    ``GROUPED_CUBLASLT`` (the grouped GEMM's minimum unless ``DW_TE_CPU_CUBLASLT`` says
+    otherwise) for ``"grouped_tensor"`` and 12.9.1 otherwise. The runner calls it before each
+    cell; the answer holds over the cell's whole step."""
     grouped = path == "grouped_tensor"
-    extension.set_cublaslt_version(extension.grouped_gemm_cublaslt_version() if grouped
+    extension.set_cublaslt_version((GROUPED_CUBLASLT or extension.grouped_gemm_cublaslt_version()) if grouped
                                    else extension.CUBLASLT_VERSION)
+
+
+def harness_reads() -> Any:
+    """``with backend.harness_reads(): ...``: what the harness calls inside to read TE's state
+    (its path choice's inputs, ``harness.te_path``) is not counted as TE's kernel calls."""
+    return evidence.paused()
+
+
+def use_recipe(recipe: str) -> None:
+    """Present the device ``recipe`` needs (``harness.te_cpu.device.RECIPE_CAPABILITY``: sm_90
+    for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
+    before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
+    device.present(device.capability_for(recipe))
 
 
 def use_recipe(recipe: str) -> None:
@@ -67,15 +120,21 @@ def device_tensor(t: Any) -> Any:
     return cuda_surface.on_device(t)
 
 
-def reset_path_evidence() -> None:
-    """Forget the kernels called so far (the runner calls it before each cell)."""
-    evidence.reset()
+if KERNEL_EVIDENCE:  # off: the backend reports no kernels, as real TE on a GPU
+
+    def reset_path_evidence() -> None:
+        """Forget the kernels called so far (the runner calls it before each cell)."""
+        evidence.reset()
+
+    def path_evidence() -> dict[str, int]:
+        """The extension kernels TE called since the last reset, with their call counts: which
+        TE code path a cell really ran (``harness.modules.ModuleKind.evidence``)."""
+        return evidence.calls()
 
 
-def path_evidence() -> dict[str, int]:
-    """The extension kernels TE called since the last reset, with their call counts: which
-    TE code path a cell really ran (``harness.modules.ModuleKind.evidence``)."""
-    return evidence.calls()
+def _dotted(version: int) -> str:
+    """TE's integer cuBLASLt version (130400) as ``13.4.0``."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
 def describe() -> dict[str, Any]:
@@ -90,6 +149,9 @@ def describe() -> dict[str, Any]:
         "cuda_sites_answered": len(CUDA_SITES),
         # the device each recipe runs on (use_recipe): Blackwell where TE requires it
         "te_sees_by_recipe": {r: device.name(c) for r, c in device.RECIPE_CAPABILITY.items()},
+        # what grouped-tensor cells are told (DW_TE_CPU_CUBLASLT), and whether kernels are evidence
+        "grouped_cublaslt": _dotted(GROUPED_CUBLASLT or extension.grouped_gemm_cublaslt_version()),
+        "kernel_evidence": KERNEL_EVIDENCE,
         # the source tree TE was imported from (path, commit, dirty, version, kind), None: the wheel
         "te_tree": TE_TREE.serialize() if TE_TREE is not None else None,
         # TE's compiled extension is this package's CPU layer, never a build (harness.provenance)
@@ -97,6 +159,6 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "path_evidence", "reset_path_evidence",
-           "use_path", "use_recipe", "device_tensor",
-           "FP32_GEMM", "TE_VERSION", "TE_ORIGIN", "TE_TREE", "describe"]
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "device_tensor",
+           "harness_reads", "FP32_GEMM", "GROUPED_CUBLASLT", "KERNEL_EVIDENCE", "TE_VERSION", "TE_ORIGIN",
+           "TE_TREE", "describe", *(("path_evidence", "reset_path_evidence") if KERNEL_EVIDENCE else ())]

@@ -76,7 +76,8 @@ function main(D) {
     else raw.forEach(function (g) { ranks.push({rank: g[0], st: DD.S[g[1]], err: g[2], checks: g[3].slice()}); });
     ranks.forEach(function (g) { byRank[g.rank] = g; });
     (a[6] || []).forEach(function (x) { if (byRank[x[0]]) byRank[x[0]].checks.push(x.slice(1)); });
-    return {dur: a[0] || 0, xp: !!a[1], ex: a[2] || null, ranks: ranks, lvl: a[4] ? LEVELS[a[4]] : null, drop: a[5] || 0};
+    return {dur: a[0] || 0, xp: !!a[1], ex: a[2] || null, ranks: ranks, lvl: a[4] ? LEVELS[a[4]] : null, drop: a[5] || 0,
+            pe: a[7] ? JSON.parse(DD.S[a[7][0]]) : null};
   }
 
   function esc(s) {
@@ -385,6 +386,31 @@ function main(D) {
     return h.join("") + "</ul></div>";
   }
 
+  var PATHS = {split_quantize: "split-quantize", grouped_tensor: "grouped-tensor"};
+  function pathBlock(pe) {  // the path evidence: TE's recorded choice, its reason and inputs, the kernels called
+    var h = ['<div class="path">'], ch = pe.choice, k = pe.kernels;
+    if (ch) {
+      var flags = Object.keys(ch.flags || {}).map(function (f) { return f + "=" + JSON.stringify(ch.flags[f]); });
+      h.push("<div>TE took the <b>" + esc(PATHS[ch.path] || ch.path) + '</b> path <span class="muted">(rank ' + pe.rank +
+             ", recorded on " + esc(ch.node) + ")</span></div>");
+      if (ch.reason) h.push('<div class="why">' + esc(ch.reason) + "</div>");
+      if (flags.length) h.push('<div class="pk"><em>ctx</em> ' + esc(flags.join(" \u00b7 ")) + "</div>");
+      var inp = ch.inputs || {}, shown = Object.keys(inp).map(function (f) {
+        var v = inp[f];
+        if (f === "cublaslt" && typeof v === "number") v = Math.floor(v / 10000) + "." + Math.floor(v / 100) % 100 + "." + v % 100;
+        return f + "=" + (typeof v === "string" ? v : JSON.stringify(v));
+      });
+      if (shown.length) h.push('<div class="pk"><em>TE saw</em> ' + esc(shown.join(" \u00b7 ")) + "</div>");
+    } else {
+      h.push('<div class="muted">TE recorded no path choice for this cell\'s module.</div>');
+    }
+    if (k) {
+      var names = Object.keys(k).sort().map(function (n) { return n + " \u00d7" + k[n]; });
+      h.push('<div class="pk"><em>kernels</em> ' + esc(names.join(" \u00b7 ") || "none") + "</div>");
+    }
+    return h.join("") + "</div>";
+  }
+
   // ---------------------------------------------------------------- details
   var detail = document.getElementById("detail");
   function show(v) { return typeof v === "string" ? v : JSON.stringify(v); }
@@ -435,7 +461,9 @@ function main(D) {
            (c.r != null ? " \u00b7 worst ratio <b>" + esc(fmtRatio(c.r)) + "</b>" : "") + "</span></div></div>");
     h.push('<div class="db">');
     if (c.kn) h.push(knownBlock(c));
-    if (c.ff) h.push('<div class="ff">' + esc(c.ff) + "</div>");
+    var why = d.pe && d.pe.choice && d.pe.choice.reason;  // a path not taken: the path block says why
+    if (c.ff && !(why && c.ff.indexOf(why) >= 0)) h.push('<div class="ff">' + esc(c.ff) + "</div>");
+    if (d.pe) h.push("<h3>Path</h3>" + pathBlock(d.pe));
     h.push("<h3>Reproduce</h3>");
     h.push('<div class="repro"><pre class="repro-cmd" id="repro-cmd">' + esc(reproOf(c)) + '</pre><button data-copy="repro-cmd">Copy</button></div>');
     h.push('<h3>Axes</h3><div class="kv">');
