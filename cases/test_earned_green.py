@@ -202,6 +202,9 @@ def test_a_cell_s_ranks_fold_by_the_status_table_s_severity():
             ranks = [RankResult(0, better), RankResult(1, worse)]
             assert cell_status(ranks) == worse, (worse, better)
     assert cell_status([RankResult(0, "pass"), RankResult(1, "xfail")]) == "fail"
+    # TE ran another path than the cell names: no verdict on that path, whatever else a rank saw
+    assert cell_status([RankResult(0, "path_not_taken"), RankResult(1, "fail")]) == "path_not_taken"
+    assert cell_status([RankResult(0, "path_not_taken"), RankResult(1, "harness_error")]) == "harness_error"
     for s in STATUSES:
         if BY_NAME[s].good:
             assert cell_status([RankResult(0, s), RankResult(1, s)]) == s

@@ -372,7 +372,7 @@ def test_a_path_not_taken_cell_is_never_met_known_or_a_regression():
     assert cells[0].status == PATH_NOT_TAKEN and cells[0].known is None
     (e,) = outcome["entries"]
     assert e["verdict"] == ledger.NOT_EXERCISED and e["path_not_taken"] == [CELL.id] and not e["reproduced"]
-    assert outcome["stale"] == [] and run_exit_code([PATH_NOT_TAKEN]) == exitcodes.OK
+    assert outcome["stale"] == [] and statuses_exit_code([PATH_NOT_TAKEN]) == exitcodes.OK
 
     rev = _reviewed([other_path], _entry())
     assert rev.entries[0].verdict == review.NOT_EXERCISED and rev.entries[0].path_not_taken == 1
