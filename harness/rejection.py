@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -30,19 +31,34 @@ from types import ModuleType
 PROGRAMMING_ERRORS = (NameError, AttributeError, ImportError, KeyError, IndexError)
 
 
+#: the classes whose defining modules are a backend's own code (CONTRACTS §1)
+API = ("Linear", "GroupedLinear", "LayerNormLinear", "ops.GroupedLinear")
+
+
 def source_roots(backend: ModuleType | None) -> tuple[Path, ...]:
-    """The folders holding a backend's own code: the upstream package it declares
-    (``describe()["origin"]``, e.g. TE's ``transformer_engine`` folder under te-cpu), else the
-    folder of the backend's module (its package's folder)."""
+    """The folders holding a backend's own code: the folders of the modules defining its
+    classes (a backend file that re-exports the reference's classes is the reference's code),
+    and the upstream package it declares (``describe()["origin"]``, e.g. TE's
+    ``transformer_engine`` folder under te-cpu) - or, declaring none, its own module's folder.
+    A layer standing in under the backend (te-cpu's CPU kernels) is none of these."""
     if backend is None:
         return ()
+    roots: list[Path] = []
     describe = getattr(backend, "describe", None)
     origin = (describe() or {}).get("origin") if callable(describe) else None
     if origin:
         path = Path(origin)
-        return ((path.parent if path.suffix == ".py" else path).resolve(),)
-    file = getattr(backend, "__file__", None)
-    return (Path(file).resolve().parent,) if file else ()
+        roots.append((path.parent if path.suffix == ".py" else path).resolve())
+    elif getattr(backend, "__file__", None):
+        roots.append(Path(backend.__file__).resolve().parent)
+    for name in API:
+        obj: object = backend
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        module = sys.modules.get(getattr(obj, "__module__", "") or "")
+        if getattr(module, "__file__", None):
+            roots.append(Path(module.__file__).resolve().parent)
+    return tuple(dict.fromkeys(roots))
 
 
 def judge(exc: BaseException, roots: tuple[Path, ...]) -> str | None:
