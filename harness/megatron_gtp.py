@@ -17,9 +17,9 @@ rank's padded shard (``gtp_remat_shard_dim0``'s layout) in place, so each keeps 
 attributes TE gave it as though TE had built it shard-sized, then
 ``attach_gtp_to_presharded_module`` turns them into ``GTPShardedParam``s (re-registered: the
 weights move behind the module's other parameters; a grouped module's leader gets the
-``weight_list``) and ``tag_gtp_params_with_names`` names them. The protocol calls are observed, not changed: each
-member's four protocol methods are shadowed by instance attributes that log the call and
-delegate to the class's own method.
+``weight_list``) and ``tag_gtp_params_with_names`` names them. The protocol calls are
+observed, not changed: each member's four protocol methods are shadowed by instance
+attributes that log the call and delegate to the class's own method.
 """
 
 from __future__ import annotations
