@@ -75,6 +75,7 @@ CATEGORIES: dict[str, str] = {
     # TransformerEngine's real code on CPU: te-cpu sweeps (fixtures/te_runs.py, --te-tree) or
     # TE layers in a `python -c` subprocess (fixtures/te_script.py)
     "test_ledger_te": "te-cpu",
+    "test_megatron_te": "te-cpu",
     "test_review_te": "te-cpu",
     "test_te_cpu": "te-cpu",
     "test_te_cpu_grouped": "te-cpu",

@@ -503,3 +503,61 @@ def test_inplace_scale_at_ws1_leaves_wgrads_alone(in_process_ws1):
     keep = wg.clone()
     module.weight0.finalize_group_grads(wg)
     assert torch.equal(wg, keep) and torch.equal(module.weight0.main_grad, starts["weight0"] + keep)
+
+
+# ---- Megatron's attach: how the weights are put into the module --------------------------
+
+@pytest.mark.parametrize("kind", ["linear", "grouped_linear", "ops_grouped_linear"])
+def test_megatron_attach_moves_the_weights_behind_the_biases(kind, in_process_ws1):
+    """``megatron_attach``: every weight is re-registered as Megatron's
+    ``_gtp_wrap_bf16_shard`` does (``delattr``, then ``_parameters[name] = ...``), so it moves
+    behind the biases; the replaced parameter's tensor-parallel attributes come along, a
+    grouped module's members carry ``is_routed_expert`` / ``expert_idx`` and the leader the
+    member list as ``weight_list``. Without it each weight keeps its parameter's slot.
+
+    Why: TE's op-fuser pairs gradients with ``list(op.parameters())``, which follows the
+    registration order; a stand-in that kept the order could not show a backend that assumes
+    it (the differential test proves the order, and these attributes, equal to Megatron's).
+    """
+    groups = 1 if kind == "linear" else 2
+    mods = [build(reference, kind, groups, 4, 5, bias=True, dtype=torch.float32, fused=False, delay=False)
+            for _ in range(2)]
+    before = [n for n, _ in mods[0].named_parameters()]
+    mods[0].get_parameter(weight_names(mods[0])[0]).partition_dim = 0  # as TE's set_tensor_model_parallel_attributes
+    inject_gtp(mods[0], behaviour=Behaviour(megatron_attach=True))
+    inject_gtp(mods[1])
+    names = weight_names(mods[0])
+    after = [n for n, _ in mods[0].named_parameters()]
+    assert after == [n for n in before if n not in names] + names != before
+    assert [n for n, _ in mods[1].named_parameters()] == before
+    members = [mods[0].get_parameter(n) for n in names]
+    assert members[0].partition_dim == 0 and not hasattr(mods[1].get_parameter(names[0]), "partition_dim")
+    assert [m._debug_name for m in members] == names
+    grouped = kind != "linear"
+    assert [(m.is_routed_expert, m.expert_idx) for m in members] == [
+        (grouped, i if grouped else None) for i in range(len(members))]
+    leader_list = members[0].weight_list
+    assert [id(w) for w in leader_list] == [id(m) for m in members] if grouped else leader_list is None
+    assert all(m.weight_list is None for m in members[1:])
+    assert all(m.get_data_tensors() == (m,) for m in members)  # TE's offload marking
+
+
+def test_reference_survives_the_reregistered_weights(in_process_ws1):
+    """The reference's ``ops.GroupedLinear`` takes its weights and biases by name, so a step
+    with the weights re-registered behind the biases gives bitwise the gradients of a step
+    without - the contract TE's op-fuser breaks (ledger ``ops-grads-in-registration-order-assumed``)."""
+    results = []
+    for attach in (False, True):
+        module = build(reference, "ops_grouped_linear", 2, 4, 5, bias=True, dtype=torch.float32, fused=False,
+                       delay=False)
+        load_full(module, [seeded((5, 4), torch.float32, 60 + i) for i in range(2)],
+                  [seeded((5,), torch.float32, 70 + i) for i in range(2)])
+        inject_gtp(module, behaviour=Behaviour(megatron_attach=attach))
+        attach_main_grad(module, 9, names=["weight0", "weight1"])
+        assert [n for n, _ in module.named_parameters()][0] == ("bias0" if attach else "weight0")
+        x = seeded((6, 4), torch.float32, 80).requires_grad_()
+        module(x, torch.tensor([2, 4])).sum().backward()
+        results.append({"x": x.grad, **{n: p.main_grad if n.startswith("weight") else p.grad
+                                        for n, p in module.named_parameters()}})
+    assert results[0].keys() == results[1].keys()
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])

@@ -6,7 +6,10 @@ from ``grad_buffer()`` or fresh, both implementers get identical shards, wgrads 
 sequences, and must show bitwise-identical materializations, wgrads after finalize and
 ``main_grad`` contents, and identical flags and return-value structure (see the script's
 docstring). Three negative controls - the harness weight without in-place scaling, without
-Megatron's padding, synchronous - must differ.
+Megatron's padding, synchronous - must differ. On TE's four module classes (at world size 2) both wirings must
+leave the same structure - the parameters' registration order (Megatron's attach moves every
+weight behind the biases) and the attributes TE or Megatron read of each - and the harness
+weight's default wiring, which keeps the order, must differ.
 
 Why: ``gtp_mcore`` is how every backend meets Megatron's behaviours in the ``ci`` preset
 without Megatron installed; this proves the stand-in is Megatron, call by call. Needs
@@ -24,6 +27,7 @@ from fixtures.process_group import run_torchrun
 from harness.install import megatron as component
 
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "megatron_differential.py"
+STRUCTURE_MODULES = ("Linear", "GroupedLinear", "ops.GroupedLinear", "LayerNormLinear")
 TIMEOUT_S = 300.0
 
 
@@ -49,4 +53,14 @@ def test_gtp_mcore_is_bitwise_megatron(world_size, tmp_path):
                 assert cfg["deferred"] == {"harness": asynchronous, "megatron": asynchronous}, cfg
         assert (world_size == 4 and rank >= 2) == all(c["deferred"] is None for c in rec["configs"])
         assert all(n > 0 for n in rec["controls"].values()), f"a control did not differ: {rec['controls']}"
+        # the structure TE's code sees: registration order and the attributes read of each parameter
+        if world_size != 2:
+            assert rec["structure"] is None  # compared once, at world size 2
+            continue
+        assert sorted(rec["structure"]) == sorted(STRUCTURE_MODULES)
+        for module, seen in rec["structure"].items():
+            assert seen["harness"] == seen["megatron"], f"rank {rank} {module}: {seen['harness']} vs {seen['megatron']}"
+            order = [p[0] for p in seen["megatron"]]
+            assert order[-1].startswith("weight") and any(n.startswith("bias") for n in order), order
+            assert [p[0] for p in seen["control"]] != order, f"{module}: the control kept Megatron's order"
     assert result.returncode == 0, context

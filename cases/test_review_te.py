@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures import reproduction
 from fixtures.te_runs import SHIPPED, harness, te_runs  # noqa: F401 (a fixture)
 from harness.install import te as te_component
 
@@ -58,6 +59,12 @@ GROUPED_HOOKED = ["--preset", "ci", "--modules", "grouped_linear", "--weights", 
 WGRAD_CELL = "linear-distributed-hooks_off-unfused-bf16-ws1-ddp-mb2-g1-bias-igrad-nodelay"
 RAISE_CELL = "linear-distributed-hooks_off-fused-fp32-ws1-ddp-mb1-g1-nobias-noigrad-delay"
 PLANTED_CELLS = ["--preset", "ci", "--cells", f"{WGRAD_CELL},{RAISE_CELL}"]
+#: Megatron-Core's weight re-registers the weights behind the biases: the ops.GroupedLinear cells
+#: of ci with bias (at world size 2) are where TE 2.20.2 hands a bias a weight's gradient
+ORDER_ENTRY = "ops-grads-in-registration-order-assumed"
+MEGATRON_OPS = ["--preset", "ci", "--weights", "megatron", "--filter",
+                'module in ("ops_grouped_linear", "ops_grouped_linear_tensor") and bias and not delay_wgrad '
+                'and world_size == 2']
 PLANTS = [  # (anchor line in the unpatched linear.py, what goes before it)
     ("                # Distributed weight (e.g. GTP): reduce-scatter the freshly computed wgrad\n",
      "                wgrad = wgrad * 2  # planted regression: a wrong wgrad\n"),
@@ -94,7 +101,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fixed = base / "fixed"
     proc = harness("patch-te", str(fixed))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"applied 31/31 hunk(s) of {PATCH}" in proc.stdout, proc.stdout
+    assert f"applied 34/34 hunk(s) of {PATCH}" in proc.stdout, proc.stdout
 
     broken = base / "broken"
     _git(base, "clone", "-q", str(fixed), str(broken))
@@ -269,4 +276,20 @@ def test_a_fix_whose_path_te_cannot_take_is_not_exercised_and_red(trees, tmp_pat
         assert junit.count('<skipped message="path not taken: TE chose the split-quantize path') == 3
         runs[evidence] = {cid: (c["status"], c["first_failure"]) for cid, c in cells.items()}
     assert runs["off"] == runs["on"]  # the ctx flags alone judge as the kernels and flags together
+
+
+
+def test_patched_tree_with_megatrons_weight_fixes_the_parameter_order(trees, tmp_path):
+    """Megatron-Core's real weight on the patched tree: the op-fuser's gradients follow the
+    parameters, so the ops cells with bias pass and the review requiring the entry is GREEN;
+    the plain-TE reproduction of docs/megatron.md runs to the end."""
+    proc, record = _sweep(trees["fixed"], tmp_path / "run", *MEGATRON_OPS, "--fixes", ORDER_ENTRY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "review GREEN: 1 of 1 required entries fixed here, 0 regression(s)" in out, out[-4000:]
+    assert _verdicts(proc.stdout)[ORDER_ENTRY] == "fixed here"
+    assert len(record["cells"]) >= 10 and set(_statuses(record).values()) == {"pass"}
+    repro = reproduction.run(tmp_path, tree=trees["fixed"])
+    assert repro.returncode == 0, repro.stderr[-3000:]
+    assert repro.stdout.splitlines() == reproduction.ORDERS
 

@@ -130,6 +130,12 @@ class GTPWeight(torch.nn.Parameter):
     def finalize_group_grads(self, wgrads: Any, **kwargs: Any) -> Any:
         return self.gtp_group.finalize(self.gtp_index, wgrads)
 
+    def get_data_tensors(self) -> tuple[torch.Tensor, ...]:
+        """TE's offload marking (``cpu_offload_v1.mark_activation_offload``) calls this on any
+        tensor that is not exactly a ``Tensor`` or ``Parameter``: a shard is its own data, as
+        Megatron's ``GTPShardedParam`` answers."""
+        return (self,)
+
     def grad_buffer(self) -> torch.Tensor:
         main_grad = getattr(self, "main_grad", None)
         dtype = main_grad.dtype if main_grad is not None else self.dtype
@@ -357,7 +363,9 @@ def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | N
     """Replace a module's weight parameters by GTP weights, as Megatron does at construction.
 
     Every rank must hold the same full weights when this is called; rank r keeps rows
-    ``[r*s, (r+1)*s)`` of the zero-padded weight.
+    ``[r*s, (r+1)*s)`` of the zero-padded weight. Each GTP weight takes its parameter's slot
+    in the registration order, or - ``behaviour.megatron_attach`` - is re-registered behind
+    the module's other parameters, as Megatron's attach does.
 
     Args:
         module: any backend's ``Linear``/``GroupedLinear``/``ops.GroupedLinear`` instance.
@@ -393,5 +401,34 @@ def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | N
                    behaviour)
     for i, (name, m) in enumerate(zip(names, members)):
         m.gtp_group, m.gtp_index = gtp, i
-        setattr(module, name, m)
+        if behaviour.megatron_attach:
+            _attach_like_megatron(module, name, m, full[i], i, grouped=names != ["weight"])
+        else:
+            setattr(module, name, m)  # the same slot of the registration order
+    if behaviour.megatron_attach and names != ["weight"]:
+        members[0].weight_list = members  # Megatron: a grouped (routed-expert) leader's list
     return gtp
+
+
+#: the tensor-parallel attributes Megatron's ``copy_tensor_model_parallel_attributes`` carries
+#: from the replaced parameter (TE's ``set_tensor_model_parallel_attributes`` sets them)
+TP_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride")
+
+
+def _attach_like_megatron(module: torch.nn.Module, name: str, member: GTPWeight, replaced: torch.Tensor,
+                          index: int, grouped: bool) -> None:
+    """Put ``member`` in place of ``replaced`` as Megatron's ``attach_gtp_to_presharded_module``
+    does (``_gtp_wrap_bf16_shard``, ``_gtp_attach_attrs``): re-registered, so it moves behind
+    the module's other parameters; the tensor-parallel attributes copied; the routed-expert
+    tags of a grouped module. The attributes TE 2.20.2 reads of them: the registration order
+    (the op-fuser's parameter list), ``is_routed_expert`` and the leader's ``weight_list``
+    (the fused grouped MLP)."""
+    for attr in TP_ATTRIBUTES:
+        if hasattr(replaced, attr):
+            setattr(member, attr, getattr(replaced, attr))
+    member.is_routed_expert = grouped
+    member.expert_idx = index if grouped else None
+    member.weight_list = None  # the leader's is set once the group is complete
+    member._debug_name = name  # Megatron's tag_gtp_params_with_names (module-relative here)
+    delattr(module, name)
+    module._parameters[name] = member

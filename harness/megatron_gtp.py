@@ -13,11 +13,13 @@ Both patch ``torch`` process-wide: only worker ranks (and the differential test'
 call :func:`load`.
 
 Injecting (:func:`inject`): as Megatron wires TE modules - the weights are cut to this
-rank's padded shard (``gtp_remat_shard_dim0``'s layout) and
-``attach_gtp_to_presharded_module`` turns them into ``GTPShardedParam``s (a grouped module's
-leader gets the ``weight_list``). The protocol calls are observed, not changed: each
-member's four protocol methods are shadowed by instance attributes that log the call and
-delegate to the class's own method.
+rank's padded shard (``gtp_remat_shard_dim0``'s layout) in place, so each keeps the
+attributes TE gave it as though TE had built it shard-sized, then
+``attach_gtp_to_presharded_module`` turns them into ``GTPShardedParam``s (re-registered: the
+weights move behind the module's other parameters; a grouped module's leader gets the
+``weight_list``) and ``tag_gtp_params_with_names`` names them. The protocol calls are
+observed, not changed: each member's four protocol methods are shadowed by instance
+attributes that log the call and delegate to the class's own method.
 """
 
 from __future__ import annotations
@@ -197,11 +199,13 @@ def inject(module: torch.nn.Module, group: Any) -> MegatronGroup:
     rows = full[0].shape[0]
     shard_rows, pad_length = gtp.gtp_remat_shard_dim0(rows, group)
     rank = group.rank()
-    for name, w in zip(names, full):
+    for w in full:
+        # the module's own parameter keeps its place and the attributes TE gave it (the
+        # tensor-parallel ones Megatron copies): as if TE had built it shard-sized
         padded = torch.nn.functional.pad(w.detach(), (0, 0, 0, pad_length))
-        shard = padded[rank * shard_rows:(rank + 1) * shard_rows].clone()
-        setattr(module, name, torch.nn.Parameter(shard, requires_grad=w.requires_grad))
+        w.data = padded[rank * shard_rows:(rank + 1) * shard_rows].clone()
     with _declared_weight_names(module, names):
         gtp.attach_gtp_to_presharded_module(module, group, pad_length, is_grouped=names != ["weight"])
+    gtp.tag_gtp_params_with_names(module)  # _debug_name, as Megatron's set-up tags a built model
     members = [getattr(module, n) for n in names]
     return MegatronGroup(members, shard_rows * group.size(), shard_rows)

@@ -4,8 +4,10 @@ A cell's weight is ``plain`` (ordinary parameters), one configuration of the har
 GTP weight (:mod:`harness.gtp`), or Megatron-Core's real ``GTPShardedParam``
 (:mod:`harness.megatron_gtp`). The harness weight's configurations are the kind defaults
 (``distributed``) and one variant per behaviour of CONTRACTS §2's "what an implementer may
-do" list, plus ``gtp_mcore`` with every one of them at once - the configuration the
-differential test (``cases/test_megatron_differential.py``) proves equal to Megatron's class.
+do" list, plus ``gtp_mcore`` with every one of them at once and Megatron's way of putting the
+weights into the module (``Behaviour.megatron_attach``, which has no variant of its own:
+docs/decisions.md) - the configuration the differential test
+(``cases/test_megatron_differential.py``) proves equal to Megatron's class.
 
 The matrix, the CLI and the reports import this module in the parent process, so it must
 stay free of torch; :mod:`harness.attach` turns a value into weights inside a rank.
@@ -57,6 +59,14 @@ class Behaviour:
             exactly representable factor (TE PR #3545's test: x2 and x4), and the oracle
             computes the output from the forward copy and the input gradient from the
             backward copy - so a backend that feeds a GEMM the wrong copy fails on values.
+        megatron_attach: the weights are put into the module as Megatron's
+            ``attach_gtp_to_presharded_module`` puts them: each one re-registered
+            (``delattr``, then ``_parameters[name] = ...``), so every weight moves behind the
+            module's other parameters in registration order (``bias``, ``bias0..``,
+            ``layer_norm_*``); the replaced parameter's tensor-parallel attributes copied;
+            ``is_routed_expert`` / ``expert_idx`` on the members of a grouped module and the
+            member list as the leader's ``weight_list``; ``_debug_name``. A backend that
+            pairs gradients with parameters by registration order fails (CONTRACTS §2).
     """
 
     pad_multiple: int = 1
@@ -68,6 +78,7 @@ class Behaviour:
     per_member_reduce: bool = False
     tag_forward: float = 1.0
     tag_backward: float = 1.0
+    megatron_attach: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,7 @@ class WeightKind:
 
 
 _MCORE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale=True,
-                   shared_buffers=True, nan_fill=True, per_member_reduce=True)
+                   shared_buffers=True, nan_fill=True, per_member_reduce=True, megatron_attach=True)
 
 _KINDS = (
     WeightKind("distributed", "the harness GTP weight, kind defaults: synchronous, fresh copies, "
@@ -151,7 +162,8 @@ _KINDS = (
                "copy fed which GEMM shows in the values", behaviour=Behaviour(tag_forward=2.0, tag_backward=4.0),
                coverage="light"),
     WeightKind("gtp_mcore", "every Megatron behaviour at once (async, in-place, shared buffers, "
-               "NaN, 16*N padding)", behaviour=_MCORE, coverage="hooks"),
+               "NaN, 16*N padding, Megatron's attach: weights re-registered behind the biases)",
+               behaviour=_MCORE, coverage="hooks"),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
                "install megatron)", implementer="megatron", min_world_size=2),
 )

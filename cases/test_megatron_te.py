@@ -1,0 +1,86 @@
+"""TE's real code with Megatron-Core's real weight: ``sweep --backend te-cpu --preset ci
+--weights megatron`` under the shipped ledger, and the reproduction in docs/megatron.md.
+
+What must hold: the sweep (run once per pytest run, ``fixtures/te_runs.py``) exits 0 with
+every non-passing cell ``known`` - each ``ops.GroupedLinear`` cell with bias by
+``ops-grads-in-registration-order-assumed``, the delayed-wgrad cells by the forms their
+entries state for Megatron's weight; judged again with ``--ledger none`` (nothing runs
+again) it exits 1 and those ops cells error with the op-fuser's invalid-gradient exception,
+the failure the entry alone explains. The reproduction of docs/megatron.md, plain PyTorch
+and TE, raises exactly that exception on the unpatched wheel (its control step passes). The
+patched tree's side (the review GREEN, the reproduction passing) is
+``cases/test_review_te.py``'s.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+from pathlib import Path
+
+from fixtures import reproduction
+from fixtures.te_runs import SHIPPED, harness, te_runs  # noqa: F401 (a fixture)
+from harness import ledger
+from harness.record import CellResult
+
+ENTRY = "ops-grads-in-registration-order-assumed"
+OPS = ("ops_grouped_linear", "ops_grouped_linear_tensor")
+FUSER_ERROR = re.compile(r"^Function _OperationFuserAutogradFunctionBackward returned an invalid gradient at "
+                         r"index \d+ - got \[\d+, 24\] but expected shape compatible with \[\d+\]$")
+
+
+def _cells(run: Path) -> list[dict]:
+    with gzip.open(run / "results.json.gz", "rt") as fh:
+        return json.load(fh)["cells"]
+
+
+def _reordered(cell: dict) -> bool:
+    """A cell whose module pairs gradients with the re-registered parameters by position."""
+    axes = cell["axes"]
+    return axes["module"] in OPS and axes["bias"] and not axes["delay_wgrad"]
+
+
+def test_te_with_megatrons_weight_is_green_under_the_ledger(te_runs):
+    run, rc, out = te_runs["megatron"]
+    assert rc == 0, out[-4000:]
+    cells = _cells(run)
+    assert {c["axes"]["weight"] for c in cells} == {"megatron"} and {c["axes"]["world_size"] for c in cells} == {2, 4}
+    assert {c["status"] for c in cells} <= {"pass", "xfail", "known"}
+    reordered = [c for c in cells if _reordered(c)]
+    assert len(reordered) == 21, len(reordered)
+    assert all(c["known"] == [ENTRY] and c["raw_status"] == "error" for c in reordered), \
+        [(c["id"], c["known"]) for c in reordered if c["known"] != [ENTRY]]
+    assert all(ENTRY not in (c.get("known") or []) for c in cells if not _reordered(c))
+    delayed = {c["id"]: c["known"] for c in cells if c["axes"]["delay_wgrad"]
+               and c["axes"]["module"] in ("linear", "layernorm_linear", "rmsnorm_linear")}
+    keyerror = {c["id"] for c in cells if "KeyError: None" in (c.get("first_failure") or "")}
+    assert keyerror and keyerror <= set(delayed), keyerror  # Megatron's form of the delayed-wgrad entries
+
+
+def test_without_the_ledger_the_ops_cells_fail_the_new_entrys_way(te_runs, tmp_path):
+    run, _, _ = te_runs["megatron"]
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    proc = harness("sweep", "--resume", str(copy), "--quiet", "--ledger", "none")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    cells = _cells(copy)
+    reordered = [c for c in cells if _reordered(c)]
+    assert reordered and all(c["status"] == "error" for c in reordered)
+    entry = SHIPPED.entry(ENTRY)
+    for c in reordered:
+        errors = {r["error"]["message"] for r in c["ranks"]}
+        assert all(FUSER_ERROR.match(m) for m in errors), (c["id"], errors)
+        judged, _, reproduced = ledger.judge(CellResult.from_dict(c), [entry])
+        assert judged.status == "known" and reproduced == {ENTRY}, c["id"]
+    others = [e for e in SHIPPED.entries if e.id != ENTRY]
+    assert all(ledger.judge(CellResult.from_dict(c), others)[0].status == "error" for c in reordered)
+
+
+def test_the_documented_reproduction_raises_on_te_2_20_2(tmp_path):
+    proc = reproduction.run(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == reproduction.ORDERS, proc.stdout  # the control step passed
+    assert proc.stderr.strip().splitlines()[-1] == reproduction.ERROR, proc.stderr[-3000:]
+    assert "harness" not in reproduction.text()  # plain PyTorch and TE
