@@ -6,7 +6,7 @@ import shlex
 from typing import Any, Sequence
 
 from harness.matrix import Cell
-from harness.record import CellResult, RankResult
+from harness.record import CellResult, RankResult, first_failure
 from harness.status import HARNESS_ERROR
 
 
@@ -23,17 +23,6 @@ def cell_status(ranks: Sequence[RankResult]) -> str:
     if statuses == {"pass"}:
         return "pass"
     return "fail"
-
-
-def first_failure(ranks: Sequence[RankResult]) -> str | None:
-    """One line naming the rank and the first failed check or exception (a harness error first)."""
-    for r in sorted(ranks, key=lambda r: r.status != HARNESS_ERROR):
-        if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
-            return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
-        for c in r.comparisons:
-            if not c.ok:
-                return f"[rank {r.rank}] {(c.message or c.name).splitlines()[0]}"
-    return None
 
 
 def worst_ratio(ranks: Sequence[RankResult]) -> float | None:
