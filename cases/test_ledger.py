@@ -367,6 +367,16 @@ def test_choose_picks_the_shipped_ledger_by_upstream_version(tmp_path):
         ledger.choose(str(tmp_path / "missing.toml"), None, None)
 
 
+def test_every_entry_of_a_shipped_ledger_selects_a_ci_cell():
+    """The gate (``--preset ci``; Megatron's weight: ``--weights megatron``) exercises every
+    entry: a fix that broke an entry's cells cannot pass it unseen (matrix.py's (n) and (d)
+    give ``ci`` the interactions beyond pairs that entries name)."""
+    ci = [c.serialize() for c in matrix.select("ci") + matrix.select("ci", {"weight": ["megatron"]})]
+    for led in ledger.shipped():
+        idle = [e.id for e in led.entries if not any(e.selects(c) for c in ci)]
+        assert idle == [], f"{led.path}: no ci cell selected by {idle}"
+
+
 def test_every_shipped_ledger_is_well_formed():
     shipped = ledger.shipped()
     assert shipped, "no ledger is shipped"

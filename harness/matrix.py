@@ -699,9 +699,9 @@ def parse_sample(text: str) -> tuple[int, int]:
     Raises:
         MatrixError: not of that form, or N < 1.
     """
-    count, _, seed = text.strip().partition("@")
+    count, at, seed = text.strip().partition("@")
     try:
-        n, s = int(count), int(seed or 0)
+        n, s = int(count), int(seed if at else 0)
     except ValueError:
         raise MatrixError(f"--sample takes N or N@SEED (integers), got {text!r}") from None
     if n < 1 or s < 0:
