@@ -367,6 +367,22 @@ def test_choose_picks_the_shipped_ledger_by_upstream_version(tmp_path):
         ledger.choose(str(tmp_path / "missing.toml"), None, None)
 
 
+def test_a_records_ledger_from_before_the_rules_still_reads_and_judges():
+    """A run record keeps the ledger that judged it; one written before a rule (a three-decade
+    band, a short pattern) is read back as it was (reports, review, merge), not refused."""
+    old = {"id": "dtype", "title": "t", "upstream": "unreported", "row": "r", "kind": "defect",
+           "cells": 'module == "grouped_linear"', "fails": [
+               {"check": "finalize_dtypes", "message": "got \\['b"},
+               {"check": "weight*.main_grad", "ratio": [300, 30000], "also": True}]}
+    with pytest.raises(ledger.LedgerError):
+        ledger.Entry.from_dict(old)
+    led = ledger.Ledger.from_dict({"name": "old", "path": "old.toml", "package": None, "versions": None,
+                                   "entries": [old]})
+    res = _value(CELL, 2000.0)
+    res.ranks[0].comparisons[1].models = None  # an older record: no model ratios
+    assert ledger.apply([res], led)[0][0].status == "known"
+
+
 def test_every_entry_of_a_shipped_ledger_selects_a_ci_cell():
     """The gate (``--preset ci``; Megatron's weight: ``--weights megatron``) exercises every
     entry: a fix that broke an entry's cells cannot pass it unseen (matrix.py's (n) and (d)

@@ -8,9 +8,11 @@ failures the defect causes, each stated precisely (``fails``, a list of :class:`
 
 - an exception: its exact type and a regular expression over TE's own message;
 - a failed check: a glob over check names (``weight*.main_grad``) and the form of the
-  failure - a regular expression over the check's message (``got ['bfloat16']``) and, for a
-  value check, the band of error/bound ratios it fails by (``ratio = [300, 30000]``),
-  optionally for one cell dtype only.
+  failure - a regular expression over the check's message (``got ['bfloat16']``), or for a
+  value check what the defect does to it: a defect model of ``harness.defects``
+  (``model = "wgrad_in_activation_dtype"``: the value within its normal bound of the oracle
+  with that defect applied, as the rank recorded it in ``Check.models``), or only where no
+  model fits, a band of error/bound ratios; optionally for some cells only (``when``).
 
 A symptom marked ``also`` is a consequence that fails *alongside* the defect (a wrong
 ``main_grad`` after a wrong finalize dtype), never its evidence on its own.
@@ -30,9 +32,13 @@ the pytest plugin and ``repro``):
   deleted. (An entry whose cells all fail earlier, for another entry's defect, is masked
   there: not exercised, never stale.)
 
-Entries are checked when loaded, and an entry broader than a signature is refused: no
-wildcard-only check pattern, no message pattern that matches generic text, no value check
-without a ratio band of at most three decades.
+Entries are checked when loaded, by rule (docs/ledgers.md): a message pattern carries at
+least 12 literal characters of the text it matches (or is an exact form of an exact check
+name); a value check states a model, or a band from 10x the bound spanning one decade;
+``cells`` leaves out some cell of the full matrix; a must-raise check's form names the
+exception raised and TE's text; Python's own error types pin their frame. A run record's
+ledger is read back without the rules (it judged that run). A cell that stays failing under
+a ledger has as its first failure what no entry explains, and the nearest entry's form.
 
 The fold is idempotent: a ``known`` cell keeps its backend verdict in ``raw_status`` and is
 judged again from it.
@@ -40,6 +46,7 @@ judged again from it.
 
 from __future__ import annotations
 
+import contextvars
 import fnmatch
 import json
 import math
@@ -82,6 +89,8 @@ MUST_RAISE_CHECKS = ("exception_names_both", "expected_exception")
 #: ``expected_exception``'s form when nothing was raised at all
 STEP_RAN = "but the step ran"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: whether the validator's rules apply (a ledger file: yes; a run record's ledger: no)
+_RULES: contextvars.ContextVar[bool] = contextvars.ContextVar("ledger_rules", default=True)
 _AT = re.compile(r"[\w./-]+\.py:(\w+|<\w+>)")
 _RAISED = re.compile(r"raised [A-Za-z_][\w.]*: ")
 
@@ -232,13 +241,13 @@ class Symptom:
             if not defects.applies(self.model, self.check):
                 raise LedgerError(f"{where}: model {self.model} predicts {', '.join(defects.MODELS[self.model].checks)}, "
                                   f"not {self.check}")
-        if self.ratio is not None:
+        if self.ratio is not None and _RULES.get():
             lo, hi = self.ratio
             if not MIN_BAND_LOW <= lo < hi or hi / lo > MAX_BAND:
                 raise LedgerError(f"{where}: ratio band {list(self.ratio)} must start at least {MIN_BAND_LOW:g}x "
                                   f"above the bound and span at most one decade ([low, high], {MIN_BAND_LOW:g} <= "
                                   f"low < high <= {MAX_BAND:g} x low); state a model where one fits")
-        if self.check in MUST_RAISE_CHECKS:
+        if self.check in MUST_RAISE_CHECKS and _RULES.get():
             self._validate_must_raise(where)
 
     def _validate_message(self, where: str) -> None:
@@ -249,7 +258,7 @@ class Symptom:
         exact = (self.check is not None and not any(ch in self.check for ch in "*?[")
                  and _exact(self.message))
         short = min(_literal(k) for k in _skeletons(self.message))
-        if short < MIN_LITERAL and not exact:
+        if short < MIN_LITERAL and not exact and _RULES.get():
             raise LedgerError(f"{where}: message pattern {self.message!r} carries {short} literal character(s) "
                               f"of the text it matches (at least {MIN_LITERAL} in every alternative, or an exact "
                               "check name with an exact form such as 'got 0$')")
@@ -263,7 +272,7 @@ class Symptom:
             raise LedgerError(f"{where}: an exception has no ratio or model")
         if self.at is not None and not _AT.fullmatch(self.at):
             raise LedgerError(f"{where}: at={self.at!r} must be file.py:function (e.g. module/linear.py:backward)")
-        if self.exception in PROGRAMMING_ERRORS and self.at is None:
+        if self.exception in PROGRAMMING_ERRORS and self.at is None and _RULES.get():
             raise LedgerError(f"{where}: a {self.exception}'s text is Python's, not TE's: pin the frame that "
                               "raises it with at = \"file.py:function\"")
 
@@ -371,7 +380,7 @@ class Entry:
             object.__setattr__(self, "_select", matrix.compile_filter(self.cells))
         except matrix.MatrixError as exc:
             raise LedgerError(f"{where}: cells: {exc}") from None
-        if not matrix.restricts(self.cells):
+        if _RULES.get() and not matrix.restricts(self.cells):
             raise LedgerError(f"{where}: cells = {self.cells!r} selects every cell of the full matrix: "
                               "name the cells the defect affects")
 
@@ -389,8 +398,14 @@ class Entry:
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> "Entry":
-        """From a run record's ledger entry, whose per-run outcome keys are dropped."""
-        return cls.from_dict({k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        """From a run record's ledger entry, whose per-run outcome keys are dropped. The
+        validator's rules are not applied again: the entry judged that run (an older record's
+        ledger may predate a rule, e.g. its wider ratio bands), so it must stay readable."""
+        token = _RULES.set(False)
+        try:
+            return cls.from_dict({k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        finally:
+            _RULES.reset(token)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "ledger") -> "Entry":
