@@ -584,6 +584,10 @@ def _explain(cell: CellResult, selecting: Sequence[Entry]) -> tuple[set[str], li
     return reproduced, left
 
 
+#: how the first failure of a cell that stays failing under a ledger begins (``_unexplained_line``)
+_LEDGER_LINES = ("unexplained by the ledger: ", "no ledger entry reproduces here: ")
+
+
 def _unexplained_line(cell: CellResult, selecting: Sequence[Entry], left: list[Item], reproduced: set[str]) -> str:
     """A failing cell's line under a ledger: the first failure no entry explains and the
     nearest entry's form for it (the regression a reviewer must look at)."""
@@ -618,15 +622,18 @@ class _Tally:
 def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[Entry], set[str]]:
     """The cell under the ledger, the entries selecting it, and those reproducing in it."""
     base = cell.raw_status if cell.status == "known" and cell.raw_status else cell.status
-    # the backend's own first failure (a ledger's line below replaces it in a failing cell)
-    plain = first_failure(cell.ranks) if cell.ranks else cell.first_failure
-    raw = replace(cell, status=base, raw_status=None, known=None, first_failure=plain)
+    # the backend's own first failure, where a ledger's line (below) had replaced it
+    ledgered = (cell.first_failure or "").startswith(_LEDGER_LINES) and cell.ranks
+    raw = replace(cell, status=base, raw_status=None, known=None,
+                  first_failure=first_failure(cell.ranks) if ledgered else cell.first_failure)
     selecting = [e for e in entries if e.selects(cell.axes)]
     if base not in EXPLAINABLE or not selecting:
         return raw, selecting, set()
     reproduced, left = _explain(raw, selecting)
     if left or not reproduced:
-        if raw.ranks:
+        # a cell that ran (not one whose launch hung: its line says which rank and why)
+        ran = raw.ranks and not any((r.error or {}).get("type") in ("Timeout", "NoReport") for r in raw.ranks)
+        if ran and base in ("fail", "error"):
             raw = replace(raw, first_failure=_unexplained_line(raw, selecting, left, reproduced))
         return raw, selecting, reproduced
     ids = [e.id for e in selecting if e.id in reproduced]
