@@ -160,6 +160,11 @@ class Consumer:
         now = getattr(self.params[name], "main_grad", None)
         return now is kept and now.data_ptr() == ptr
 
+    def rebound_from(self, name: str) -> torch.Tensor | None:
+        """The ``main_grad`` the step started with, when the backend rebound it (else None):
+        the buffer Megatron's DDP still reads."""
+        return None if self.mode != "ddp" or self.main_grad_kept(name) else self._main_grads[name][0]
+
     def record(self, name: str) -> torch.Tensor | None:
         """The gradient of record of parameter ``name``."""
         p = self.params[name]

@@ -8,9 +8,11 @@ failures the defect causes, each stated precisely (``fails``, a list of :class:`
 
 - an exception: its exact type and a regular expression over TE's own message;
 - a failed check: a glob over check names (``weight*.main_grad``) and the form of the
-  failure - a regular expression over the check's message (``got ['bfloat16']``) and, for a
-  value check, the band of error/bound ratios it fails by (``ratio = [300, 30000]``),
-  optionally for one cell dtype only.
+  failure - a regular expression over the check's message (``got ['bfloat16']``), or for a
+  value check what the defect does to it: a defect model of ``harness.defects``
+  (``model = "wgrad_in_activation_dtype"``: the value within its normal bound of the oracle
+  with that defect applied, as the rank recorded it in ``Check.models``), or only where no
+  model fits, a band of error/bound ratios; optionally for some cells only (``when``).
 
 A symptom marked ``also`` is a consequence that fails *alongside* the defect (a wrong
 ``main_grad`` after a wrong finalize dtype), never its evidence on its own.
@@ -30,9 +32,13 @@ the pytest plugin and ``repro``):
   deleted. (An entry whose cells all fail earlier, for another entry's defect, is masked
   there: not exercised, never stale.)
 
-Entries are checked when loaded, and an entry broader than a signature is refused: no
-wildcard-only check pattern, no message pattern that matches generic text, no value check
-without a ratio band of at most three decades.
+Entries are checked when loaded, by rule (docs/ledgers.md): a message pattern carries at
+least 12 literal characters of the text it matches (or is an exact form of an exact check
+name); a value check states a model, or a band from 10x the bound spanning one decade;
+``cells`` leaves out some cell of the full matrix; a must-raise check's form names the
+exception raised and TE's text; Python's own error types pin their frame. A run record's
+ledger is read back without the rules (it judged that run). A cell that stays failing under
+a ledger has as its first failure what no entry explains, and the nearest entry's form.
 
 The fold is idempotent: a ``known`` cell keeps its backend verdict in ``raw_status`` and is
 judged again from it.
@@ -40,15 +46,18 @@ judged again from it.
 
 from __future__ import annotations
 
+import contextvars
 import fnmatch
+import json
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from harness import matrix
-from harness.record import CellResult
+from harness import defects, matrix
+from harness.record import CellResult, first_failure
 from harness.status import PATH_NOT_TAKEN
 
 if sys.version_info >= (3, 11):
@@ -65,17 +74,26 @@ LEDGER_DIR = Path(__file__).resolve().parent / "ledgers"
 EXPLAINABLE = ("fail", "error", "timeout")
 KINDS = ("defect", "difference")
 _UPSTREAM = re.compile(r"^(unreported|(TE|Megatron-LM|PyTorch) (PR|issue) #\d+( \(\w+\))?)$")
-#: texts a message pattern must not match: empty, filler, generic Python errors and the
-#: generic forms of the harness's own messages - a pattern matching one would explain
-#: failures that have nothing to do with the defect
-GENERIC_TEXTS = (
-    "", "x", "0", "'NoneType' object has no attribute 'size'", "list index out of range", "division by zero",
-    "Tensors are not close! Mismatched elements: 3 / 4 (75.0%)",
-    "unsupported operand type(s) for +: 'int' and 'str'", "CUDA error: an illegal memory access was encountered",
-)
-#: the widest ratio band a value symptom may state (upper / lower): three decades
-MAX_BAND = 1000.0
+#: the least literal text a message pattern carries, in every alternative: enough of TE's own
+#: words (or the harness's) that nothing generic matches it
+MIN_LITERAL = 12
+#: a ratio band starts this far above the bound (a value "just out of tolerance" is no
+#: signature) and spans at most one decade
+MIN_BAND_LOW = 10.0
+MAX_BAND = 10.0
+#: Python's own error types: their text is Python's, not TE's, so an exception symptom of one
+#: pins the raising frame (``at``)
+PROGRAMMING_ERRORS = ("AttributeError", "TypeError", "NameError", "UnboundLocalError", "KeyError",
+                      "IndexError", "ImportError", "ModuleNotFoundError")
+#: the checks of a cell that must raise (CONTRACTS §2): their failures are about an exception
+MUST_RAISE_CHECKS = ("exception_names_both", "expected_exception")
+#: ``expected_exception``'s form when nothing was raised at all
+STEP_RAN = "but the step ran"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: whether the validator's rules apply (a ledger file: yes; a run record's ledger: no)
+_RULES: contextvars.ContextVar[bool] = contextvars.ContextVar("ledger_rules", default=True)
+_AT = re.compile(r"[\w./-]+\.py:(\w+|<\w+>)")
+_RAISED = re.compile(r"raised [A-Za-z_][\w.]*: ")
 
 
 class LedgerError(ValueError):
@@ -93,12 +111,69 @@ class Item:
     ratio: float | None = None  #: a value check's error/bound ratio
     type: str | None = None  #: the exception's type
     where: str | None = None  #: ``path:function`` of the frame that raised the exception
+    #: a value check's error/bound ratio under each defect model that applies (``harness.defects``)
+    models: dict[str, float] | None = None
 
     def describe(self) -> str:
-        if self.kind == "exception":
+        if self.name == "exception":
             return f"rank {self.rank}: {self.type}: {self.text}"
-        ratio = f" (error/bound {self.ratio:.3g})" if self.ratio is not None else ""
+        ratio = f" (error/bound {self.ratio:.3g}" if self.ratio is not None else ""
+        if self.models:
+            under = ", ".join(f"{m} {r:.3g}" for m, r in sorted(self.models.items()))
+            ratio = f"{ratio}; under {under}" if ratio else f" (under {under}"
+        ratio += ")" if ratio else ""
         return f"rank {self.rank}: {self.name}: {self.text.splitlines()[0] if self.text else ''}{ratio}"
+
+
+def _skeletons(pattern: str, cap: int = 256) -> list[str]:
+    """Each alternative of a regular expression as the text every match of it contains: its
+    literal characters, and ``\\0`` for a part that varies (a class, ``.``, a repeat beyond its
+    minimum). Alternations multiply (at most ``cap``)."""
+    try:  # Python >= 3.11
+        import re._constants as c
+        import re._parser as sre
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_constants as c  # type: ignore[no-redef]
+        import sre_parse as sre  # type: ignore[no-redef]
+
+    def seq(items: Any) -> list[str]:
+        out = [""]
+        for op, av in items:
+            if op is c.LITERAL:
+                parts = [chr(av)]
+            elif op is c.SUBPATTERN:
+                parts = seq(av[-1])
+            elif op is c.BRANCH:
+                parts = [x for alt in av[1] for x in seq(alt)]
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT) or op.name == "POSSESSIVE_REPEAT":
+                low, high, sub = av
+                parts = [x * min(low, 8) + ("\0" if high != low else "") for x in seq(sub)]
+            elif op is c.AT:
+                parts = [""]
+            else:
+                parts = ["\0"]
+            out = [a + b for a in out for b in parts][:cap]
+        return out
+
+    return seq(sre.parse(pattern))
+
+
+def _literal(skeleton: str) -> int:
+    return len(skeleton.replace("\0", ""))
+
+
+def _exact(pattern: str) -> bool:
+    """A pattern that is one literal text anchored at the end of the message (``got 0$``)."""
+    return pattern.endswith("$") and not pattern.endswith("\\$") and _skeletons(pattern) == [
+        re.sub(r"\\(.)", r"\1", pattern.lstrip("^")[:-1])] and "\0" not in _skeletons(pattern)[0]
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(f"{x:g}" for x in v) + "]"
+    return json.dumps(v) if isinstance(v, str) else str(v)
 
 
 @dataclass(frozen=True)
@@ -109,10 +184,14 @@ class Symptom:
         check: glob over failed check names (``weight*.main_grad``); or
         exception: the exact exception type a rank raises (``RuntimeError``).
         message: regular expression searched in the check's message or the exception's
-            message (TE's own text); required for exceptions and for checks without a ratio.
-        ratio: ``(low, high)``: a value check fails by an error/bound ratio in this band.
+            message (TE's own text); required for exceptions and for checks without a
+            ratio or model.
+        ratio: ``(low, high)``: a value check fails by an error/bound ratio in this band -
+            only where no defect model fits.
+        model: a defect model of ``harness.defects``: the value check is within its normal
+            bound of the oracle with that defect applied (its ratio under the model <= 1).
         at: ``file:function`` (a suffix of the path) of the frame that raised: pins an
-            exception whose text alone is generic (``'NoneType' object has no attribute``).
+            exception whose text is Python's (``'NoneType' object has no attribute``).
         when: a filter over the axes (``sweep --filter``): the cells this form is for,
             e.g. ``dtype == "fp16"`` for the fp16 band.
         also: a consequence failing alongside the defect, not evidence of it on its own.
@@ -122,54 +201,98 @@ class Symptom:
     exception: str | None = None
     message: str | None = None
     ratio: tuple[float, float] | None = None
+    model: str | None = None
     at: str | None = None
     when: str | None = None
     also: bool = False
 
     def validate(self, where: str) -> None:
-        """Raises LedgerError when the symptom is malformed or broader than a signature."""
+        """Raises LedgerError when the symptom is malformed or broader than a signature (the
+        rules of docs/ledgers.md, each refused with its one-line reason)."""
         if (self.check is None) == (self.exception is None):
             raise LedgerError(f"{where}: a symptom names exactly one of check or exception")
         if self.message is not None:
-            try:
-                rx = re.compile(self.message)
-            except re.error as exc:
-                raise LedgerError(f"{where}: message pattern {self.message!r}: {exc}") from None
-            generic = next((t for t in GENERIC_TEXTS if rx.search(t)), None)
-            if generic is not None and self.at is None:
-                raise LedgerError(f"{where}: message pattern {self.message!r} also matches {generic!r}: "
-                                  "state the defect's own text, or pin the raising frame with at")
-        if self.exception is not None:
-            if not _IDENT.fullmatch(self.exception):
-                raise LedgerError(f"{where}: exception={self.exception!r} must be an exception type name")
-            if self.message is None:
-                raise LedgerError(f"{where}: exception {self.exception} needs a message pattern (TE's text)")
-            if self.ratio is not None:
-                raise LedgerError(f"{where}: an exception has no ratio")
-            if self.at is not None and not re.fullmatch(r"[\w./-]+\.py:\w+", self.at):
-                raise LedgerError(f"{where}: at={self.at!r} must be file.py:function (e.g. module/linear.py:backward)")
-        elif self.at is not None:
-            raise LedgerError(f"{where}: at is for exceptions only")
+            self._validate_message(where)
         if self.when is not None:
             try:
                 object.__setattr__(self, "_when", matrix.compile_filter(self.when))
             except matrix.MatrixError as exc:
                 raise LedgerError(f"{where}: when: {exc}") from None
         if self.exception is not None:
+            self._validate_exception(where)
             return
+        if self.at is not None and self.check not in MUST_RAISE_CHECKS:
+            raise LedgerError(f"{where}: at is for exceptions (and the checks of a cell that must raise) only")
+        if self.at is not None and not _AT.fullmatch(self.at):
+            raise LedgerError(f"{where}: at={self.at!r} must be file.py:function (e.g. module/linear.py:backward)")
         if not re.match(r"[A-Za-z]", self.check) or not re.search(r"[A-Za-z_]{3}", self.check):
             raise LedgerError(f"{where}: check pattern {self.check!r} is broader than a check name "
                               "(it must start with a name, as weight*.main_grad)")
         if self.check == "exception":
             raise LedgerError(f"{where}: check 'exception' would explain any exception; state its type and message")
-        if self.message is None and self.ratio is None:
-            raise LedgerError(f"{where}: check {self.check} needs the form of its failure: a message "
-                              "pattern, or a ratio band for a value check")
-        if self.ratio is not None:
+        forms = [k for k in ("message", "ratio", "model") if getattr(self, k) is not None]
+        if len(forms) != 1:
+            raise LedgerError(f"{where}: check {self.check} needs exactly one form of its failure: a message "
+                              "pattern, a defect model or (where no model fits) a ratio band"
+                              + (f", not {' and '.join(forms)}" if forms else ""))
+        if self.model is not None:
+            if self.model not in defects.MODELS:
+                raise LedgerError(f"{where}: model={self.model!r} is no defect model "
+                                  f"(models: {', '.join(defects.MODELS)})")
+            if not defects.applies(self.model, self.check):
+                raise LedgerError(f"{where}: model {self.model} predicts {', '.join(defects.MODELS[self.model].checks)}, "
+                                  f"not {self.check}")
+        if self.ratio is not None and _RULES.get():
             lo, hi = self.ratio
-            if not 1.0 <= lo < hi or hi / lo > MAX_BAND:
-                raise LedgerError(f"{where}: ratio band {list(self.ratio)} must be [low, high] with "
-                                  f"1 <= low < high <= {MAX_BAND:g} x low")
+            if not MIN_BAND_LOW <= lo < hi or hi / lo > MAX_BAND:
+                raise LedgerError(f"{where}: ratio band {list(self.ratio)} must start at least {MIN_BAND_LOW:g}x "
+                                  f"above the bound and span at most one decade ([low, high], {MIN_BAND_LOW:g} <= "
+                                  f"low < high <= {MAX_BAND:g} x low); state a model where one fits")
+        if self.check in MUST_RAISE_CHECKS and _RULES.get():
+            self._validate_must_raise(where)
+
+    def _validate_message(self, where: str) -> None:
+        try:
+            re.compile(self.message)
+        except re.error as exc:
+            raise LedgerError(f"{where}: message pattern {self.message!r}: {exc}") from None
+        exact = (self.check is not None and not any(ch in self.check for ch in "*?[")
+                 and _exact(self.message))
+        short = min(_literal(k) for k in _skeletons(self.message))
+        if short < MIN_LITERAL and not exact and _RULES.get():
+            raise LedgerError(f"{where}: message pattern {self.message!r} carries {short} literal character(s) "
+                              f"of the text it matches (at least {MIN_LITERAL} in every alternative, or an exact "
+                              "check name with an exact form such as 'got 0$')")
+
+    def _validate_exception(self, where: str) -> None:
+        if not _IDENT.fullmatch(self.exception):
+            raise LedgerError(f"{where}: exception={self.exception!r} must be an exception type name")
+        if self.message is None:
+            raise LedgerError(f"{where}: exception {self.exception} needs a message pattern (TE's text)")
+        if self.ratio is not None or self.model is not None:
+            raise LedgerError(f"{where}: an exception has no ratio or model")
+        if self.at is not None and not _AT.fullmatch(self.at):
+            raise LedgerError(f"{where}: at={self.at!r} must be file.py:function (e.g. module/linear.py:backward)")
+        if self.exception in PROGRAMMING_ERRORS and self.at is None and _RULES.get():
+            raise LedgerError(f"{where}: a {self.exception}'s text is Python's, not TE's: pin the frame that "
+                              "raises it with at = \"file.py:function\"")
+
+    def _validate_must_raise(self, where: str) -> None:
+        """A must-raise check fails about an exception: its form states the type and TE's text
+        (``raised RuntimeError: <text>``; a shorter text, ``raised KeyError: None``, only with the
+        raising frame pinned by ``at``), or that nothing was raised (``but the step ran``)."""
+        for k in _skeletons(self.message or ""):
+            m = _RAISED.search(k)
+            if k.endswith(STEP_RAN):
+                continue
+            if not m or (_literal(k[m.end():]) < MIN_LITERAL and self.at is None):
+                raise LedgerError(f"{where}: a symptom of {self.check} states the exception raised, its type and "
+                                  f"text ('raised RuntimeError: <at least {MIN_LITERAL} characters of TE's text>'), "
+                                  f"or '{STEP_RAN}$': {self.message!r} does not")
+            raised = m.group(0)[len("raised "):-2]
+            if raised in PROGRAMMING_ERRORS and self.at is None:
+                raise LedgerError(f"{where}: a {raised}'s text is Python's, not TE's: pin the frame that raises it "
+                                  "with at = \"file.py:function\"")
 
     def matches(self, item: Item, cell: matrix.Cell) -> bool:
         if self.when is not None and not self._when(cell):  # type: ignore[attr-defined]
@@ -180,10 +303,18 @@ class Symptom:
                     and (self.at is None or _raised_at(item.where, self.at)))
         if item.name == "exception" or not fnmatch.fnmatchcase(item.name, self.check or ""):
             return False
+        if self.at is not None and not _raised_at(item.where, self.at):
+            return False
+        if self.model is not None:  # the value within its bound of the oracle with the defect applied
+            return (item.models or {}).get(self.model, math.inf) <= 1.0
         if item.ratio is not None or self.ratio is not None:  # a value check: its band says how wrong
             if item.ratio is None or self.ratio is None or not self.ratio[0] <= item.ratio <= self.ratio[1]:
                 return False
         return self.message is None or re.search(self.message, item.text) is not None
+
+    def form(self) -> str:
+        """The symptom as the ledger states it, in one line (TOML's inline table)."""
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in self.serialize().items()) + " }"
 
     def serialize(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -251,6 +382,9 @@ class Entry:
             object.__setattr__(self, "_select", matrix.compile_filter(self.cells))
         except matrix.MatrixError as exc:
             raise LedgerError(f"{where}: cells: {exc}") from None
+        if _RULES.get() and not matrix.restricts(self.cells):
+            raise LedgerError(f"{where}: cells = {self.cells!r} selects every cell of the full matrix: "
+                              "name the cells the defect affects")
 
     def selects(self, axes: dict[str, Any]) -> bool:
         return self._select(matrix.Cell.from_dict(axes))  # type: ignore[attr-defined]
@@ -266,8 +400,14 @@ class Entry:
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> "Entry":
-        """From a run record's ledger entry, whose per-run outcome keys are dropped."""
-        return cls.from_dict({k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        """From a run record's ledger entry, whose per-run outcome keys are dropped. The
+        validator's rules are not applied again: the entry judged that run (an older record's
+        ledger may predate a rule, e.g. its wider ratio bands), so it must stay readable."""
+        token = _RULES.set(False)
+        try:
+            return cls.from_dict({k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        finally:
+            _RULES.reset(token)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "ledger") -> "Entry":
@@ -387,8 +527,11 @@ def failing_items(cell: CellResult) -> list[Item]:
         if r.status in ("pass", "xfail"):
             continue
         failed = [c for c in r.comparisons if not c.ok]
+        # a must-raise check quotes the rank's exception: its frame pins it as an exception's would
+        raised = _innermost((r.error or {}).get("traceback") or "") if cell.expect == "error" else None
         mine = [_exception(r.rank, r.error, c.message) if c.name == "exception" else
-                Item(r.rank, c.name, c.kind, c.message or "", c.ratio) for c in failed]
+                Item(r.rank, c.name, c.kind, c.message or "", c.ratio, models=c.models,
+                     where=raised if c.kind == "exception" else None) for c in failed]
         carried = any(c.kind == "exception" for c in failed) or cell.expect == "error"
         if r.error and not carried:
             mine.append(_exception(r.rank, r.error, None))
@@ -443,6 +586,33 @@ def _explain(cell: CellResult, selecting: Sequence[Entry]) -> tuple[set[str], li
     return reproduced, left
 
 
+#: how the first failure of a cell that stays failing under a ledger begins (``_unexplained_line``)
+_LEDGER_LINES = ("unexplained by the ledger: ", "no ledger entry reproduces here: ")
+
+
+def _unexplained_line(cell: CellResult, selecting: Sequence[Entry], left: list[Item], reproduced: set[str]) -> str:
+    """A failing cell's line under a ledger: the first failure no entry explains and the
+    nearest entry's form for it (the regression a reviewer must look at)."""
+    axes = matrix.Cell.from_dict(cell.axes)
+    if not left:  # every failure is a consequence ('also') of entries whose evidence is missing
+        item = failing_items(cell)[0]
+        return (f"no ledger entry reproduces here: {item.describe()} is only a consequence ('also') in "
+                f"{', '.join(e.id for e in selecting)}, whose evidence is missing")
+    item = left[0]
+    near = [(e, s) for e in selecting for s in e.fails
+            if (s.exception is not None and s.exception == item.type)
+            or (s.check is not None and item.name != "exception" and fnmatch.fnmatchcase(item.name, s.check))]
+    applicable = [(e, s) for e, s in near if s.when is None or s._when(axes)]  # type: ignore[attr-defined]
+    if applicable or near:
+        e, s = (applicable or near)[0]
+        why = " (its evidence does not reproduce here)" if e.id not in reproduced and not s.also else ""
+        nearest = f"nearest: {e.id} {s.form()}{why}"
+    else:
+        nearest = f"no form for it in {', '.join(e.id for e in selecting)}"
+    more = f" (+{len(left) - 1} more)" if len(left) > 1 else ""
+    return f"unexplained by the ledger: {item.describe()}{more}; {nearest}"
+
+
 @dataclass
 class _Tally:
     selected: list[str] = field(default_factory=list)
@@ -456,12 +626,19 @@ class _Tally:
 def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[Entry], set[str]]:
     """The cell under the ledger, the entries selecting it, and those reproducing in it."""
     base = cell.raw_status if cell.status == "known" and cell.raw_status else cell.status
-    raw = replace(cell, status=base, raw_status=None, known=None)
+    # the backend's own first failure, where a ledger's line (below) had replaced it
+    ledgered = (cell.first_failure or "").startswith(_LEDGER_LINES) and cell.ranks
+    raw = replace(cell, status=base, raw_status=None, known=None,
+                  first_failure=first_failure(cell.ranks) if ledgered else cell.first_failure)
     selecting = [e for e in entries if e.selects(cell.axes)]
     if base not in EXPLAINABLE or not selecting:
         return raw, selecting, set()
     reproduced, left = _explain(raw, selecting)
     if left or not reproduced:
+        # a cell that ran (not one whose launch hung: its line says which rank and why)
+        ran = raw.ranks and not any((r.error or {}).get("type") in ("Timeout", "NoReport") for r in raw.ranks)
+        if ran and base in ("fail", "error"):
+            raw = replace(raw, first_failure=_unexplained_line(raw, selecting, left, reproduced))
         return raw, selecting, reproduced
     ids = [e.id for e in selecting if e.id in reproduced]
     return replace(raw, status="known", raw_status=base, known=ids), selecting, reproduced

@@ -28,7 +28,7 @@ import dataclasses
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,8 @@ from harness import modules, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "PRESETS", "Axis", "Cell", "MatrixError",
-    "SEED", "compile_filter", "describe", "ids_digest", "parse_values", "plan", "product", "select",
+    "SEED", "compile_filter", "describe", "ids_digest", "parse_sample", "parse_values", "plan", "product",
+    "restricts", "sample", "select",
 ]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -340,7 +341,7 @@ def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
 def _complete(fixed: Assignment, domains: Domains) -> Cell | None:
     """Fill the free axes with their most demanding feasible values; None if impossible."""
     assign = dict(fixed)
-    if not _feasible(assign, domains):
+    if any(v not in domains[k] for k, v in assign.items() if k != "num_gemms") or not _feasible(assign, domains):
         return None
     for name in AXIS_NAMES:
         if name not in assign:
@@ -369,15 +370,40 @@ def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
     Cells of ungrouped modules take ``num_gemms=1`` whatever the num_gemms domain
     (deduplicated).
     """
-    domains = _domains({a.name: a for a in axes})
-    cells: dict[Cell, None] = {}
+    return list(dict.fromkeys(_valid(_domains({a.name: a for a in axes}))))
+
+
+def _valid(domains: Domains) -> Iterator[Cell]:
+    """The valid cells of the product of ``domains``, lazily (with repeats: an ungrouped
+    module's cells take num_gemms=1 for every num_gemms value)."""
     for combo in itertools.product(*(domains[n] for n in AXIS_NAMES)):
         assign = dict(zip(AXIS_NAMES, combo))
         if not modules.KINDS[assign["module"]].grouped:
             assign["num_gemms"] = 1
         if all(ok(assign[a], assign[b]) for a, b, ok, _ in _CONSTRAINTS):
-            cells.setdefault(Cell(**assign))
-    return list(cells)
+            yield Cell(**assign)
+
+
+def restricts(expr: str) -> bool:
+    """Whether the filter ``expr`` leaves out some valid cell of the whole matrix (every axis
+    value, every weight). Exact and quick: its value depends only on the axes it names, so
+    each feasible combination of those is completed to one valid cell and tried (every cell
+    when it names ``id``).
+
+    Raises:
+        MatrixError: a malformed filter.
+    """
+    pred = _compile_filter(expr)
+    domains = _domains({"weight": weights.NAMES})
+    names = {n.id for n in ast.walk(ast.parse(expr.strip(), mode="eval")) if isinstance(n, ast.Name)}
+    if "id" in names:
+        return not all(pred(c) for c in _valid(domains))
+    named = [n for n in AXIS_NAMES if n in names]
+    for combo in itertools.product(*(domains[n] for n in named)):
+        cell = _complete(dict(zip(named, combo)), domains)
+        if cell is not None and not pred(cell):
+            return True
+    return False
 
 
 def _pairs(cell: Cell) -> Iterable[tuple[tuple[str, Any], tuple[str, Any]]]:
@@ -410,8 +436,10 @@ def _ci(domains: Domains) -> list[Cell]:
     """Covering design: (b) hooks x fused x weight per module and world size and (c)
     delayed wgrad per module, both over the weights with full coverage; (h) per weight
     with hooks coverage, every hook mode per module and world size, fused alternating; (v)
-    per light weight, each module at each world size with hooks and fused rotating; then
-    (a) a greedy all-pairs pass over what they left uncovered. "Per module" is per slot of
+    per light weight, each module at each world size with hooks and fused rotating; (n) per
+    distributed weight with full coverage, a hooked step without an input gradient per module
+    and fused value, and (d) delayed wgrad on every module value; then (a) a greedy all-pairs
+    pass over what they left uncovered. "Per module" is per slot of
     :func:`_module_slots`: the module values of one TE class alternate in one slot.
     """
     tiers = _weight_tiers(domains["weight"])
@@ -442,6 +470,20 @@ def _ci(domains: Domains) -> list[Cell]:
         for i, (m, ws) in enumerate(itertools.product(slots, domains["world_size"])):
             add(m, weight=w, world_size=ws, hooks=hooks[(i + vi) % len(hooks)],
                 fused=fused[i % len(fused)])
+    # (n) and (d): interactions a known defect needs beyond pairs (the TE ledger's entries, each
+    # exercised by ci): a distributed weight under a saved-tensor hook whose input needs no
+    # gradient (no dgrad GEMM: a backward that lost the weight fails elsewhere), per slot and
+    # fused value, hook modes rotating; and delayed wgrad with a distributed weight on every
+    # module value, not only one per slot (each path rejects it, or not, on its own)
+    hooked = [h for h in hooks if h != "off"]
+    spread = [w for w in tiers["full"] if weights.KINDS[w].distributed]
+    for w in spread:
+        for i, (m, f) in enumerate(itertools.product(slots, fused) if hooked else ()):
+            add(m, weight=w, hooks=hooked[i % len(hooked)], fused=f, input_grad=False, delay_wgrad=False)
+        for m in domains["module"]:
+            cell = _complete({"module": m, "weight": w, "delay_wgrad": True}, domains)
+            if cell is not None:
+                cells.setdefault(cell)
 
     # (a) AETG-style greedy: start each new cell from the first uncovered pair, then give
     # every other axis the feasible value that covers the most still-uncovered pairs.
@@ -649,6 +691,33 @@ def parse_values(axis_name: str, text: str) -> tuple[Any, ...]:
         else:
             values.append(item)
     return Axis(axis_name, tuple(values)).values
+
+
+def parse_sample(text: str) -> tuple[int, int]:
+    """``N`` or ``N@SEED`` (``--sample``): how many cells, and the seed (default 0).
+
+    Raises:
+        MatrixError: not of that form, or N < 1.
+    """
+    count, at, seed = text.strip().partition("@")
+    try:
+        n, s = int(count), int(seed if at else 0)
+    except ValueError:
+        raise MatrixError(f"--sample takes N or N@SEED (integers), got {text!r}") from None
+    if n < 1 or s < 0:
+        raise MatrixError(f"--sample takes N >= 1 and SEED >= 0, got {text!r}")
+    return n, s
+
+
+def sample(cells: Sequence[Cell], count: int, seed: int = 0) -> list[Cell]:
+    """A deterministic sample of ``count`` cells (all when there are no more), in selection
+    order: the cells whose sha256 of ``"SEED:ID"`` is smallest - the same on every machine
+    and Python, and a cell's membership depends only on its id, the seed and the ranking."""
+    if count >= len(cells):
+        return list(cells)
+    rank = {c: hashlib.sha256(f"{seed}:{c.id}".encode()).digest() for c in cells}
+    keep = set(sorted(cells, key=rank.__getitem__)[:count])
+    return [c for c in cells if c in keep]
 
 
 def describe(cells: Sequence[Cell]) -> str:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from harness import ledger as ledgers
-from harness import assemble, matrix, provenance, runinfo
+from harness import assemble, matrix, provenance, runinfo, selection
 from harness.exitcodes import UsageError
 from harness.record import RunRecord, load
 
 #: selection keys every shard must share (``shard`` itself differs by design)
-_SAME_SELECTION = ("preset", "overrides", "filter", "examples", "cells_total", "cells_digest")
+_SAME_SELECTION = ("preset", "overrides", "filter", "sample", "examples", "cells_total", "cells_digest")
 
 
 def _load(run_dir: Path) -> RunRecord:
@@ -95,8 +95,7 @@ def merge(run_dirs: list[Path], argv: list[str]) -> RunRecord:
     runs.sort(key=lambda r: r[1].selection["shard"]["index"])
     first = runs[0][1]
     sel = first.selection
-    cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
-                          sel.get("filter"))
+    cells = selection.recorded(sel)
     if matrix.ids_digest(cells) != sel.get("cells_digest"):
         raise UsageError("the shards' selection expands to other cells with this harness than when they ran")
     by_id = {c.id: c for _, rec in runs for c in rec.cells}

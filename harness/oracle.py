@@ -8,7 +8,6 @@ reduction length and with cancellation instead of being fixed ``atol``/``rtol`` 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +92,70 @@ def _group_rows(splits: list[int]) -> list[slice]:
     return out
 
 
+@dataclass
+class WgradTerm:
+    """One rank's wgrad GEMM (or bias reduction) of one microbatch for one group member, exact
+    (float64): what a defect model rounds (``harness.predict``)."""
+
+    value: torch.Tensor
+    magnitude: torch.Tensor
+    rows: int                         # the GEMM's reduction length
+
+
+class _GemmInputs:
+    """What the GEMMs of (rank, microbatch) receive: ``x``, or the normalization's ``h`` (each
+    (rank, microbatch) normalized once: outputs and gradients share it)."""
+
+    def __init__(self, inputs: CellInputs) -> None:
+        self.inputs = inputs
+        self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, _Normalized | None]] = {}
+
+    def __call__(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
+        if (r, m) not in self._done:
+            x = self.inputs.x[r][m].to(F64)
+            if self.inputs.norm is None:
+                self._done[r, m] = x, x.abs(), None
+            else:
+                normed = _normalize(x, self.inputs.norm)
+                self._done[r, m] = normed.h, normed.magnitude, normed
+        return self._done[r, m]
+
+
+def operand_u(inputs: CellInputs) -> float:
+    """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u."""
+    return torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0
+
+
+def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None) -> list[list[list[WgradTerm]]]:
+    """``[rank][microbatch][member]``: each microbatch's weight gradient on each rank,
+    ``dy[rows]^T @ x[rows]`` over the rows routed to that member."""
+    gemm_input = gemm_input or _GemmInputs(inputs)
+    out = []
+    for r in range(len(inputs.x)):
+        per_rank = []
+        for m in range(len(inputs.x[r])):
+            x, x_mag, _ = gemm_input(r, m)
+            dy = inputs.dy[r][m].to(F64)
+            per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start)
+                             for rows in _group_rows(inputs.splits[r][m])])
+        out.append(per_rank)
+    return out
+
+
+def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
+    """``[rank][microbatch][member]``: each microbatch's bias gradient on each rank (the sum
+    of ``dy`` over the rows routed to that member), exact."""
+    out = []
+    for r in range(len(inputs.x)):
+        per_rank = []
+        for m in range(len(inputs.x[r])):
+            dy = inputs.dy[r][m].to(F64)
+            per_rank.append([WgradTerm(dy[rows].sum(0), dy[rows].abs().sum(0), rows.stop - rows.start)
+                             for rows in _group_rows(inputs.splits[r][m])])
+        out.append(per_rank)
+    return out
+
+
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0)) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
@@ -113,18 +176,9 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     norm = inputs.norm
     world = len(inputs.x)
     mbs = len(inputs.x[0])
-    n = len(W)
     out_f, in_f = W[0].shape
-    # LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u
-    operand_u = torch.finfo(inputs.dtype).eps / 2 if norm is not None else 0.0
-
-    @functools.cache  # each (rank, microbatch) is normalized once: outputs and grads share it
-    def gemm_input(r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
-        x = inputs.x[r][m].to(F64)
-        if norm is None:
-            return x, x.abs(), None
-        normed = _normalize(x, norm)
-        return normed.h, normed.magnitude, normed
+    op_u = operand_u(inputs)
+    gemm_input = _GemmInputs(inputs)
 
     outputs, dgrads = [], []
     for m in range(mbs):
@@ -137,15 +191,16 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
             ya[rows] = x_mag[rows] @ Wf[i].abs().t() + (B[i].abs() if B else 0.0)
             dx[rows] = dy[rows] @ Wb[i]
             dxa[rows] = dy[rows].abs() @ Wb[i].abs()
-        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=operand_u))
+        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u))
         if normed is not None:
             dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
         # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
         dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
                                 roundings=2 if normed is not None else 1))
 
-    wsum = [torch.zeros(out_f, in_f, dtype=F64) for _ in range(n)]
-    wabs = [torch.zeros(out_f, in_f, dtype=F64) for _ in range(n)]
+    terms = wgrad_terms(inputs, gemm_input)
+    wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(len(W))]
+    wabs = [sum(t[i].magnitude for per_rank in terms for t in per_rank) for i in range(len(W))]
     bsum = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     babs = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     nparams = len(norm.params) if norm is not None else 0
@@ -153,11 +208,9 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     nabs = [torch.zeros(in_f, dtype=F64) for _ in range(nparams)]
     for r in range(world):
         for m in range(mbs):
-            x, x_mag, normed = gemm_input(r, m)
+            _, _, normed = gemm_input(r, m)
             dy = inputs.dy[r][m].to(F64)
             for i, rows in enumerate(_group_rows(inputs.splits[r][m])):
-                wsum[i] += dy[rows].t() @ x[rows]
-                wabs[i] += dy[rows].abs().t() @ x_mag[rows]
                 if B:
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
@@ -171,7 +224,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
                     nabs[1] += dh_mag.sum(0)
     rows_total = inputs.x[0][0].shape[0]
     roundings = increment_roundings(mbs, world)
-    wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings, operand_u)
+    wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings, op_u)
               for s, a in zip(wsum, wabs)]
     bgrads = [Reference(s / world, a / world, rows_total * mbs, roundings) for s, a in zip(bsum, babs)]
     # dh is rounded once before the reduction: one more rounding than a bias gradient

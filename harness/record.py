@@ -35,7 +35,9 @@ Schema (``schema = 1``), all plain JSON:
     name (path such as ``mb0.output`` or ``weight1.main_grad``), kind ("tensor" | "count" |
     "flag" | "dtype" | "exception"), ok, message (assert_close-style text when not ok),
     and for tensors: numel, mismatched, max_abs, max_rel, ratio (max error/bound),
-    bound_at_worst, index (of the worst element); for counts/flags/dtypes: expected, actual.
+    bound_at_worst, index (of the worst element), and when it fails, models (its ratio under
+    each defect model of ``harness.defects`` that applies, optional); for counts/flags/dtypes:
+    expected, actual.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import recordfile
-from harness.status import GOOD_STATUSES, STATUSES
+from harness.status import GOOD_STATUSES, HARNESS_ERROR, PATH_NOT_TAKEN, STATUSES
 
 SCHEMA = 1
 
@@ -67,6 +69,9 @@ class Check:
     index: list[int] | None = None
     expected: Any = None
     actual: Any = None
+    #: a failing value check's error/bound ratio under each defect model that applies to it
+    #: (``harness.defects``; what a ledger's model symptom matches); None: none computed
+    models: dict[str, float] | None = None
 
     def serialize(self) -> dict[str, Any]:
         # shallow on purpose: dataclasses.asdict deep-copies and costs ~40 µs per check
@@ -147,6 +152,20 @@ class RankResult:
             path=d.get("path"),
             choice=d.get("choice"),
         )
+
+
+def first_failure(ranks: "list[RankResult]") -> str | None:
+    """One line naming the rank and the first failed check or exception (a harness error
+    first, then the reason TE gave for taking another path)."""
+    for r in sorted(ranks, key=lambda r: (r.status != HARNESS_ERROR, r.status != PATH_NOT_TAKEN)):
+        if r.status == PATH_NOT_TAKEN and r.choice and r.choice.get("reason"):
+            return f"[rank {r.rank}] {r.choice['reason']}"
+        if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
+            return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
+        for c in r.comparisons:
+            if not c.ok:
+                return f"[rank {r.rank}] {(c.message or c.name).splitlines()[0]}"
+    return None
 
 
 #: the oracle's value checks per tensor kind (``harness.runner`` names them)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from harness import compare, modules, oracle, rejection, te_path, twin, weights
+from harness import compare, modules, oracle, predict, rejection, te_path, twin, weights
 from harness.consumer import Consumer
 from harness.attach import attach_weight
 from harness.gtp import GTPGroup, weight_names
@@ -390,13 +390,19 @@ def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer | N
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
-    orc = oracle.compute(inputs, ctx.rank, weights.KINDS[cell.weight].tags)
+    tags = weights.KINDS[cell.weight].tags
+    orc = oracle.compute(inputs, ctx.rank, tags)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
+    # a failing value check also records its ratio under each defect model (harness.defects)
+    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype))
         if cell.input_grad:
-            checks.append(compare.compare_tensor(f"mb{mb}.input_grad", step.dgrads[mb], orc.dgrads[mb], dtype))
+            check = compare.compare_tensor(f"mb{mb}.input_grad", step.dgrads[mb], orc.dgrads[mb], dtype)
+            if not check.ok:
+                check.models = models.input_grad(mb, step.dgrads[mb], dtype) or None
+            checks.append(check)
     ddp = cell.consumer == "ddp"
     record_attr = "main_grad" if ddp else "grad"
     # Weight gradient of record: formed in main_grad's dtype when fused, or for a
@@ -407,13 +413,23 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
         if gtp is not None:
             s = gtp.rows_per_rank
             shard = (gtp.padded_rows, ctx.rank * s, s)
-        ref = oracle.record_of(orc.wgrad_sums[i], consumer.start.get(name) if ddp else None, shard)
-        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, w_dtype))
+        start = consumer.start.get(name) if ddp else None
+        ref = oracle.record_of(orc.wgrad_sums[i], start, shard)
+        actual = consumer.record(name)
+        check = compare.compare_tensor(f"{name}.{record_attr}", actual, ref, w_dtype)
+        if not check.ok:
+            check.models = models.weight(i, actual, compare.bound(ref, w_dtype), start, shard,
+                                         consumer.rebound_from(name) if ddp else None) or None
+        checks.append(check)
         if shard is not None and ddp:
             checks.extend(_padding_checks(name, consumer, shard, inputs.weights[i].shape[0]))
     for i, name in enumerate(_bias_names(module)):
-        ref = oracle.record_of(orc.bgrad_sums[i], consumer.start.get(name) if ddp else None, None)
-        checks.append(compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, dtype))
+        start = consumer.start.get(name) if ddp else None
+        ref = oracle.record_of(orc.bgrad_sums[i], start, None)
+        check = compare.compare_tensor(f"{name}.{record_attr}", consumer.record(name), ref, dtype)
+        if not check.ok:
+            check.models = models.bias(i, consumer.record(name), compare.bound(ref, dtype), start) or None
+        checks.append(check)
     # the normalization's parameters are plain and replicated: judged like a bias (§1)
     for name, ref in zip(modules.NORM_PARAMS, orc.norm_sums):
         ref = oracle.record_of(ref, consumer.start.get(name) if ddp else None, None)

@@ -28,6 +28,9 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
                    help="only these cells of the selection: a whole cell id selects that cell, any "
                         "other text the cells whose id contains it (as pytest -k); the same as "
                         "--filter 'id == \"ID\" or \"TEXT\" in id'")
+    g.add_argument("--sample", metavar="N[@SEED]",
+                   help="only a deterministic sample of N cells of the selection (seed 0 unless @SEED): the "
+                        "same cells on every machine; --resume and merge reproduce it from the run record")
     g.add_argument("--shard", metavar="K/N", help="only shard K of N: a deterministic, cost-balanced "
                    "part of the selection (join the N run folders with `merge`)")
 
@@ -35,7 +38,7 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
 def given(args: argparse.Namespace) -> list[str]:
     """The selection options the command line set (``--preset smoke``, ``--dtypes bf16``, ...),
     as their option strings: a resumed run takes its recorded selection, and says no to these."""
-    named = {"preset": "--preset", "filter_expr": "--filter", "cells": "--cells", "shard": "--shard",
+    named = {"preset": "--preset", "filter_expr": "--filter", "cells": "--cells", "shard": "--shard", "sample": "--sample",
              **{f"axis_{axis}": opt for opt, axis in matrix.AXIS_OPTIONS.items()}}
     return [opt for dest, opt in named.items() if getattr(args, dest, None) is not None]
 
@@ -85,15 +88,28 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
     part = shard.Shard.parse(args.shard) if getattr(args, "shard", None) else None
     preset = args.preset or DEFAULT_PRESET
     args.filter_expr = with_cells(args.filter_expr, getattr(args, "cells", None))
-    cells = matrix.select(preset, ov, args.filter_expr)
+    sel = {"preset": preset, "overrides": {k: list(v) for k, v in ov.items()}, "filter": args.filter_expr}
+    if getattr(args, "sample", None):
+        count, seed = matrix.parse_sample(args.sample)
+        sel["sample"] = {"count": count, "seed": seed}
+    cells = recorded(sel)
     if not cells:
         raise UsageError(f"the selection is empty (preset={preset!r}, overrides={ov}, "
                          f"filter={args.filter_expr!r})")
     why = weights.unavailable({c.weight for c in cells})
     if why is not None:
         raise UsageError(why)
-    sel = {"preset": preset, "overrides": {k: list(v) for k, v in ov.items()}, "filter": args.filter_expr}
     return apply_shard(cells, sel, part)
+
+
+def recorded(sel: dict[str, Any]) -> list[matrix.Cell]:
+    """The cells of a selection as a run record stores it (preset, overrides, filter and the
+    optional ``sample``), before any shard: what ``--resume`` and ``merge`` expand again."""
+    cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
+                          sel.get("filter"))
+    if sel.get("sample"):
+        cells = matrix.sample(cells, sel["sample"]["count"], sel["sample"].get("seed", 0))
+    return cells
 
 
 def apply_shard(cells: list[matrix.Cell], sel: dict[str, Any],

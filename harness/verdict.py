@@ -6,8 +6,8 @@ import shlex
 from typing import Any, Sequence
 
 from harness.matrix import Cell
-from harness.record import CellResult, RankResult
-from harness.status import BY_NAME, HARNESS_ERROR, PATH_NOT_TAKEN, SEVERITY
+from harness.record import CellResult, RankResult, first_failure
+from harness.status import BY_NAME, SEVERITY
 
 
 def cell_status(ranks: Sequence[RankResult]) -> str:
@@ -20,20 +20,6 @@ def cell_status(ranks: Sequence[RankResult]) -> str:
     if len(statuses) == 1 and next(iter(statuses)) in BY_NAME:
         return next(iter(statuses))
     return next((s for s in SEVERITY if s in statuses and not BY_NAME[s].met and s != "skipped"), "fail")
-
-
-def first_failure(ranks: Sequence[RankResult]) -> str | None:
-    """One line naming the rank and the first failed check or exception (a harness error
-    first, then the reason TE gave for taking another path)."""
-    for r in sorted(ranks, key=lambda r: (r.status != HARNESS_ERROR, r.status != PATH_NOT_TAKEN)):
-        if r.status == PATH_NOT_TAKEN and r.choice and r.choice.get("reason"):
-            return f"[rank {r.rank}] {r.choice['reason']}"
-        if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
-            return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
-        for c in r.comparisons:
-            if not c.ok:
-                return f"[rank {r.rank}] {(c.message or c.name).splitlines()[0]}"
-    return None
 
 
 def worst_ratio(ranks: Sequence[RankResult]) -> float | None:

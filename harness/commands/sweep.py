@@ -116,11 +116,11 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
     # the resumed run is the recorded selection, not whatever the defaults are now
     sel = previous.selection
     args.examples = int(sel.get("examples", 0))
-    cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
-                          sel.get("filter"))
+    cells = selection.recorded(sel)
     part = shard.Shard(**sel["shard"]) if sel.get("shard") else None
     cells, out = selection.apply_shard(cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
-                                               "filter": sel.get("filter")}, part)
+                                               "filter": sel.get("filter"),
+                                               **({"sample": sel["sample"]} if sel.get("sample") else {})}, part)
     if sel.get("fixes") and args.fixes is None:  # a tree review without --fixes recorded []
         args.fixes = ",".join(sel["fixes"])
     return cells, out

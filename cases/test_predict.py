@@ -1,0 +1,124 @@
+"""Defect models (``harness.predict``): the oracle with a known defect applied, as intervals.
+
+What must hold: rounding to a dtype is exact round-to-nearest-even (subnormals, overflow);
+a sum in a dtype over ranks in any order lands in the modelled interval; a value computed the
+way a defect computes it (a wgrad rounded to bf16 before a bf16 reduce-scatter, a ``.grad``
+assigned per microbatch) is within its normal bound of the model (ratio <= 1), while the same
+value with any further damage - the wgrad multiplied by ``1 + 2**-6`` - is far outside it.
+No launch: the defect's arithmetic is replayed here with torch's own bf16/fp32 operations.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from harness import compare, oracle, predict
+from harness.inputs import Example, make_inputs, main_grad_start
+
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype, torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
+                                                ("fp32", torch.float32)])
+def test_round_to_is_round_to_nearest_even(dtype, torch_dtype):
+    g = torch.Generator().manual_seed(0)
+    # fp32 values (so torch's own conversion rounds once), over the whole range: subnormals,
+    # ties (integers at the spacing's half), overflow
+    x = (torch.randn(100_000, generator=g) * torch.exp(torch.randn(100_000, generator=g) * 12)).to(torch.float64)
+    ties = torch.arange(-600, 600, dtype=torch.float64) / 4 + 256.0  # bf16 spacing 2 above 256: .5 ties
+    x = torch.cat([x, ties, torch.tensor([0.0, -0.0, 65520.0, 65519.0, 1e-8, 3e38, 3.5e38])]).to(torch.float32)
+    want = x.to(torch_dtype).to(torch.float64)
+    got = predict.round_to(x.to(torch.float64), dtype)
+    same = (got == want) | (torch.isinf(got) & torch.isinf(want) & (got.sign() == want.sign()))
+    assert bool(same.all()), x[~same][:5]
+
+
+def test_a_sum_in_bf16_in_any_order_lands_in_the_interval():
+    g = torch.Generator().manual_seed(1)
+    terms = [torch.randn(4000, generator=g).to(BF16) for _ in range(4)]
+    ivs = [predict.Interval(t.to(torch.float64), t.to(torch.float64)) for t in terms]
+    got = predict.summed(ivs, "bf16")
+    assert len(predict._trees((0, 1, 2, 3))) == 15
+    for order in itertools.permutations(range(4)):
+        acc = terms[order[0]]
+        for i in order[1:]:
+            acc = acc + terms[i]  # bf16 + bf16: rounded to bf16 at each add
+        acc = acc.to(torch.float64)
+        assert bool(((got.lo <= acc) & (acc <= got.hi)).all()), order
+    pairs = ((terms[0] + terms[1]) + (terms[2] + terms[3])).to(torch.float64)
+    assert bool(((got.lo <= pairs) & (pairs <= got.hi)).all())
+    # no wider than the classical bound's interval: 2 (W - 1) u sum|terms|
+    size = sum(t.to(torch.float64).abs() for t in terms)
+    assert bool((got.hi - got.lo <= 2 * 3 * 2.0**-8 * size).all())
+
+
+def _inputs(world: int, microbatches: int = 2, dtype: str = "bf16"):
+    return make_inputs(7, Example(), dtype, world, microbatches, 1, False)
+
+
+def _wgrad(inputs, r: int, m: int) -> torch.Tensor:
+    """A rank's microbatch wgrad as TE computes it: bf16 operands, fp32 accumulation."""
+    return inputs.dy[r][m].float().t() @ inputs.x[r][m].float()
+
+
+def _defect_main_grad(inputs, world: int, rank: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``main_grad`` of a GTP shard when the unfused wgrad is rounded to bf16 and reduced in it
+    (``unfused-wgrad-activation-dtype-*``), optionally multiplied by ``scale`` before finalize."""
+    start = main_grad_start((30 // world, 24), 7, "weight", rank)
+    main = start.clone()
+    s = 30 // world
+    for m in range(len(inputs.x[0])):
+        per_rank = [(_wgrad(inputs, r, m).to(BF16) * scale) * (1.0 / world) for r in range(world)]
+        total = per_rank[0]
+        for t in per_rank[1:]:
+            total = total + t
+        main += total[rank * s:(rank + 1) * s]
+    return main, start
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_activation_dtype_wgrad_is_what_its_model_predicts_and_nothing_more(world):
+    inputs = _inputs(world)
+    rank = world - 1
+    main, start = _defect_main_grad(inputs, world, rank)
+    orc = oracle.compute(inputs, rank)
+    s = 30 // world
+    shard = (30, rank * s, s)
+    ref = oracle.record_of(orc.wgrad_sums[0], start, shard)
+    bound = compare.bound(ref, "fp32")
+    models = predict.Predictor(inputs, rank, (1.0, 1.0), "bf16").weight(0, main, bound, start, shard, None)
+    assert compare.compare_tensor("weight.main_grad", main, ref, "fp32").ratio > 100  # the defect shows
+    assert models["wgrad_in_activation_dtype"] <= 1.0, models
+    assert models["no_gradient"] > 1e4
+    planted, _ = _defect_main_grad(inputs, world, rank, scale=1 + 2**-6)
+    worse = predict.Predictor(inputs, rank, (1.0, 1.0), "bf16").weight(0, planted, bound, start, shard, None)
+    assert worse["wgrad_in_activation_dtype"] > 100, worse
+
+
+def test_nothing_reaching_main_grad_is_no_gradient_and_a_rebound_buffer_is_judged_by_the_kept_one():
+    inputs = _inputs(2)
+    start = main_grad_start((15, 24), 7, "weight", 0)
+    ref = oracle.record_of(oracle.compute(inputs, 0).wgrad_sums[0], start, (30, 0, 15))
+    bound = compare.bound(ref, "fp32")
+    pred = predict.Predictor(inputs, 0, (1.0, 1.0), "bf16")
+    assert pred.weight(0, start.clone(), bound, start, (30, 0, 15), None)["no_gradient"] == 0.0
+    rebound = pred.weight(0, torch.ones(30, 24), bound, start, (30, 0, 15), kept=start.clone())
+    assert rebound == {"main_grad_rebound": 0.0}  # the rebound tensor's shape: no other model applies
+    touched = start.clone()
+    touched[3, 4] += 1e-3
+    assert pred.weight(0, touched, bound, start, (30, 0, 15), None)["no_gradient"] > 1
+
+
+def test_a_grad_assigned_per_microbatch_is_the_last_microbatch():
+    inputs = _inputs(2, microbatches=3)
+    per_rank = [_wgrad(inputs, r, 2).to(BF16) for r in range(2)]
+    grad = (per_rank[0] + per_rank[1]) / 2  # the consumer's all-reduce and 1/W, in bf16
+    ref = oracle.record_of(oracle.compute(inputs, 0).wgrad_sums[0], None, None)
+    bound = compare.bound(ref, "bf16")
+    pred = predict.Predictor(inputs, 0, (1.0, 1.0), "bf16")
+    assert pred.weight(0, grad, bound, None, None, None)["grad_assigned_last_microbatch"] <= 1.0
+    first = ((_wgrad(inputs, 0, 0).to(BF16) + _wgrad(inputs, 1, 0).to(BF16)) / 2)
+    assert pred.weight(0, first, bound, None, None, None)["grad_assigned_last_microbatch"] > 1.0

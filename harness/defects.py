@@ -1,0 +1,67 @@
+"""Defect models: what a known numeric defect does to a value, by name (no torch).
+
+A ledger entry for a numeric defect states the defect as a *prediction*
+(``{ check = "weight.main_grad", model = "wgrad_in_activation_dtype" }``): the rank computes
+the oracle with that defect applied (``harness.predict``) and judges the check's value against
+it with the normal bound, so damage beyond the defect still fails. The rank records, on each
+failing value check, its error/bound ratio under every model that applies to it
+(``Check.models``); the ledger (parent side) matches a model symptom when that ratio is at
+most 1. This module is the vocabulary both sides share.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+__all__ = ["Model", "MODELS", "applies"]
+
+
+@dataclass(frozen=True)
+class Model:
+    """One defect model: its meaning in a line, and the value checks it predicts."""
+
+    name: str
+    meaning: str
+    checks: tuple[str, ...]  #: globs over value-check names
+
+
+_MODELS = (
+    Model("wgrad_in_activation_dtype",
+          "each microbatch's weight gradient leaves its GEMM rounded to the activation dtype (fp32 "
+          "accumulation, one rounding), is scaled by 1/W and summed over the W ranks in that dtype "
+          "(the finalize's reduce-scatter), then added to main_grad",
+          ("weight*.main_grad",)),
+    Model("no_gradient",
+          "no gradient reaches the parameter: its main_grad keeps its start value",
+          ("weight*.main_grad", "bias*.main_grad")),
+    Model("main_grad_rebound",
+          "the backend rebinds param.main_grad to another tensor: the buffer the step started with "
+          "(the one Megatron's DDP reads) keeps its start value",
+          ("weight*.main_grad",)),
+    Model("grad_assigned_last_microbatch",
+          "the delayed wgrad is assigned to .grad instead of accumulated: .grad holds the last "
+          "microbatch's weight gradient (rounded to the dtype), averaged over the ranks in that dtype",
+          ("weight*.grad",)),
+    Model("bias_grad_first_microbatch",
+          "backward_dw() assigns a delayed bias gradient only while .grad is None: .grad holds the first "
+          "microbatch's bias gradient (rounded to the dtype), averaged over the ranks in that dtype",
+          ("bias*.grad",)),
+    Model("dgrad_from_forward_copy",
+          "the input gradient is computed from the forward-materialized copy of the weight (no "
+          "backward materialize)",
+          ("mb*.input_grad",)),
+    Model("dgrad_from_stored_weight",
+          "the input gradient is computed from the module's stored weight (the unsharded parameter, at "
+          "world size 1) instead of its backward-materialized copy",
+          ("mb*.input_grad",)),
+)
+#: every model a ledger may name
+MODELS: dict[str, Model] = {m.name: m for m in _MODELS}
+
+
+def applies(model: str, check: str) -> bool:
+    """Whether ``model`` predicts the value check ``check`` (a name, or a name-like glob such
+    as ``weight*.main_grad``: its ``*`` read as a digit)."""
+    name = check.replace("*", "0")
+    return any(fnmatch.fnmatchcase(name, g) for g in MODELS[model].checks)
