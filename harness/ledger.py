@@ -259,10 +259,11 @@ class Symptom:
         exact = (self.check is not None and not any(ch in self.check for ch in "*?[")
                  and _exact(self.message))
         short = min(_literal(k) for k in _skeletons(self.message))
-        if short < MIN_LITERAL and not exact and _RULES.get():
+        if short < MIN_LITERAL and not exact and self.at is None and _RULES.get():
             raise LedgerError(f"{where}: message pattern {self.message!r} carries {short} literal character(s) "
-                              f"of the text it matches (at least {MIN_LITERAL} in every alternative, or an exact "
-                              "check name with an exact form such as 'got 0$')")
+                              f"of the text it matches (at least {MIN_LITERAL} in every alternative, an exact "
+                              "check name with an exact form such as 'got 0$', or the raising frame pinned "
+                              "with at)")
 
     def _validate_exception(self, where: str) -> None:
         if not _IDENT.fullmatch(self.exception):
