@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fixtures import reproduction
 from fixtures.te_runs import SHIPPED, harness, te_runs  # noqa: F401 (a fixture)
-from harness import ledger
+from harness import ledger, matrix
 from harness.record import CellResult
 
 ENTRY = "ops-grads-in-registration-order-assumed"
@@ -49,7 +49,9 @@ def test_te_with_megatrons_weight_is_green_under_the_ledger(te_runs):
     assert {c["axes"]["weight"] for c in cells} == {"megatron"} and {c["axes"]["world_size"] for c in cells} == {2, 4}
     assert {c["status"] for c in cells} <= {"pass", "xfail", "known"}
     reordered = [c for c in cells if _reordered(c)]
-    assert len(reordered) == 21, len(reordered)
+    # every ops cell of the selection with a bias and no delayed wgrad (23 of ci's 113 today)
+    expected = [c for c in matrix.select("ci", {"weight": ("megatron",)}) if _reordered({"axes": c.serialize()})]
+    assert sorted(c["id"] for c in reordered) == sorted(c.id for c in expected) and len(expected) >= 21
     assert all(c["known"] == [ENTRY] and c["raw_status"] == "error" for c in reordered), \
         [(c["id"], c["known"]) for c in reordered if c["known"] != [ENTRY]]
     assert all(ENTRY not in (c.get("known") or []) for c in cells if not _reordered(c))
