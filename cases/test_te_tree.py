@@ -243,7 +243,9 @@ def test_pytest_plugin_has_te_tree(tmp_path: Path) -> None:
 def test_extension_enums_follow_the_tree(tmp_path: Path) -> None:
     """Bound members with the header's values; an enum without a binding keeps te-cpu's
     members (values from the header); an enum the tree neither declares nor binds stays
-    built-in; a tree without headers (made from the wheel) gets the built-in enums."""
+    built-in; a tree without headers (made from the wheel) gets the built-in enums. The
+    tree's enums are the built module's own (the harness's stay built-in), and the kernels
+    read TE's dtype values through the stand-in registered in the process."""
     te = tmp_path / "tree" / "transformer_engine"
     inc = te / "common" / "include" / "transformer_engine"
     inc.mkdir(parents=True)
@@ -276,15 +278,21 @@ def test_extension_enums_follow_the_tree(tmp_path: Path) -> None:
         """))
     (te / "pytorch" / "__init__.py").write_text("import transformer_engine_torch as tex\nT = tex.NVTEToy.B\n")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import json
+        import json, sys, torch
         from pathlib import Path
         from harness.te_cpu import extension
         te = Path({str(te)!r})
         mod = extension.build(te)
         out = {{name: {{m.name: int(m) for m in getattr(mod, name)}}
                for name in ("DType", "NVTEScalingMode", "NVTEToy", "CommOverlapType")}}
-        out["torch_bf16"] = str(extension.TORCH_DTYPES[extension.DType.kBFloat16])
-        out["same_class"] = mod.DType is extension.DType
+        out["builtin_kept"] = mod.DType is not extension.DType and "kInt32" in extension.DType.__members__
+        sys.modules[extension.MODULE_NAME] = mod  # as te-cpu's loader registers it: the kernels follow it
+        x, w = torch.ones(2, 4), torch.ones(4)
+        out["torch_bf16"] = str(mod.rmsnorm_fwd(x, w, 1e-5, None, None, mod.DType.kBFloat16, 0, False)[0].dtype)
+        try:
+            mod.rmsnorm_fwd(x, w, 1e-5, None, None, mod.DType.kFloat4Next, 0, False)
+        except extension.MissingCpuKernel as exc:
+            out["tree_value"] = str(exc)
         try:
             mod.DType.kFloat99
         except extension.MissingExtensionAttribute as exc:
@@ -302,7 +310,9 @@ def test_extension_enums_follow_the_tree(tmp_path: Path) -> None:
     assert out["NVTEScalingMode"]["NVTE_MXFP8_1D_SCALING"] == 1  # te-cpu's member, kept
     assert out["NVTEToy"] == {"A": 0, "B": 8}  # referenced by the tree, bound and declared there
     assert out["CommOverlapType"] == {"RS": 0, "AG": 1}
-    assert out["torch_bf16"] == "torch.bfloat16" and out["same_class"]
+    # the tree's enums live on the module built for it; the kernels read TE's values through it
+    assert out["builtin_kept"] and out["torch_bf16"] == "torch.bfloat16"
+    assert out["tree_value"] == "TE dtype kFloat4Next has no CPU kernel output"  # 11: the tree's member
     assert out["missing_member"] == "transformer_engine_torch.DType.kFloat99"
     assert out["probe_default"] == "default" and out["stubbed"] is False  # the tree never names it
     assert out["wheel_dtype"] == {"kByte": 0, "kInt32": 2, "kFloat32": 4, "kFloat16": 5, "kBFloat16": 6,

@@ -106,13 +106,6 @@ def use_recipe(recipe: str) -> None:
     device.present(device.capability_for(recipe))
 
 
-def use_recipe(recipe: str) -> None:
-    """Present the device ``recipe`` needs (``harness.te_cpu.device.RECIPE_CAPABILITY``: sm_90
-    for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
-    before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
-    device.present(device.capability_for(recipe))
-
-
 def device_tensor(t: Any) -> Any:
     """``t`` (a CPU tensor) as TE sees a tensor in CUDA memory: the grouped-tensor path
     insists that ``m_splits`` be there (``module/grouped_linear.py``: "requires CUDA

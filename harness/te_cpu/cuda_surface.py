@@ -30,15 +30,16 @@ from typing import Any, Callable
 
 import torch
 
-#: the device TE is told it runs on: an sm_90 (Hopper) part, TE's main production target;
-#: on the non-quantized GEMM paths this sizes workspaces, lies inside the [9.0, 11.0] range
-#: of TE's grouped-tensor gates (so ``extension``'s cuBLASLt answer decides that path: 13.4+
-#: on Hopper) and makes the grouped GEMM take one alpha/beta for all groups
+#: the device TE is told it runs on by default: an sm_90 (Hopper) part, TE's main production
+#: target, the one every cell without a Blackwell recipe runs on (``harness.te_cpu.device``
+#: presents sm_100 for MXFP8 and NVFP4); on the GEMM paths this sizes workspaces, lies inside
+#: the [9.0, 11.0] range of TE's grouped-tensor gates (so ``extension``'s cuBLASLt answer
+#: decides that path: 13.4+ on Hopper) and makes the grouped GEMM take one alpha/beta for all groups
 DEVICE_NAME = "te-cpu (CPU standing in for CUDA device 0)"
 COMPUTE_CAPABILITY = (9, 0)
 MULTI_PROCESSOR_COUNT = 132
 #: the CUDA version ``torch.version.cuda`` answers: 12.9, the toolkit of the cuBLASLt 12.9.1
-#: that ``extension`` reports (``Float8BlockScaling`` asks for CUDA >= 12.9 on Hopper)
+#: that ``extension`` reports by default (``Float8BlockScaling`` asks for CUDA >= 12.9 on Hopper)
 CUDA_VERSION = "12.9"
 
 #: the capability presented now: :data:`COMPUTE_CAPABILITY` unless :func:`set_capability`
@@ -214,12 +215,3 @@ def apply() -> list[Site]:
         setattr(owner, attr, replacement)
         _APPLIED.append(Site(target, answer, needed_by))
     return list(_APPLIED)
-
-
-def sites() -> list[Site]:
-    """The sites this layer answers (applied or not), for documentation and reports."""
-    return [Site(t, a, n) for t, (_, a, n) in _answers().items()]
-
-
-def is_applied() -> bool:
-    return bool(_APPLIED)

@@ -6,14 +6,15 @@ is registered under that name inside a worker rank (never in the parent process)
 - the enums TE reads at import time, with the values of TE's C headers
   (``transformer_engine.h``, ``fused_attn.h``, ``comm_gemm_overlap.h``,
   ``pytorch/csrc/common.h``);
-- real CPU kernels for what the non-quantized ``Linear``, ``LayerNormLinear``,
-  ``GroupedLinear`` and ``ops.GroupedLinear`` paths call: ``generic_gemm`` and
-  ``te_general_grouped_gemm`` (numerics in :mod:`harness.cpu_gemm`), ``layernorm_fwd``,
-  ``layernorm_bwd``, ``rmsnorm_fwd`` and ``rmsnorm_bwd`` (numerics in
-  :mod:`harness.te_cpu.norm`), and the grouped-tensor path's ``splits_to_offsets_multi``,
-  ``get_grouped_gemm_setup_workspace_size`` and
-  ``te_general_grouped_gemm_for_{grouped_tensor,discrete_in,discrete_out}`` (numerics in
-  :mod:`harness.te_cpu.grouped`), plus the version and device queries TE asks;
+- real CPU kernels for what the ``Linear``, ``LayerNormLinear``, ``GroupedLinear`` and
+  ``ops.GroupedLinear`` paths call: ``generic_gemm`` and ``te_general_grouped_gemm``
+  (numerics in :mod:`harness.cpu_gemm`), ``layernorm_fwd``, ``layernorm_bwd``,
+  ``rmsnorm_fwd`` and ``rmsnorm_bwd`` (numerics in :mod:`harness.te_cpu.norm`), and the
+  grouped-tensor path's ``splits_to_offsets_multi``, ``get_grouped_gemm_setup_workspace_size``
+  and ``te_general_grouped_gemm_for_{grouped_tensor,discrete_in,discrete_out}`` (numerics in
+  :mod:`harness.te_cpu.grouped`), plus the version and device queries TE asks; quantized
+  operands, output quantizers and the recipes' own kernels (``quantize``, ``dequantize``, the
+  scale updates, ...) go to :mod:`harness.te_cpu.quant` (``quant.bindings.KERNELS``);
 - for every other name TE's Python sources reference (``STUBBED``), a stub that raises
   :class:`MissingCpuKernel` naming the extension function and the TE function that called
   it - when *called*, never silently. A name TE never references is an ``AttributeError``,
@@ -22,46 +23,55 @@ is registered under that name inside a worker rank (never in the parent process)
   when TE reads it at import time.
 
 ``build(te_root)`` builds the stand-in for a TE *source tree* (``--te-tree``): the stubs
-are the names that tree's Python references (``referenced_names``), and each enum takes
-its members from the tree's pybind11 binding and their values from its C headers
-(``tree_enums``) where it has them. Without them (a tree made from the wheel) the built-in
-TE 2.20.2 enums stay.
+are the names that tree's Python references, and each enum takes its members from the
+tree's pybind11 binding and their values from its C headers where it has them (what
+:mod:`harness.te_tree_scan` reads from the tree). Without them (a tree made from the wheel)
+the built-in TE 2.20.2 enums stay. ``build`` returns the module and changes nothing here;
+the loader registers it.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import enum
-import re
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from harness import cpu_gemm as _gemm
+from harness import te_tree_scan as _scan
 from harness.te_cpu import cuda_surface as _cuda
 from harness.te_cpu import grouped as _grouped
 from harness.te_cpu import norm as _norm
 
-MODULE_NAME = "transformer_engine_torch"
+MODULE_NAME = _scan.MODULE_NAME
 #: what ``get_cublasLt_version`` answers by default: cuBLASLt 12.9.1. Below 13.3 (130300)
 #: ``GroupedLinear`` and ``ops.GroupedLinear`` stay on their split-quantize path
 #: (``te_general_grouped_gemm``), whatever ``use_grouped_tensor`` asks for.
 CUBLASLT_VERSION = 120901
-#: the lowest cuBLASLt with the grouped GEMM TE's grouped-tensor path needs on the device
-#: te-cpu reports (13.3 on Blackwell, 13.4 on Hopper: ``is_module_grouped_tensor_path_supported``,
-#: ``is_op_fuser_grouped_tensor_path_supported``, ``check_grouped_gemm_requirements``);
-#: answer it with :func:`cublaslt_version` to put BF16/FP16 grouped layers on that path
-GROUPED_GEMM_CUBLASLT_VERSION = 130300 if _cuda.COMPUTE_CAPABILITY >= (10, 0) else 130400
+
+
+def _grouped_gemm_minimum(capability: tuple[int, int]) -> int:
+    """The lowest cuBLASLt with the grouped GEMM TE's grouped-tensor path needs on a device of
+    ``capability``: 13.3 on Blackwell, 13.4 on Hopper (``is_module_grouped_tensor_path_supported``,
+    ``is_op_fuser_grouped_tensor_path_supported``, ``check_grouped_gemm_requirements``)."""
+    return 130300 if capability >= (10, 0) else 130400
+
+
+#: the grouped GEMM's minimum on the device te-cpu presents by default (Hopper: 13.4); answer
+#: it with :func:`cublaslt_version` to put BF16/FP16 grouped layers on that path
+GROUPED_GEMM_CUBLASLT_VERSION = _grouped_gemm_minimum(_cuda.COMPUTE_CAPABILITY)
 
 
 def grouped_gemm_cublaslt_version() -> int:
-    """:data:`GROUPED_GEMM_CUBLASLT_VERSION` for the device presented now (13.3 on Blackwell,
-    13.4 on Hopper): ``harness.te_cpu.device`` may present Blackwell for a recipe."""
-    return 130300 if _cuda.capability() >= (10, 0) else 130400
+    """The grouped GEMM's minimum for the device presented now: ``harness.te_cpu.device``
+    presents Blackwell (13.3) for a recipe that needs it, Hopper (13.4) otherwise."""
+    return _grouped_gemm_minimum(_cuda.capability())
+
+
 #: what ``get_cudnn_version`` answers: cuDNN 9.12.0, TE 2.20's minimum (``MIN_CUDNN_VERSION``)
 CUDNN_VERSION = 91200
 #: ``get_num_cublas_streams``: TE's default number of compute streams for grouped GEMMs
@@ -163,12 +173,11 @@ NVTEQBHistogramMode = _enum("NVTEQBHistogramMode", {"TWO_KERNEL": 0, "FUSED_ATOM
 # comm_gemm_overlap.h
 CommOverlapType = _enum("CommOverlapType", {"RS": 0, "AG": 1})
 
+#: the built-in (TE 2.20.2) enums; a tree's own are on the module :func:`build` returns for it
 ENUMS: tuple[type[_PybindEnum], ...] = (
     DType, FP8FwdTensors, FP8BwdTensors, NVTE_Fused_Attn_Backend, NVTE_Bias_Type, NVTE_Mask_Type,
     NVTE_Softmax_Type, NVTE_QKV_Format, NVTE_QKV_Layout, NVTEScalingMode, NVTERoutingMapFormat,
     NVTEQBHistogramMode, CommOverlapType)
-#: the built-in (TE 2.20.2) enums, whatever ``build`` rebinds for a tree
-BUILTIN_ENUMS: tuple[type[_PybindEnum], ...] = ENUMS
 
 #: TE DType member name -> torch dtype (``GetATenDType`` in TE's extension); the integer
 #: types a tree's header adds (``kInt16``, ``kInt64``) map to theirs
@@ -177,14 +186,6 @@ _TORCH_DTYPE_NAMES: dict[str, torch.dtype] = {
     "kFloat32": torch.float32, "kFloat16": torch.float16, "kBFloat16": torch.bfloat16,
     "kFloat8E4M3": torch.float8_e4m3fn, "kFloat8E5M2": torch.float8_e5m2,
 }
-
-
-def _torch_dtypes(dtype_enum: type[_PybindEnum]) -> dict[Any, torch.dtype]:
-    return {m: _TORCH_DTYPE_NAMES[m.name] for m in dtype_enum if m.name in _TORCH_DTYPE_NAMES}
-
-
-#: TE DType -> torch dtype (``GetATenDType`` in TE's extension), keyed on the current ``DType``
-TORCH_DTYPES: dict[DType, torch.dtype] = _torch_dtypes(DType)
 
 #: the fp32 GEMM mode of this process (set once by ``harness.te_cpu``)
 _FP32_MODE = ["ieee"]
@@ -223,10 +224,6 @@ def set_cublaslt_version(version: int) -> int:
     return previous
 
 
-def answered_cublaslt_version() -> int:
-    return _CUBLASLT[0]
-
-
 @contextlib.contextmanager
 def cublaslt_version(version: int) -> Iterator[int]:
     """``with cublaslt_version(GROUPED_GEMM_CUBLASLT_VERSION): loss = model(x, m_splits)...``:
@@ -238,11 +235,23 @@ def cublaslt_version(version: int) -> Iterator[int]:
         _CUBLASLT[0] = previous
 
 
-def _torch_dtype(te_dtype: Any) -> torch.dtype:
-    key = DType(int(te_dtype))
-    if key not in TORCH_DTYPES:
+def _dtype_enum() -> type[_PybindEnum]:
+    """The ``DType`` this process's TE reads values from: the one of the stand-in registered
+    as ``transformer_engine_torch`` (a tree's, with the tree's values: TE's Python ``DType``
+    copies them), else the built-in one."""
+    mod = sys.modules.get(MODULE_NAME)
+    if mod is not None and getattr(mod, "__file__", None) == __file__:
+        return mod.DType  # type: ignore[no-any-return]
+    return DType
+
+
+def torch_dtype(te_dtype: Any) -> torch.dtype:
+    """The torch dtype of a TE ``DType`` (TE's Python ``DType``, the stand-in's, or its value)
+    as the process's stand-in numbers them (``GetATenDType``)."""
+    key = _dtype_enum()(int(te_dtype))
+    if key.name not in _TORCH_DTYPE_NAMES:
         raise MissingCpuKernel(f"TE dtype {key.name} has no CPU kernel output")
-    return TORCH_DTYPES[key]
+    return _TORCH_DTYPE_NAMES[key.name]
 
 
 def _te_caller() -> str:
@@ -268,7 +277,8 @@ def missing(name: str, detail: str = "") -> MissingCpuKernel:
 
 
 def _require_plain(name: str, **operands: Any) -> None:
-    """Quantized storages (FP8, MXFP8, NVFP4, ...) have no CPU kernel: fail loudly."""
+    """A quantized storage where this kernel takes plain tensors (a norm's input, a GEMM
+    operand :mod:`harness.te_cpu.quant` does not take, such as NVFP4's) fails loudly."""
     for arg, t in operands.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise missing(name, f"{arg} is a {type(t).__name__}: quantized GEMM operand")
@@ -281,7 +291,8 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
                  use_split_accumulator: bool, comm_overlap: Any = None, comm_type: Any = None,
                  extra_output: Any = None, bulk_overlap: bool = False, alpha: float = 1.0,
                  beta: float | None = None) -> list[Any]:
-    """TE's ``gemm`` (``pytorch/csrc/extensions/gemm.cpp``) for unquantized operands.
+    """TE's ``gemm`` (``pytorch/csrc/extensions/gemm.cpp``): unquantized operands here, a
+    quantized operand or an output quantizer in ``quant.bindings.generic_gemm``.
 
     Returns ``[D, bias_grad, pre_gelu_out, extra_output]`` as the real binding does.
     """
@@ -296,7 +307,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         raise missing("generic_gemm", "GELU epilogue")
     if comm_overlap is not None or bulk_overlap:
         raise missing("generic_gemm", "comm+GEMM overlap (userbuffers)")
-    out_dtype = _torch_dtype(output_dtype) if output_dtype is not None else A.dtype
+    out_dtype = torch_dtype(output_dtype) if output_dtype is not None else A.dtype
     res = _gemm.gemm(A, transA, B, transB, out_dtype=out_dtype, out=D, bias=bias, grad=grad,
                      accumulate=accumulate, alpha=alpha, beta=beta, fp32_mode=fp32_mode())
     return [res.out, res.bias_grad, None, extra_output]
@@ -323,7 +334,7 @@ def te_general_grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], tr
                                    grad, accumulate, use_split_accumulator)
     for a, b in zip(A, B):
         _require_plain("te_general_grouped_gemm", A=a, B=b)
-    results = _gemm.grouped_gemm(A, transa, B, transb, out_dtype=_torch_dtype(D_type),
+    results = _gemm.grouped_gemm(A, transa, B, transb, out_dtype=torch_dtype(D_type),
                                  outs=None if single_output else D,
                                  single_output=D[0] if single_output else None, biases=bias,
                                  grad=grad, accumulate=accumulate, fp32_mode=fp32_mode())
@@ -334,42 +345,37 @@ def te_general_grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], tr
     return bias
 
 
-def _require_unquantized(name: str, quantizer: Any, **operands: Any) -> None:
-    """A quantized operand of a norm has no CPU kernel: fail loudly. (An output quantizer is
-    the quantization surface's: ``_quant.norm_output``.)"""
-    _require_plain(name, **operands)
-
-
 def layernorm_fwd(input: Any, weight: Any, bias: torch.Tensor | None, eps: float, ln_out: Any,
                   quantizer: Any, otype: Any, sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
-    """TE's ``layernorm_fwd`` (``pytorch/csrc/extensions/normalization.cpp``), unquantized.
+    """TE's ``layernorm_fwd`` (``pytorch/csrc/extensions/normalization.cpp``): plain inputs; an
+    output ``quantizer`` quantizes the result (``quant.bindings.norm_output``).
 
     Writes into ``ln_out`` when given, else allocates the output in ``otype``. ``sm_margin``
     only sizes the CUDA launch. Returns ``[out, mu, rsigma]`` (fp32 statistics), as the binding does.
     """
-    _require_unquantized("layernorm_fwd", quantizer, input=input, weight=weight, bias=bias)
+    _require_plain("layernorm_fwd", input=input, weight=weight, bias=bias)
     if quantizer is not None:
         return _quant.norm_output("layernorm_fwd", quantizer, otype, ln_out, lambda out_dtype: _norm.layernorm_fwd(
             input, weight, bias, eps, zero_centered_gamma=zero_centered_gamma, out_dtype=out_dtype, out=None))
     _require_plain("layernorm_fwd", ln_out=ln_out)
     res = _norm.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma=zero_centered_gamma,
-                              out_dtype=_torch_dtype(otype), out=ln_out)
+                              out_dtype=torch_dtype(otype), out=ln_out)
     return [res.out, res.mu, res.rsigma]
 
 
 def rmsnorm_fwd(input: Any, weight: Any, eps: float, ln_out: Any, quantizer: Any, otype: Any,
                 sm_margin: int, zero_centered_gamma: bool) -> list[Any]:
-    """TE's ``rmsnorm_fwd``, unquantized: as :func:`layernorm_fwd` without a bias.
+    """TE's ``rmsnorm_fwd``: as :func:`layernorm_fwd` without a bias.
 
     Returns ``[out, None, rsigma]``, as the binding does.
     """
-    _require_unquantized("rmsnorm_fwd", quantizer, input=input, weight=weight)
+    _require_plain("rmsnorm_fwd", input=input, weight=weight)
     if quantizer is not None:
         return _quant.norm_output("rmsnorm_fwd", quantizer, otype, ln_out, lambda out_dtype: _norm.rmsnorm_fwd(
             input, weight, eps, zero_centered_gamma=zero_centered_gamma, out_dtype=out_dtype, out=None))
     _require_plain("rmsnorm_fwd", ln_out=ln_out)
     res = _norm.rmsnorm_fwd(input, weight, eps, zero_centered_gamma=zero_centered_gamma,
-                            out_dtype=_torch_dtype(otype), out=ln_out)
+                            out_dtype=torch_dtype(otype), out=ln_out)
     return [res.out, None, res.rsigma]
 
 
@@ -588,34 +594,7 @@ class _StubType(type):
         raise MissingExtensionAttribute(f"{MODULE_NAME}.{cls.__name__}.{name}")
 
 
-def referenced_names(te_root: Path) -> set[str]:
-    """Every name TE's PyTorch sources under ``te_root`` take from the extension.
-
-    Finds ``<alias>.<name>`` for every ``import transformer_engine_torch as <alias>`` and
-    every ``from transformer_engine_torch import <name>`` (parsed, not grepped, so
-    ``torch.ops.tex.<op>`` is not mistaken for an extension name).
-    """
-    names: set[str] = set()
-    for sub in ("pytorch", "debug", "common"):
-        for path in sorted((te_root / sub).rglob("*.py")):
-            try:
-                tree = ast.parse(path.read_text(errors="replace"), filename=str(path))
-            except SyntaxError:  # a file that does not parse fails TE's import, if TE imports it
-                continue
-            aliases = set()
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    aliases.update(a.asname or a.name for a in node.names if a.name == MODULE_NAME)
-                elif isinstance(node, ast.ImportFrom) and node.module == MODULE_NAME:
-                    names.update(a.name for a in node.names)
-            for node in ast.walk(tree):
-                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                        and node.value.id in aliases):
-                    names.add(node.attr)
-    return names
-
-
-#: the other names TE 2.20.2's PyTorch sources reference on ``tex`` (``referenced_names``;
+#: the other names TE 2.20.2's PyTorch sources reference on ``tex`` (``te_tree_scan.referenced_names``;
 #: a test keeps this list complete for the installed TE). Capitalised ones are classes.
 STUBBED: tuple[str, ...] = (
     "CommOverlap", "CommOverlapHelper", "CommOverlapP2P", "FP8TensorMeta", "LayerNorm",
@@ -667,151 +646,6 @@ STUBBED: tuple[str, ...] = (
 )
 
 
-# ---- a TE tree's C sources: the enums' members and values ---------------------------------
-#: where a tree keeps the headers whose enums the extension exposes (relative to ``transformer_engine/``)
-HEADER_GLOBS: tuple[str, ...] = ("common/include/transformer_engine/*.h", "pytorch/csrc/*.h")
-#: where a tree keeps its pybind11 bindings (``py::enum_<...>(m, "Name").value(...)``)
-BINDING_GLOBS: tuple[str, ...] = ("common/util/pybind_helper.h", "pytorch/csrc/*.cpp", "pytorch/csrc/*/*.cpp",
-                                  "pytorch/csrc/*.h", "pytorch/csrc/*/*.h")
-_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-_ENUM = re.compile(r"\benum\s+(?:class\s+|struct\s+)?([A-Za-z_]\w*)?\s*(?::\s*[\w:\s]+?)?"
-                   r"\{([^{}]*)\}\s*([A-Za-z_]\w*)?", re.S)
-_TYPEDEF = re.compile(r"\btypedef\s+$")
-_DIRECTIVE = re.compile(r"\s*#\s*(?:include|if|ifdef|ifndef|else|elif|endif|pragma|undef|error|warning|line)\b")
-_MEMBER = re.compile(r"^([A-Za-z_]\w*)\s*(?:=\s*(.+))?$", re.S)
-_BINDING = re.compile(r"\benum_\s*<\s*([\w:\s]+?)\s*>\s*\(\s*\w+\s*,\s*\"(\w+)\"(.*?);", re.S)
-_BOUND_VALUE = re.compile(r"\.value\(\s*\"(\w+)\"\s*,\s*([\w:\s]+?)\s*\)", re.S)
-
-
-def _strip(text: str) -> str:
-    """C source without comments, line continuations and preprocessor directives (a
-    ``#define``'s body is kept: TE declares common bindings in a macro)."""
-    text = _COMMENTS.sub(" ", text.replace("\\\n", " "))
-    return "\n".join(ln for ln in text.splitlines() if not _DIRECTIVE.match(ln))
-
-
-def _const(expr: str, known: dict[str, int]) -> int | None:
-    """The value of an enumerator's initializer: integer literals (``-1``, ``0x10``, ``1u``),
-    earlier enumerators, and ``+ - * << >> | & ~`` over them; None otherwise."""
-    expr = re.sub(r"(?<=[0-9a-fA-F])[uUlL]+\b", "", expr.strip()).replace("::", ".")
-    expr = re.sub(r"\bstatic_cast\s*<[^>]*>", "", expr)
-    try:
-        node = ast.parse(expr, mode="eval").body
-    except SyntaxError:
-        return None
-    ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.LShift: int.__lshift__,
-           ast.RShift: int.__rshift__, ast.BitOr: int.__or__, ast.BitAnd: int.__and__}
-
-    def value(n: ast.AST) -> int:
-        if isinstance(n, ast.Constant) and isinstance(n.value, int):
-            return n.value
-        if isinstance(n, ast.Name) and n.id in known:
-            return known[n.id]
-        if isinstance(n, ast.Attribute) and n.attr in known:  # Enum::kMember
-            return known[n.attr]
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd, ast.Invert)):
-            v = value(n.operand)
-            return -v if isinstance(n.op, ast.USub) else ~v if isinstance(n.op, ast.Invert) else v
-        if isinstance(n, ast.BinOp) and type(n.op) in ops:
-            return ops[type(n.op)](value(n.left), value(n.right))
-        raise ValueError(ast.dump(n))
-
-    try:
-        return value(node)
-    except (ValueError, TypeError, OverflowError):
-        return None
-
-
-def parse_enums(text: str) -> dict[str, dict[str, int]]:
-    """Every ``enum [class] Name { A = 0, B, ... }`` (and ``typedef enum { ... } Name;``) of a
-    C/C++ header: name -> members -> values (C's rule: an enumerator without initializer is
-    the previous one plus one; one whose initializer cannot be evaluated is left out)."""
-    text = _strip(text)
-    out: dict[str, dict[str, int]] = {}
-    for m in _ENUM.finditer(text):
-        typedef = bool(_TYPEDEF.search(text[max(0, m.start() - 16):m.start()]))
-        name = m.group(3) if typedef and m.group(3) else m.group(1)
-        if not name:
-            continue
-        members: dict[str, int] = {}
-        nxt: int | None = 0
-        for item in m.group(2).split(","):
-            mm = _MEMBER.match(" ".join(item.split()))
-            if not mm:
-                continue
-            member, expr = mm.group(1), mm.group(2)
-            val = _const(expr, members) if expr else nxt
-            nxt = None if val is None else val + 1
-            if val is not None:
-                members[member] = val
-        if members:
-            out.setdefault(name, members)
-    return out
-
-
-def parse_bindings(text: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
-    """Every ``py::enum_<CType>(m, "Name").value("member", CType::kMember)...;`` of a pybind11
-    source: Python name -> (C type's last name, [(Python member, C enumerator)])."""
-    out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
-    for m in _BINDING.finditer(_strip(text)):
-        values = [(v.group(1), "".join(v.group(2).split()).split("::")[-1]) for v in _BOUND_VALUE.finditer(m.group(3))]
-        if values:
-            out.setdefault(m.group(2), ("".join(m.group(1).split()).split("::")[-1], values))
-    return out
-
-
-def _read_all(te_root: Path, patterns: Sequence[str], parse: Callable[[str], dict[str, Any]],
-              needle: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pattern in patterns:
-        for path in sorted(te_root.glob(pattern)):
-            try:
-                text = path.read_text(errors="replace")
-            except OSError:
-                continue
-            if needle in text:
-                for name, found in parse(text).items():
-                    out.setdefault(name, found)
-    return out
-
-
-def header_enums(te_root: Path) -> dict[str, dict[str, int]]:
-    """The enums of a tree's headers (``HEADER_GLOBS`` under its ``transformer_engine/``
-    folder ``te_root``), first definition wins; empty when the tree has no headers."""
-    return _read_all(te_root, HEADER_GLOBS, parse_enums, "enum")
-
-
-def tree_enums(te_root: Path) -> dict[str, dict[str, int]]:
-    """The extension's enums for a tree: Python name -> members -> values.
-
-    Where the tree has the pybind11 binding of an enum (``BINDING_GLOBS``), its members are
-    the bound ones - TE checks that its Python ``DType`` mirrors ``tex.DType`` exactly, and
-    the binding exposes fewer members than the C header declares - with the values of the
-    header's enumerators (te-cpu's built-in value where the header lacks one). Without a
-    binding, the header's enum of the same name gives the values of te-cpu's members (its
-    extra enumerators are not assumed bound). Enums te-cpu knows and the tree does not
-    mention keep their built-in members.
-    """
-    headers = header_enums(te_root)
-    unscoped = {m: v for members in headers.values() for m, v in members.items()}
-    builtin = {cls.__name__: {m.name: int(m.value) for m in cls} for cls in BUILTIN_ENUMS}
-    out: dict[str, dict[str, int]] = {}
-    for name, (ctype, values) in _read_all(te_root, BINDING_GLOBS, parse_bindings, "enum_").items():
-        scoped, ours = headers.get(ctype, {}), builtin.get(name, {})
-        members: dict[str, int] = {}
-        for member, enumerator in values:
-            val = scoped.get(enumerator, unscoped.get(enumerator, ours.get(member)))
-            if val is not None:
-                members[member] = val
-        if members:
-            out[name] = members
-    for name, ours in builtin.items():
-        if name not in out:
-            header = headers.get(name, {})
-            out[name] = {m: header.get(m, v) for m, v in ours.items()}
-    return out
-
-
 def _module_getattr(name: str) -> Any:
     """PEP 562 ``__getattr__`` of the stand-in: an unknown name raises
     :class:`MissingExtensionAttribute` (an ``AttributeError``) naming it."""
@@ -826,35 +660,33 @@ def build(te_root: Path | None = None) -> ModuleType:
     Args:
         te_root: a TE source tree's ``transformer_engine/`` folder to build the stand-in for
             (``harness.te_tree``): the stubs are the names its Python references, the enums
-            follow its bindings and headers (``tree_enums``; built-in ones where it has
-            none). None: TE 2.20.2 as installed (``STUBBED``, the built-in enums).
+            follow its bindings and headers (:mod:`harness.te_tree_scan`; built-in ones where
+            it has none). None: TE 2.20.2 as installed (``STUBBED``, the built-in ``ENUMS``).
 
-    With a tree, this module's ``DType`` and the other enum names, ``ENUMS`` and
-    ``TORCH_DTYPES`` are rebound to the tree's enums (one tree per process).
+    Nothing in this module changes: a tree's enums are new classes on the returned module
+    only. The kernels read TE's ``DType`` values through the stand-in the process has
+    registered under ``transformer_engine_torch`` (:func:`torch_dtype`).
     """
-    global ENUMS, TORCH_DTYPES
+    if te_root is None:
+        return _assemble(ENUMS, STUBBED)
+    te_root = Path(te_root)
+    found = _scan.tree_enums(te_root, {cls.__name__: {m.name: int(m.value) for m in cls} for cls in ENUMS})
+    referenced = _scan.referenced_names(te_root) - {"*"}
+    builtin = [cls.__name__ for cls in ENUMS]
+    # te-cpu's enums, then those the tree references and binds that te-cpu does not know
+    names = builtin + sorted(n for n in referenced & set(found) if n not in builtin)
+    return _assemble(tuple(_enum(name, found[name]) for name in names), referenced - set(names))
+
+
+def _assemble(enums: Sequence[type[_PybindEnum]], stubbed: Iterable[str]) -> ModuleType:
+    """The stand-in module with these enums, every kernel, and a stub for each other name."""
     mod = ModuleType(MODULE_NAME, __doc__)
     mod.__file__ = __file__
     mod.__getattr__ = _module_getattr  # type: ignore[attr-defined]
-    if te_root is None:
-        enums, stubbed = BUILTIN_ENUMS, set(STUBBED) - set(KERNELS)
-    else:
-        te_root = Path(te_root)
-        found = tree_enums(te_root)
-        referenced = referenced_names(te_root) - {"*"}
-        builtin = [cls.__name__ for cls in BUILTIN_ENUMS]
-        # te-cpu's enums, then those the tree references and binds that te-cpu does not know
-        names = builtin + sorted(n for n in referenced & set(found) if n not in builtin)
-        enums = tuple(_enum(name, found[name]) for name in names)
-        stubbed = referenced - set(names) - set(KERNELS)
-    this = sys.modules[__name__]
     for cls in enums:
         setattr(mod, cls.__name__, cls)
-        setattr(this, cls.__name__, cls)  # the kernels' DType lookups follow the tree's enums
-    ENUMS = tuple(enums)
-    TORCH_DTYPES = _torch_dtypes(getattr(this, "DType"))
     for name, fn in KERNELS.items():
         setattr(mod, name, fn)
-    for name in sorted(stubbed):
+    for name in sorted(set(stubbed) - set(KERNELS)):
         setattr(mod, name, _stub_class(name) if name[0].isupper() else _stub_function(name))
     return mod

@@ -6,8 +6,9 @@ loaded with ctypes by ``transformer_engine/common/__init__.py``, and the
 
 - The core library: TE skips its load (and the PyPI packaging sanity check) when
   ``NVTE_PROJECT_BUILDING`` is set - TE's own switch, set here for the import only.
-- The extension: :mod:`harness.te_cpu.extension` is registered as ``transformer_engine_torch``
-  and ``load_framework_extension`` - looked up once by ``transformer_engine/pytorch/__init__.py``
+- The extension: the module :func:`harness.te_cpu.extension.build` returns (for the tree,
+  if any) is registered as ``transformer_engine_torch`` - the one place the process learns
+  which stand-in, and so which enum values, TE runs with - and ``load_framework_extension`` - looked up once by ``transformer_engine/pytorch/__init__.py``
   - is answered by a loader that checks our module is the one in place instead of searching
   for a shared object. The swap is done by a one-shot import hook on
   ``transformer_engine.common``, so no TE file is edited and nothing else is intercepted.

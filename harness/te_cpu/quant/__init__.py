@@ -5,12 +5,13 @@ without applying the CPU layer; ``cases/test_te_cpu_quant*.py`` do):
 
 - :mod:`.formats`: the element formats - E4M3 / E5M2 (saturating round-to-nearest-even
   casts), E8M0 block exponents, E2M1 (FP4) values packed two per byte;
-- :mod:`.scaling`: each recipe's scale rule (per-tensor current scaling, delayed scaling's
-  amax-history roll and scale update, MXFP8's E8M0 block scales, FP8 block scaling's
-  per-block scales, NVFP4's two-level scales);
-- :mod:`.per_tensor`, :mod:`.mxfp8`, :mod:`.blockwise`, :mod:`.nvfp4`: one format family
-  each - quantize a high-precision matrix into the buffers TE's tensor classes hold, and
-  decode them exactly;
+- :mod:`.scaling`: the scale rules from an amax (current scaling's, which FP8 block
+  scaling applies per block) and delayed scaling's amax-history roll and scale update;
+  MXFP8's E8M0 block scales are :mod:`.mxfp8`'s;
+- :mod:`.per_tensor`, :mod:`.mxfp8`, :mod:`.blockwise`: one format family each - quantize a
+  high-precision matrix into the buffers TE's tensor classes hold, and decode them exactly
+  (NVFP4 is not built: ``docs/low-precision.md`` says why; its E2M1 element format is in
+  :mod:`.formats`);
 - :mod:`.swizzle`: the block-scale layouts TE's GEMM expects;
 - :mod:`.qgemm`: a GEMM of quantized operands - each operand decoded exactly to fp32, the
   products accumulated in fp32, the per-tensor factors and epilogue applied, one rounding.

@@ -58,7 +58,7 @@ def _tensor_module(tensor: Any, binding: str) -> ModuleType:
 
 
 def _torch_dtype(te_dtype: Any) -> torch.dtype:
-    return _ext()._torch_dtype(te_dtype)
+    return _ext().torch_dtype(te_dtype)
 
 
 def create_tensor(quantizer: Any, shape: Sequence[int], fake_dtype: torch.dtype, binding: str) -> Any:

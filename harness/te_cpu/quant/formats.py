@@ -136,7 +136,6 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 #: TE's ``DType`` values (``transformer_engine.h``) of the FP8 formats
 TE_FP8_DTYPES = {7: E4M3, 8: E5M2}
-TE_FLOAT4_E2M1 = 10
 
 
 def fp8_format(te_dtype: object) -> Fp8Format:
