@@ -190,7 +190,7 @@ def run(plan: dict[str, Any]) -> int:
     tag = f"[rank{rank}]"
     stream = ResultStream(run_dir)
     # verdicts of this launch start after here: no cell starts before every rank is up
-    since = stream.path.stat().st_size if stream.path.exists() else 0
+    since = stream.size()
     try:
         device, groups, tasks, backends = _start(plan, rank, world, local_rank, log, tag)
     except BaseException as exc:  # the launch cannot start: say why, for the launcher's breaker
@@ -340,7 +340,7 @@ def forked(*argv: str) -> int:
       first failed rank it finds among the function entrypoints that ended, in rank order:
       a peer that fails *because* a rank was killed (its collective broke) would otherwise
       often end within the same poll and be named instead of the killed rank, whose signal
-      is what the launcher blames (``harness.launch.torchrun_failure``).
+      is what the launcher blames (``harness.forensics.torchrun_failure``).
     """
     global _FORKED
     _FORKED = True
