@@ -23,7 +23,6 @@ failing rank's error.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -35,6 +34,7 @@ from typing import Callable
 from harness import forensics, loopback, packing, warm
 from harness.matrix import Cell
 from harness.packing import Lane
+from harness.plan import LaunchPlan, PlanTask
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.stream import LineTail, ResultStream
 from harness.verdict import cell_status, merge, repro_command
@@ -183,21 +183,18 @@ class _Launch:
         for sub in ("plans", "ranks"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        plan = {
-            "run_dir": str(run_dir), "launch": self.name,
-            "tasks": [{"backend": t.backend, "cell": t.cell.id,
-                       "examples": self.opts.examples if t.examples is None else t.examples}
-                      for t in self.tasks],
-            "lanes": [ls.lane.serialize() for ls in self.lanes],
-            "exit_when_done": True,
-            "device": self.opts.device, "threads_per_rank": self.opts.threads_per_rank,
-            "example": self.opts.example, "examples": self.opts.examples,
+        plan = LaunchPlan(
+            run_dir, self.name,
+            [PlanTask(t.backend, t.cell.id, self.opts.examples if t.examples is None else t.examples)
+             for t in self.tasks],
+            [ls.lane for ls in self.lanes], exit_when_done=True,
+            device=self.opts.device, threads_per_rank=self.opts.threads_per_rank,
+            example=self.opts.example, examples=self.opts.examples,
             # shorter than the cell timeout, so a peer of a hung rank reports a
             # communication error (and is seen as a victim) before the launch is ended
-            "collective_timeout": max(5.0, 0.75 * self.opts.cell_timeout),
-        }
+            collective_timeout=max(5.0, 0.75 * self.opts.cell_timeout))
         plan_path = run_dir / "plans" / f"{self.name}.json"
-        plan_path.write_text(json.dumps(plan, indent=1))
+        plan.write(plan_path)
         env = warm.agent_env(self.opts.threads_per_rank, self.opts.extra_env)
         self._log = open(self.log_dir / "torchrun.log", "w")
         # the backend probe's warm agent, if it preloaded what these ranks need (harness.warm)
