@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from harness import cpu_gemm as _gemm
-from harness.te_cpu import cuda_surface as _cuda
+from harness.te_cpu import cuda_surface
 from harness.te_cpu import grouped as _grouped
 from harness.te_cpu import norm as _norm
 
@@ -55,13 +55,13 @@ CUBLASLT_VERSION = 120901
 #: te-cpu reports (13.3 on Blackwell, 13.4 on Hopper: ``is_module_grouped_tensor_path_supported``,
 #: ``is_op_fuser_grouped_tensor_path_supported``, ``check_grouped_gemm_requirements``);
 #: answer it with :func:`cublaslt_version` to put BF16/FP16 grouped layers on that path
-GROUPED_GEMM_CUBLASLT_VERSION = 130300 if _cuda.COMPUTE_CAPABILITY >= (10, 0) else 130400
+GROUPED_GEMM_CUBLASLT_VERSION = 130300 if cuda_surface.COMPUTE_CAPABILITY >= (10, 0) else 130400
 
 
 def grouped_gemm_cublaslt_version() -> int:
     """:data:`GROUPED_GEMM_CUBLASLT_VERSION` for the device presented now (13.3 on Blackwell,
     13.4 on Hopper): ``harness.te_cpu.device`` may present Blackwell for a recipe."""
-    return 130300 if _cuda.capability() >= (10, 0) else 130400
+    return 130300 if cuda_surface.capability() >= (10, 0) else 130400
 #: what ``get_cudnn_version`` answers: cuDNN 9.12.0, TE 2.20's minimum (``MIN_CUDNN_VERSION``)
 CUDNN_VERSION = 91200
 #: ``get_num_cublas_streams``: TE's default number of compute streams for grouped GEMMs
@@ -410,7 +410,7 @@ def splits_to_offsets_multi(split_sizes: torch.Tensor, device: Any, *, strides: 
     dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     if dev.type not in ("cuda", "cpu"):
         raise RuntimeError(f"device must be CUDA, but got {dev}.")
-    sizes = _cuda.plain(split_sizes)
+    sizes = cuda_surface.plain(split_sizes)
     if sizes.dtype != torch.int64:
         sizes = sizes.to(torch.int64)
     try:
@@ -429,7 +429,7 @@ def get_grouped_gemm_setup_workspace_size(num_tensors: int) -> int:
 def _check_grouped_gemm_requirements(api: str) -> None:
     """``check_grouped_gemm_requirements``: the device and the *run-time* cuBLASLt version
     (what ``get_cublasLt_version`` answers now) must have the grouped GEMM."""
-    sm, version = _cuda.capability(), _CUBLASLT[0]
+    sm, version = cuda_surface.capability(), _CUBLASLT[0]
     if sm < (9, 0):
         raise RuntimeError(f"{api} requires Hopper (SM90) or newer architecture.")
     if version < 130300:
@@ -477,7 +477,7 @@ def _grouped_gemm_binding(name: str, api: str, A: Any, transa: bool, B: Any, tra
     _check_grouped_gemm_requirements(api)
     try:
         _grouped.grouped_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta,
-                              per_group_alpha_beta=_cuda.capability() >= (10, 0), fp32_mode=fp32_mode())
+                              per_group_alpha_beta=cuda_surface.capability() >= (10, 0), fp32_mode=fp32_mode())
         if bias is not None:  # the separate bias-add kernel TE runs after the GEMM (a second rounding)
             row_starts = [m.offset // m.cols if m.cols else 0 for m in d_members]
             scale = None if bias_scale is None else bias_scale.reshape(-1)
