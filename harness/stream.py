@@ -11,10 +11,11 @@ before the lock is released, so a crash loses nothing that was appended. A torn 
 (a machine that died mid-write) is skipped by the readers.
 
 The on-disk format is private to this module (today ``cells.jsonl``, one
-``{"backend", "launch", "result"}`` object a line); callers use ``append``, ``read``,
-``read_since`` and ``size`` only, so the format can change without touching them. The
-ranks' own report files are JSON lines appended the same way; ``LineTail`` follows one with
-the same reading (complete lines only) as ``read_since``.
+``{"backend", "launch", "result"}`` object a line); callers use ``ResultStream``'s methods
+only (``append``; ``read``, ``latest``, ``read_since`` from a ``size``; ``retire``,
+``compress``), never the file, so the format can change without touching them. The ranks'
+own report files are JSON lines appended the same way; ``LineTail`` follows one with the same
+reading (complete lines only) as ``read_since``.
 
 Once a sweep is complete its run record (``harness.recordfile``) holds every verdict, and
 the stream is *retired* (``retire``): deleted, with a marker left, so a finished run folder
