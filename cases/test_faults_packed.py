@@ -28,6 +28,7 @@ import pytest
 
 from fixtures.runs import assert_nothing_left, end_survivors, interrupt_when, run_once
 from harness import recordfile, runfolder
+from harness.plan import LaunchPlan
 from harness.stream import ResultStream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,11 +81,11 @@ def packed_runs(tmp_path_factory) -> dict[str, dict]:
 def _faulty_cell(run_dir: Path) -> tuple[str, list[str]]:
     """The cell the fault hit (second task of the lane of launch rank 3 at world size 2) and
     the cells of the other ws2 lane, from the first launch's plan."""
-    plan = json.loads(runfolder.read_text(run_dir / "plans" / "ws4-0.json"))
-    lanes = [l for l in plan["lanes"] if len(l["ranks"]) == 2]
-    assert [l["ranks"] for l in lanes] == [[0, 1], [2, 3]], plan["lanes"]
-    cell = plan["tasks"][lanes[1]["tasks"][1]]["cell"]
-    return cell, [plan["tasks"][i]["cell"] for i in lanes[0]["tasks"]]
+    plan = LaunchPlan.from_dict(json.loads(runfolder.read_text(run_dir / "plans" / "ws4-0.json")))
+    lanes = [l for l in plan.lanes_for(4) if len(l.ranks) == 2]
+    assert [l.ranks for l in lanes] == [(0, 1), (2, 3)], plan.lanes
+    cell = plan.tasks[lanes[1].tasks[1]].cell
+    return cell, [plan.tasks[i].cell for i in lanes[0].tasks]
 
 
 @pytest.mark.parametrize("mode", list(FAULTS))

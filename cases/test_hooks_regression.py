@@ -226,3 +226,25 @@ def test_ops_grouped_linear_unaffected(backend, fused, hook_mode):
     _assert_identical(run, base)
     assert run["counts"]["materialize_backward"] == 1 and run["counts"]["finalize"] == 1
     assert run["counts"]["materialize_forward"] == forward_executions(hook_mode)
+
+
+def test_harness_hooks_run_every_mode_of_the_matrix():
+    """The hook modes are defined once, in the torch-free vocabulary (``matrix.HOOK_MODES``,
+    the ``hooks`` axis's domain): ``harness.hooks`` names the same tuple and runs every one of
+    them (a mode added to the matrix without an implementation fails here, not in a cell),
+    each giving the hooks-off gradient bit for bit."""
+    from harness import hooks, matrix
+
+    assert hooks.HOOK_MODES is matrix.HOOK_MODES
+    assert next(a for a in matrix.AXES if a.name == "hooks").values == matrix.HOOK_MODES
+    w = seeded((4, 3), torch.float32, 7)
+    x = seeded((2, 3), torch.float32, 8)
+    grads = {}
+    for mode in matrix.HOOK_MODES:
+        xin = x.clone().requires_grad_()
+        hooks.run_forward(mode, lambda t: torch.tanh(t @ w.t()), xin).sum().backward()
+        grads[mode] = xin.grad
+        assert hooks.forward_executions(mode) == (2 if mode == "checkpoint" else 1)
+    assert all(torch.equal(g, grads["off"]) for g in grads.values())
+    with pytest.raises(ValueError, match="unknown hook mode"):
+        hooks.run_forward("no_such_mode", torch.tanh, x)

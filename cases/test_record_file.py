@@ -4,7 +4,9 @@
 - an interrupted sweep keeps every verdict it has, failing ones included (a failing
   ``CellResult`` is falsy: a fold written ``latest.get(id) or skipped`` showed them skipped);
 - ``--resume`` takes the verdicts of a folder that holds only its record (no stream);
-- packing deals cells to lanes of one launch as ``harness.packing`` promises.
+- packing deals cells to lanes of one launch as ``harness.packing`` promises;
+- a launch plan (``harness.plan``) round-trips, and a plan written before lanes and per-task
+  examples existed still loads.
 
 The sweep's launcher is replaced by a stand-in that appends verdicts to the stream, so no
 process is started.
@@ -20,6 +22,7 @@ import pytest
 
 from harness import matrix, packing, recordfile, runfolder, sweep
 from harness.launch import LaunchOptions
+from harness.plan import LaunchPlan, PlanTask
 from harness.record import Check, CellResult, RankResult, RunRecord, load
 from harness.stream import ResultStream
 
@@ -113,6 +116,25 @@ def test_packing_lanes_cover_every_cell_once_in_phases():
     three = [c for c in matrix.select("ci", {"world_size": (1, 2, 3, 4)})]
     assert [w for w, _ in packing.launch_groups(three)] == [4, 3]
     assert [w for w, _ in packing.launch_groups(cells, slots=8)] == [8]
+
+
+def test_launch_plan_round_trips_and_an_older_plan_loads(tmp_path):
+    cells = [c for c in matrix.select("ci") if c.world_size in (1, 2)][:5]
+    plan = LaunchPlan(tmp_path, "ws2-0", [PlanTask(BACKEND, c.id, 2 if i == 1 else None) for i, c in enumerate(cells)],
+                      packing.pack(cells, 2), exit_when_done=True, example={"batch": 3}, examples=1,
+                      collective_timeout=7.5)
+    plan.write(tmp_path / "plan.json")
+    again = LaunchPlan.read(tmp_path / "plan.json")
+    assert again == plan and again.serialize() == plan.serialize()
+    assert [again.examples_of(t) for t in again.tasks] == [1, 2, 1, 1, 1]
+    assert again.lanes_for(2) == packing.pack(cells, 2)
+    # what the worker read before the plan had lanes or per-task examples, and without the
+    # set-up keys (defaults as the worker always took them)
+    old = LaunchPlan.from_dict({"run_dir": str(tmp_path), "launch": "ws2-0",
+                                "tasks": [{"backend": BACKEND, "cell": c.id} for c in cells[:2]]})
+    assert old.lanes_for(2) == [packing.Lane((0, 1), [0, 1])] and not old.exit_when_done
+    assert (old.device, old.threads_per_rank, old.example, old.collective_timeout) == ("auto", 1, None, 120.0)
+    assert [old.examples_of(t) for t in old.tasks] == [0, 0]
 
 
 def _checked(cell: matrix.Cell, status: str) -> CellResult:

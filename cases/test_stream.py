@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.commands.sweep import Progress
 from harness.record import CellResult, RankResult
-from harness.stream import ResultStream
+from harness.stream import LineTail, ResultStream
 
 BIG = "x" * 100_000  # far beyond an atomic write: only the lock keeps lines whole
 
@@ -58,6 +58,34 @@ def test_torn_line_is_skipped_and_read_since_continues(tmp_path: Path) -> None:
     latest = stream.latest("b")
     assert list(latest) == ["cell-1", "cell-3"] and latest["cell-1"].status == "fail"
     assert stream.latest("other") == {}
+
+
+def test_size_marks_where_a_reader_starts(tmp_path: Path) -> None:
+    """``size`` is the offset after everything appended so far (0 before the first append):
+    a sweep, a self-test, the launcher and each rank read only the verdicts after it."""
+    stream = ResultStream(tmp_path)
+    assert stream.size() == 0
+    stream.append(_result(1), "b")
+    since = stream.size()
+    assert since > 0 and stream.read_since(since) == ([], since)
+    stream.append(_result(2), "b")
+    assert [v.result.id for v in stream.read_since(since)[0]] == ["cell-2"]
+
+
+def test_line_tail_reads_complete_lines_appended_after_it_was_made(tmp_path: Path) -> None:
+    """The launcher follows each rank's report file with ``LineTail``: what was there before
+    is not read, a line still being written waits, an unparsable one is skipped."""
+    path = tmp_path / "ws2-0.rank0.jsonl"
+    assert LineTail(path).read() == []  # no file yet
+    path.write_text('{"event": "old"}\n')
+    tail = LineTail(path)
+    assert tail.read() == []
+    with open(path, "a") as f:
+        f.write('{"event": "ready"}\nnot json\n{"event": "res')
+    assert tail.read() == [{"event": "ready"}]
+    with open(path, "a") as f:
+        f.write('ult", "i": 0}\n')
+    assert tail.read() == [{"event": "result", "i": 0}] and tail.read() == []
 
 
 def test_progress_line_has_counts_rate_and_eta(capsys) -> None:

@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import modules as _modules
-from harness import runinfo
+from harness import modules, runinfo
 
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
 #: classes a backend may lack; cells of a module whose class is missing are refused before
@@ -328,7 +327,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts, apis=[a for a in _modules.APIS if has_api(backend, a)],
+                       extra=facts, apis=[a for a in modules.APIS if has_api(backend, a)],
                        torch=runinfo.torch_facts())
 
 
@@ -353,12 +352,12 @@ def te_version() -> str | None:
     version = getattr(te, "__version__", None)
     if version:
         return str(version)
-    from importlib import metadata
+    import importlib.metadata
 
     for dist in ("transformer_engine", "transformer-engine", "transformer_engine_torch"):
         try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             continue
     return None
 

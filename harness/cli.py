@@ -21,6 +21,23 @@ from harness.launch import LaunchFailure
 from harness.matrix import MatrixError
 
 
+#: a few command lines per command, for its ``--help`` (docs/cli.md has more)
+COMMAND_EXAMPLES: dict[str, tuple[str, ...]] = {
+    "list": ("python -m harness list --preset smoke",
+             "python -m harness list --modules linear --hooks offload,checkpoint --world-sizes 2",
+             "python -m harness list --filter 'module == \"grouped_linear\" and not fused' --json"),
+    "sweep": ("python -m harness sweep --preset smoke",
+              "python -m harness sweep --backend te-cpu --preset ci",
+              "python -m harness sweep --backend te-cpu --te-tree ../TransformerEngine --fixes hooks-strip-distributed-weight",
+              "python -m harness sweep --cells hooks_checkpoint --modules linear --world-sizes 2",
+              "python -m harness sweep --resume runs/run-20261203-101500-000000"),
+    "repro": ("python -m harness repro linear-distributed-hooks_identity-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay "
+              "--backend prefix",),
+    "merge": ("python -m harness merge runs/shard-1 runs/shard-2 --out runs/ci",),
+    "diff": ("python -m harness diff runs/base runs/new --html diff.html",),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from harness.commands import diff, install, ledger_cmd, list_cmd, merge, patch_te, repro, report, selftest, sweep
 
@@ -31,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_parser(sub)
     for name, p in sub.choices.items():
         codes = exitcodes.COMMAND_EXITS.get(name)
-        examples = exitcodes.COMMAND_EXAMPLES.get(name)
+        examples = COMMAND_EXAMPLES.get(name)
         parts = [p.epilog] if p.epilog else []
         if examples:
             parts.append("examples:\n" + "\n".join(f"  {e}" for e in examples))

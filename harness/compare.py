@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from harness.faults import HarnessBug  # noqa: F401 (re-exported: runner raises compare.HarnessBug)
 from harness.oracle import Reference
 from harness.record import Check
 from harness.tolerance import (ACCUMULATION, MARGIN, OUT_DTYPE, UNDERFLOW, UNIT_ROUNDOFF,  # noqa: F401 (re-exported)
@@ -65,14 +66,6 @@ def bound(ref: Reference, precision: str, margin: float = MARGIN) -> torch.Tenso
                      + ref.operand_u)
     return margin * (u_out * ref.value.abs() + per_magnitude * ref.magnitude
                      + max(ref.roundings, 1) * UNDERFLOW[out])
-
-
-class HarnessBug(RuntimeError):
-    """The harness itself failed (set-up, oracle, checks); never a verdict on the backend.
-
-    ``harness.runner`` raises it for any exception of a harness-owned phase; the cell's
-    status is then ``harness_error`` and the run exits 3.
-    """
 
 
 def _fmt_index(idx: tuple[int, ...]) -> str:

@@ -31,19 +31,3 @@ COMMAND_EXITS: dict[str, str] = {
                "installed (the line says what it needs)",
     "patch-te": "0 every hunk applied; 1 some did not (named, .rej files left); 2 bad input, nothing written",
 }
-
-#: a few command lines per command, for its ``--help`` (docs/cli.md has more)
-COMMAND_EXAMPLES: dict[str, tuple[str, ...]] = {
-    "list": ("python -m harness list --preset smoke",
-             "python -m harness list --modules linear --hooks offload,checkpoint --world-sizes 2",
-             "python -m harness list --filter 'module == \"grouped_linear\" and not fused' --json"),
-    "sweep": ("python -m harness sweep --preset smoke",
-              "python -m harness sweep --backend te-cpu --preset ci",
-              "python -m harness sweep --backend te-cpu --te-tree ../TransformerEngine --fixes hooks-strip-distributed-weight",
-              "python -m harness sweep --cells hooks_checkpoint --modules linear --world-sizes 2",
-              "python -m harness sweep --resume runs/run-20261203-101500-000000"),
-    "repro": ("python -m harness repro linear-distributed-hooks_identity-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay "
-              "--backend prefix",),
-    "merge": ("python -m harness merge runs/shard-1 runs/shard-2 --out runs/ci",),
-    "diff": ("python -m harness diff runs/base runs/new --html diff.html",),
-}

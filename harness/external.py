@@ -14,17 +14,17 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from harness import assemble, gate, matrix, packing, runinfo, selection
 from harness import ledger as ledgers
 from harness.backends import BackendError, BackendInfo, describe, load_backend
 from harness.exitcodes import BAD_INPUT, UsageError
+from harness.plan import LaunchPlan, PlanTask
 from harness.record import RunRecord
 from harness.stream import ResultStream
 
 
-def build_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
+def build_plan(args: argparse.Namespace, world_size: int) -> LaunchPlan:
     """The plan every rank derives on its own from the same options.
 
     Raises:
@@ -36,27 +36,26 @@ def build_plan(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
     cells = [c for c in cells if fits(c.world_size)]
     if not cells:
         raise matrix.MatrixError(f"the selection has no cell at world size {world_size}")
-    return {"run_dir": str(Path(args.out).resolve()), "launch": f"external-ws{world_size}",
-            "tasks": [{"backend": args.backend, "cell": c.id} for c in cells],
-            "lanes": [lane.serialize() for lane in packing.pack(cells, world_size)],
-            "selection": {**sel, "examples": args.examples},
-            "device": args.device, "examples": args.examples, "collective_timeout": args.collective_timeout}
+    return LaunchPlan(Path(args.out).resolve(), f"external-ws{world_size}",
+                      [PlanTask(args.backend, c.id) for c in cells], packing.pack(cells, world_size),
+                      device=args.device, examples=args.examples, collective_timeout=args.collective_timeout,
+                      selection={**sel, "examples": args.examples})
 
 
-def finish(plan: dict[str, Any], argv: list[str], started: str, info: BackendInfo,
+def finish(plan: LaunchPlan, argv: list[str], started: str, info: BackendInfo,
            ledger: ledgers.Ledger | None) -> RunRecord:
     """Rank 0: the run record from the result stream, judged under ``ledger`` as a sweep's
     (``harness.assemble``), and the reports."""
     from harness.reports import write_all
 
-    run_dir = Path(plan["run_dir"])
-    backend = plan["tasks"][0]["backend"]
+    run_dir = plan.run_dir
+    backend = plan.tasks[0].backend
     latest = ResultStream(run_dir).latest(backend)
-    wanted = [matrix.Cell.from_id(t["cell"]) for t in plan["tasks"]]
+    wanted = [matrix.Cell.from_id(t.cell) for t in plan.tasks]
     cells = [latest[c.id] if c.id in latest else assemble.unrun(c, "not run: the launch ended before this cell")
              for c in wanted]
-    record = assemble.start(backend=backend, argv=argv, selection={**plan["selection"], "external": True},
-                            device=plan["device"], backend_info=info.serialize(),
+    record = assemble.start(backend=backend, argv=argv, selection={**(plan.selection or {}), "external": True},
+                            device=plan.device, backend_info=info.serialize(),
                             world_sizes=[c.world_size for c in wanted], started=started,
                             command="python -m torch.distributed.run ... -m harness.external " + " ".join(argv))
     assemble.judge(record, cells, ledger)
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except (matrix.MatrixError, BackendError, UsageError, ledgers.LedgerError) as exc:
         print(f"harness.external: error: {exc}", file=sys.stderr)
         return BAD_INPUT
-    Path(plan["run_dir"]).mkdir(parents=True, exist_ok=True)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
     code = worker.run(plan)
     if code == 0 and int(os.environ.get("RANK", 0)) == 0:
         return gate.exit_code(finish(plan, argv, started, info, ledger).serialize())

@@ -71,11 +71,11 @@ def incomplete(record: dict[str, Any]) -> str | None:
 def messages(record: dict[str, Any]) -> list[str]:
     """The gate's lines for the terminal's error stream: each stale entry, each required entry
     the change does not fix, and a harness bug when there is one."""
-    from harness import ledger
+    from harness import ledger as ledgers
 
     outcome = record.get("ledger") or {}
     verdicts = {e["id"]: e.get("verdict") for e in outcome.get("entries") or []}
-    out = [ledger.stale_message(i, outcome) for i in stale(record)]
+    out = [ledgers.stale_message(i, outcome) for i in stale(record)]
     out += [f"ledger entry {i} must be fixed by this change but is {verdicts.get(i)}" for i in unfixed(record)]
     bugs = sum(c.get("status") == HARNESS_ERROR for c in record.get("cells") or [])
     if bugs:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
-HOOK_MODES = ("off", "identity", "offload", "save_on_cpu", "checkpoint")
+from harness.matrix import HOOK_MODES
 
 
 class _Offloaded:

@@ -11,10 +11,10 @@ failed while its peers may be stuck in a collective), and the process itself (a 
 ends torchrun). When a launch stops making progress - a peer stuck after a failure, a cell
 past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each rank's
 faulthandler writes its stacks into its log), appends the cell in flight to the result
-stream with every rank's evidence, and starts a fresh launch for the cells left. A launch
-of W ranks runs its cells on lanes (``harness.packing``: disjoint sub-groups, one cell in
-flight each); all of this is tracked per lane, so a fault is blamed on its lane's cell and
-the other lanes' verdicts stand.
+stream with every rank's evidence (read from the logs and reports by ``harness.forensics``),
+and starts a fresh launch for the cells left. A launch of W ranks runs its cells on lanes
+(``harness.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
+per lane, so a fault is blamed on its lane's cell and the other lanes' verdicts stand.
 
 A launch that ends before every rank is ready ran no cell: it is a launch failure, retried
 once (``LaunchOptions.start_attempts``); then ``LaunchFailure`` ends the run, naming the first
@@ -23,9 +23,7 @@ failing rank's error.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -33,17 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness import loopback, packing, warm
+from harness import forensics, loopback, packing, warm
 from harness.matrix import Cell
 from harness.packing import Lane
+from harness.plan import LaunchPlan, PlanTask
 from harness.record import CellResult, LaunchRecord, RankResult
-from harness.status import HARNESS_ERROR
-from harness.stream import ResultStream
+from harness.stream import LineTail, ResultStream
 from harness.verdict import cell_status, merge, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
-#: rank statuses that mean "this rank failed the cell in flight"
-_FAILED = ("error", HARNESS_ERROR)
 
 
 class LaunchFailure(RuntimeError):
@@ -103,32 +99,6 @@ def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     return loopback.command(*torchrun_args(world_size, plan_path))
 
 
-class _LineTail:
-    """Reads the JSON lines appended to a file, from where it left off; torn lines wait."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-
-    def read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete, _, _ = chunk.rpartition(b"\n")
-        if not complete:
-            return []
-        self.offset += len(complete) + 1
-        out = []
-        for line in complete.decode(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
-
-
 def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
     """End torchrun and every rank: SIGTERM the process group, then SIGKILL it."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
@@ -145,54 +115,6 @@ def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _log_since(path: Path, marker: str, lines: int = 80) -> str:
-    """The rank's log from the start of the cell in flight: its traceback or stack dump."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    at = text.rfind(marker)
-    part = text[at:] if at >= 0 else text
-    return "\n".join(part.splitlines()[-lines:])
-
-
-_TORCHRUN_ROOT = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-_SIGNAL = re.compile(r"Signal (\d+) \((\w+)\)")
-
-
-def torchrun_failure(log_dir: Path) -> tuple[int | None, str]:
-    """The first failed rank and how it ended, as torchrun's summary reports them."""
-    text = _log_tail(log_dir / "torchrun.log", 200)
-    root = text.split("Root Cause", 1)[1] if "Root Cause" in text else text
-    m = _TORCHRUN_ROOT.search(root)
-    if not m:
-        return None, "torchrun gave no failure summary"
-    rank, code = int(m.group(1)), int(m.group(2))
-    sig = _SIGNAL.search(root)
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-        return rank, f"rank {rank} died: exit code {code} ({name})"
-    if sig:
-        return rank, f"rank {rank} died: {sig.group(2)}"
-    return rank, f"rank {rank} exited with code {code}"
-
-
-_ERROR_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception|Interrupt)\b.*$", re.M)
-
-
-def _last_error_line(text: str) -> str | None:
-    """The last ``SomethingError: ...`` line of a log (a traceback's verdict line)."""
-    found = _ERROR_LINE.findall(text)
-    return found[-1].strip() if found else None
 
 
 @dataclass
@@ -228,8 +150,8 @@ class _Launch:
         self.ready: set[int] = set()                     # ranks able to run cells
         self.startup_errors: dict[int, dict] = {}       # rank -> its startup_error report
         self.stream = ResultStream(opts.run_dir)
-        self.offset = self.stream.path.stat().st_size if self.stream.path.exists() else 0
-        self.rank_tails = [_LineTail(opts.run_dir / "ranks" / f"{name}.rank{r}.jsonl")
+        self.offset = self.stream.size()
+        self.rank_tails = [LineTail(opts.run_dir / "ranks" / f"{name}.rank{r}.jsonl")
                            for r in range(width)]
         self.t0 = time.monotonic()
         #: when each rank last saw one of its lanes' verdicts (its next cell started then)
@@ -261,21 +183,18 @@ class _Launch:
         for sub in ("plans", "ranks"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        plan = {
-            "run_dir": str(run_dir), "launch": self.name,
-            "tasks": [{"backend": t.backend, "cell": t.cell.id,
-                       "examples": self.opts.examples if t.examples is None else t.examples}
-                      for t in self.tasks],
-            "lanes": [ls.lane.serialize() for ls in self.lanes],
-            "exit_when_done": True,
-            "device": self.opts.device, "threads_per_rank": self.opts.threads_per_rank,
-            "example": self.opts.example, "examples": self.opts.examples,
+        plan = LaunchPlan(
+            run_dir, self.name,
+            [PlanTask(t.backend, t.cell.id, self.opts.examples if t.examples is None else t.examples)
+             for t in self.tasks],
+            [ls.lane for ls in self.lanes], exit_when_done=True,
+            device=self.opts.device, threads_per_rank=self.opts.threads_per_rank,
+            example=self.opts.example, examples=self.opts.examples,
             # shorter than the cell timeout, so a peer of a hung rank reports a
             # communication error (and is seen as a victim) before the launch is ended
-            "collective_timeout": max(5.0, 0.75 * self.opts.cell_timeout),
-        }
+            collective_timeout=max(5.0, 0.75 * self.opts.cell_timeout))
         plan_path = run_dir / "plans" / f"{self.name}.json"
-        plan_path.write_text(json.dumps(plan, indent=1))
+        plan.write(plan_path)
         env = warm.agent_env(self.opts.threads_per_rank, self.opts.extra_env)
         self._log = open(self.log_dir / "torchrun.log", "w")
         # the backend probe's warm agent, if it preloaded what these ranks need (harness.warm)
@@ -319,23 +238,12 @@ class _Launch:
     def first_error_report(self, ls: _LaneState) -> float | None:
         """When a rank first reported a failure for the lane's task in flight (None: none did)."""
         times = [rep["t"] for rep in self.reports.get(ls.current, {}).values()
-                 if rep["result"]["status"] in _FAILED]
+                 if rep["result"]["status"] in forensics.FAILED]
         return min(times) if times else None
 
     def startup_cause(self, why: str) -> str:
-        """Why the launch never started: the first rank's own start-up error, else the last
-        error line a rank or torchrun left in its log."""
-        if self.startup_errors:
-            r, rep = min(self.startup_errors.items(), key=lambda kv: kv[1]["t"])
-            err = rep["error"]
-            return f"[rank {r}] {err['type']}: {err['message']}"
-        rank, how = torchrun_failure(self.log_dir)
-        logs = ([self.log_dir / f"rank{rank}.log"] if rank is not None else []) + [self.log_dir / "torchrun.log"]
-        for log in logs:
-            line = _last_error_line(_log_tail(log, 200))
-            if line:
-                return f"{line} ({how})" if rank is not None else line
-        return f"{why} ({how})"
+        """Why the launch never started, from its ranks' reports and logs (``harness.forensics``)."""
+        return forensics.startup_cause(self.startup_errors, self.log_dir, why)
 
     def settle(self, ls: _LaneState) -> list[tuple[str, CellResult]]:
         """Verdicts the lane's first rank never appended although every rank of the lane had
@@ -348,7 +256,7 @@ class _Launch:
             task = self.tasks[i]
             reps = self.reports.get(i, {})
             examples = self.opts.examples if task.examples is None else task.examples
-            if examples or any(g not in reps or reps[g]["result"]["status"] in _FAILED for g in ls.lane.ranks):
+            if examples or any(g not in reps or reps[g]["result"]["status"] in forensics.FAILED for g in ls.lane.ranks):
                 break
             res = merge(task.cell, [RankResult.from_dict(reps[g]["result"]) for g in ls.lane.ranks],
                         time.monotonic() - self.since(ls), task.backend, self.opts.example)
@@ -368,7 +276,6 @@ class _Launch:
         i = ls.current
         task = self.tasks[i]
         cell = task.cell
-        marker = f"start {i + 1}/{len(self.tasks)} "
         members = ls.lane.ranks
         reported = {members.index(g): rep for g, rep in self.reports.get(i, {}).items() if g in members}
         ranks = []
@@ -376,12 +283,12 @@ class _Launch:
             if r in reported:
                 ranks.append(RankResult.from_dict(reported[r]["result"]))
                 continue
-            evidence = _log_since(self.log_dir / f"rank{g}.log", marker)
+            evidence = forensics.cell_log(self.log_dir, g, i, len(self.tasks))
             ranks.append(RankResult(r, status, [], {
                 "type": {"timeout": "Timeout", "error": "NoReport"}[status],
                 "message": f"this rank never reported a result ({why})", "traceback": evidence}))
         dead = members.index(dead_rank) if dead_rank in members else None
-        first_rank = _first_to_fail(reported, dead, len(members))
+        first_rank = forensics.first_to_fail(reported, dead, len(members))
         verdict = cell_status(ranks)
         first = why
         where = "" if len(members) == self.world_size else f", launch rank {members[first_rank if first_rank is not None else 0]}"
@@ -401,30 +308,6 @@ class _Launch:
 
     def close(self) -> None:
         self._log.close()
-
-
-_COMM_ERROR = re.compile(
-    r"Connection (closed|reset) by peer|Timed out waiting|timed out|Read error|Socket Timeout|"
-    r"NCCL (error|communicator)|watchdog|ProcessGroup\w* (is )?abort", re.I)
-
-
-def _first_to_fail(reported: dict[int, dict], dead_rank: int | None, world_size: int) -> int | None:
-    """The rank that failed first, not a peer that then saw "connection closed".
-
-    In order: the earliest rank whose own error is not a communication error; the rank
-    torchrun saw die; a rank that never reported (hung); the earliest communication error.
-    """
-    errors = sorted((rep["t"], r, bool(_COMM_ERROR.search((rep["result"].get("error") or {}).get("message", ""))))
-                    for r, rep in reported.items() if rep["result"]["status"] in _FAILED)
-    own = [r for _, r, victim in errors if not victim]
-    if own:
-        return own[0]
-    if dead_rank is not None:
-        return dead_rank
-    silent = [r for r in range(world_size) if r not in reported]
-    if silent and errors:
-        return silent[0]
-    return errors[0][1] if errors else None
 
 
 def launch_cells(world_size: int, cells: list[Cell], opts: LaunchOptions,
@@ -521,7 +404,7 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
         elif exited:
             for backend, res in launch.poll_results():  # verdicts appended just before the end
                 on_result(backend, res)
-            rank, why = torchrun_failure(launch.log_dir)
+            rank, why = forensics.torchrun_failure(launch.log_dir)
             # only a rank killed by a signal is a culprit; exit code 1 is usually a peer
             # whose collective broke because of someone else
             culprit = rank if "died" in why else None

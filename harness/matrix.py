@@ -35,15 +35,18 @@ from typing import Any
 from harness import modules, weights
 
 __all__ = [
-    "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "PRESETS", "Axis", "Cell", "MatrixError",
+    "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
     "SEED", "compile_filter", "describe", "ids_digest", "parse_sample", "parse_values", "plan", "product",
     "restricts", "sample", "select",
 ]
 
+#: the saved-tensor hook modes a cell's forward runs under (``harness.hooks`` implements them)
+HOOK_MODES: tuple[str, ...] = ("off", "identity", "offload", "save_on_cpu", "checkpoint")
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "module": modules.NAMES,
     "weight": weights.NAMES,
-    "hooks": ("off", "identity", "offload", "save_on_cpu", "checkpoint"),
+    "hooks": HOOK_MODES,
     "dtype": ("fp32", "bf16", "fp16"),
     "consumer": ("ddp", "autograd"),
 }

@@ -6,8 +6,8 @@ every collected cell of that world size at once; the rest read their verdicts fr
 launch's result stream. Under pytest-xdist the plugin switches xdist's default ``--dist load``
 to ``loadscope``: every test of a module on one worker, so a module's fixtures run once
 (``loadgroup``'s groups do not reach xdist's scheduler under pytest 9: its node ids drop the
-group suffix). The batches are shared through a file lock anyway, so each is launched exactly
-once whatever the scheduling.
+group suffix). The batches (``harness.batches``) are shared through a file lock anyway, so
+each is launched exactly once whatever the scheduling.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import pytest
 
@@ -24,7 +24,10 @@ from harness import matrix, selection, weights
 from harness.exitcodes import UsageError
 from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN, label
 
-_BATCHES_KEY = pytest.StashKey["BatchRunner"]()
+if TYPE_CHECKING:  # imported when the first cell needs it: the launcher stays out of other pytest runs
+    from harness.batches import BatchRunner
+
+T = TypeVar("T")
 
 
 class HarnessSpec:
@@ -132,11 +135,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def stale_entries(batches: BatchRunner, session: pytest.Session) -> list[str]:
     """The stale-entry lines of this pytest run's ledger over every collected cell (each
     entry that selects collected cells and reproduces in none: "delete it")."""
-    from harness import ledger
-
-    cells = [c for it in session.items if (c := _cell_of(it)) is not None]
-    _, outcome = ledger.apply([batches.result(c, session) for c in dict.fromkeys(cells)], batches.ledger)
-    return [ledger.stale_message(i, outcome) for i in outcome["stale"]]
+    return _verdict(lambda: batches.stale_entries(_collected(session)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -164,114 +163,26 @@ def _cell_of(item: pytest.Item) -> matrix.Cell | None:
     return callspec.params.get("cell") if callspec else None
 
 
-class BatchRunner:
-    """Runs each world size's collected cells in one launch, once per pytest run.
+def _collected(session: pytest.Session) -> list[matrix.Cell]:
+    """Every cell this pytest run collected (the batches launch them by world size)."""
+    return [c for it in session.items if (c := _cell_of(it)) is not None]
 
-    xdist workers share the batches through a folder and a file lock per world size: the
-    first worker that needs a world size launches all of its cells; a worker that finds that
-    batch busy launches another pending world size meanwhile instead of waiting idle, then
-    reads the verdicts it needs from the finished batch's result stream. (Scheduling is not
-    trusted to prevent duplicate launches: ``--dist`` is the user's to choose.)
-    """
 
-    def __init__(self, config: pytest.Config, root: Path) -> None:
-        from harness import preflight
+def _verdict(get: Callable[[], T]) -> T:
+    """``get()``, a cell whose batch ended without its verdict failing its test."""
+    from harness.batches import NoVerdict
 
-        self.config = config
-        self.backend = config.hook.pytest_harness_make_backend(config=config)
-        self.cell_timeout = config.getoption("harness_cell_timeout")
-        if not self.cell_timeout > 0:
-            raise pytest.UsageError(f"--cell-timeout must be > 0 seconds, got {self.cell_timeout:g}")
-        # the backend is probed in a subprocess: a backend like te-cpu patches torch when imported
-        self.info, self.device = preflight.check_run(
-            self.backend, config.getoption("harness_device"), {c.world_size for c in selected_cells(config)},
-            {c.module for c in selected_cells(config)})
-        from harness import ledger
-
-        try:
-            self.ledger = ledger.choose(config.getoption("harness_ledger"), self.info.upstream, self.info.version)
-        except ledger.LedgerError as exc:
-            raise pytest.UsageError(str(exc)) from exc
-        self.root = root
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.results: dict[str, Any] = {}
-        self.failures: dict[int, str] = {}
-
-    def _batch_dir(self, world_size: int) -> Path:
-        return (self.root / f"ws{world_size}").resolve()
-
-    def _load(self, world_size: int) -> bool:
-        """Read a finished batch's verdicts from its result stream; False while it runs."""
-        from harness.stream import ResultStream
-
-        d = self._batch_dir(world_size)
-        if not (d / "done").exists():
-            return False
-        self.results.update(ResultStream(d).latest(self.backend))
-        failed = d / "launch-failure.txt"
-        if failed.exists():
-            self.failures[world_size] = failed.read_text()
-        return True
-
-    def _try_run(self, world_size: int, cells: list[matrix.Cell]) -> bool:
-        """Launch the batch if no one else holds it; True when it has finished (by anyone)."""
-        from filelock import FileLock, Timeout
-
-        lock = FileLock(str(self.root / f"ws{world_size}.lock"))
-        try:
-            lock.acquire(blocking=False)
-        except Timeout:
-            return False
-        try:
-            if not self._load(world_size):
-                self._launch(world_size, cells)
-                (self._batch_dir(world_size) / "done").write_text("done")
-                self._load(world_size)
-            return True
-        finally:
-            lock.release()
-
-    def judged(self, cell: matrix.Cell, session: pytest.Session) -> Any:
-        """The cell's verdict under the ledger (``known`` where its entries explain it all)."""
-        from harness import ledger
-
-        return ledger.judge(self.result(cell, session), self.ledger.entries if self.ledger else ())[0]
-
-    def result(self, cell: matrix.Cell, session: pytest.Session) -> Any:
-        if cell.id in self.results or self._load(cell.world_size) and cell.id in self.results:
-            return self.results[cell.id]
-        batches: dict[int, list[matrix.Cell]] = {}
-        for it in session.items:
-            c = _cell_of(it)
-            if c is not None:
-                batches.setdefault(c.world_size, []).append(c)
-        while not self._try_run(cell.world_size, batches.get(cell.world_size, [cell])):
-            # someone else runs this batch: do another pending one meanwhile, or wait
-            other = next((ws for ws in batches if ws != cell.world_size and not self._load(ws)
-                          and self._try_run(ws, batches[ws])), None)
-            if other is None:
-                time.sleep(0.2)
-        if cell.id not in self.results:
-            why = self.failures.get(cell.world_size, "the batch ended without a verdict for this cell")
-            pytest.fail(f"{cell.id}: no verdict: {why} (run folder {self._batch_dir(cell.world_size)})",
-                        pytrace=False)
-        return self.results[cell.id]
-
-    def _launch(self, world_size: int, cells: list[matrix.Cell]) -> None:
-        from harness.launch import LaunchFailure, LaunchOptions, launch_cells
-
-        run_dir = self._batch_dir(world_size)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        opts = LaunchOptions(backend=self.backend, run_dir=run_dir, cell_timeout=self.cell_timeout,
-                             device=self.device, examples=self.config.getoption("harness_examples"))
-        try:
-            launch_cells(world_size, list(dict.fromkeys(cells)), opts)
-        except LaunchFailure as exc:
-            (run_dir / "launch-failure.txt").write_text(str(exc))
+    try:
+        return get()
+    except NoVerdict as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BatchRunner:
+    from harness import ledger as ledgers
+    from harness.batches import BatchRunner
+
     config = request.config
     out = config.getoption("harness_out")
     # one folder per pytest run, shared by its xdist workers (never reused across runs)
@@ -281,7 +192,16 @@ def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     else:
         base = tmp_path_factory.getbasetemp()
         root = base.parent / f"harness-{run_id}" if "PYTEST_XDIST_TESTRUNUID" in os.environ else base / "harness"
-    return BatchRunner(config, root)
+    backend = config.hook.pytest_harness_make_backend(config=config)
+    cell_timeout = config.getoption("harness_cell_timeout")
+    if not cell_timeout > 0:
+        raise pytest.UsageError(f"--cell-timeout must be > 0 seconds, got {cell_timeout:g}")
+    try:
+        return BatchRunner(root, backend, selected_cells(config), cell_timeout=cell_timeout,
+                           device=config.getoption("harness_device"), examples=config.getoption("harness_examples"),
+                           ledger_choice=config.getoption("harness_ledger"))
+    except ledgers.LedgerError as exc:
+        raise pytest.UsageError(str(exc)) from exc
 
 
 @pytest.fixture
@@ -289,7 +209,7 @@ def cell_result(cell: matrix.Cell, harness_batches: BatchRunner, request: pytest
                 record_property: Any) -> Any:
     """The cell's merged verdict over all ranks, from its world size's batch launch, judged
     under the known-defects ledger."""
-    res = harness_batches.judged(cell, request.session)
+    res = _verdict(lambda: harness_batches.judged(cell, lambda: _collected(request.session)))
     record_property("status", label(res.status))  # the reader's word, as every report uses
     record_property("repro", res.repro)
     if res.known:

@@ -28,11 +28,11 @@ def git_commit() -> str | None:
 
 def harness_version() -> str:
     """The installed dw-harness version (shards to merge must share it)."""
-    from importlib import metadata
+    import importlib.metadata
 
     try:
-        return metadata.version("dw-harness")
-    except metadata.PackageNotFoundError:
+        return importlib.metadata.version("dw-harness")
+    except importlib.metadata.PackageNotFoundError:
         return "unknown"
 
 

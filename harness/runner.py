@@ -21,6 +21,7 @@ import torch
 
 from harness import compare, modules, oracle, predict, rejection, te_path, twin, weights
 from harness.consumer import Consumer
+from harness.faults import BackendFault
 from harness.attach import attach_weight
 from harness.gtp import GTPGroup, weight_names
 from harness.hooks import forward_executions, run_forward
@@ -124,15 +125,6 @@ def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
         if inputs.norm is not None:
             for name, t in zip(modules.NORM_PARAMS, inputs.norm.params):
                 getattr(module, name).copy_(t)
-
-
-class BackendFault(Exception):
-    """Backend code raised during ``phase``: a verdict on the backend, never a harness bug."""
-
-    def __init__(self, phase: str, exc: BaseException) -> None:
-        super().__init__(f"{phase}: {type(exc).__name__}: {exc}")
-        self.phase = phase
-        self.exc = exc
 
 
 @contextmanager

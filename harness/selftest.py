@@ -170,7 +170,7 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
 
     t0 = time.monotonic()
     stream = ResultStream(opts.run_dir)
-    since = stream.path.stat().st_size if stream.path.exists() else 0
+    since = stream.size()
     search = sensitivity.Search(cells)
     tasks = [Task(CLEAN, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed

@@ -11,8 +11,11 @@ before the lock is released, so a crash loses nothing that was appended. A torn 
 (a machine that died mid-write) is skipped by the readers.
 
 The on-disk format is private to this module (today ``cells.jsonl``, one
-``{"backend", "launch", "result"}`` object a line); callers use ``append``, ``read`` and
-``read_since`` only, so the format can change without touching them.
+``{"backend", "launch", "result"}`` object a line); callers use ``ResultStream``'s methods
+only (``append``; ``read``, ``latest``, ``read_since`` from a ``size``; ``retire``,
+``compress``), never the file, so the format can change without touching them. The ranks'
+own report files are JSON lines appended the same way; ``LineTail`` follows one with the same
+reading (complete lines only) as ``read_since``.
 
 Once a sweep is complete its run record (``harness.recordfile``) holds every verdict, and
 the stream is *retired* (``retire``): deleted, with a marker left, so a finished run folder
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from harness import recordfile
+from harness import recordfile, runfolder
 from harness.record import CellResult
 
 FILENAME = "cells.jsonl"
@@ -69,6 +72,14 @@ class ResultStream:
                 f.flush()
                 os.fsync(f.fileno())
 
+    def size(self) -> int:
+        """How far the stream reaches now (0 before the first append): ``read_since(size())``
+        later returns only what was appended after this call."""
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def read(self) -> list[Verdict]:
         """Every verdict appended so far, in order (a retired stream: see the module docstring)."""
         live = self.read_since(0)[0]
@@ -102,21 +113,15 @@ class ResultStream:
 
         A line still being written (no newline yet) is left for the next call.
         """
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return [], offset
-        complete, sep, _ = chunk.rpartition(b"\n")
-        if not sep:
-            return [], offset
-        out = []
-        for line in complete.decode("utf-8", errors="replace").splitlines():
-            verdict = _parse(line)
-            if verdict is not None:
-                out.append(verdict)
-        return out, offset + len(complete) + 1
+        lines, offset = _lines_since(self.path, offset)
+        return [v for line in lines if (v := _parse(line)) is not None], offset
+
+    def compress(self) -> None:
+        """Gzip the stream in place (``cells.jsonl.gz``, every line kept): a finished
+        self-test keeps its mutants' verdicts, which its record does not hold, at a fraction
+        of the size. Nothing reads the stream of that folder afterwards."""
+        if self.path.exists():
+            runfolder.gzip_in_place(self.path)
 
     def latest(self, backend: str | None = None) -> dict[str, CellResult]:
         """The last verdict of every cell id (of ``backend`` when given), in first-seen order."""
@@ -125,6 +130,44 @@ class ResultStream:
             if backend is None or v.backend == backend:
                 out[v.result.id] = v.result
         return out
+
+
+class LineTail:
+    """Follows a file of JSON lines from its size when the tail is made: each ``read``
+    returns the objects of the lines completed since the last one (a torn or unparsable
+    line is skipped, a line still being written waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.offset = path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
+
+    def read(self) -> list[dict]:
+        lines, self.offset = _lines_since(self.path, self.offset)
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+
+def _lines_since(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines of ``path`` after byte ``offset``, and the offset after the last of
+    them (unchanged while the file is missing or its next line has no newline yet)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    complete, sep, _ = chunk.rpartition(b"\n")
+    if not sep:
+        return [], offset
+    return complete.decode("utf-8", errors="replace").splitlines(), offset + len(complete) + 1
 
 
 def _parse(line: str) -> Verdict | None:

@@ -79,7 +79,7 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     run_dir.mkdir(parents=True, exist_ok=True)
     stream = ResultStream(run_dir)
     # a fresh sweep counts only what it appends; a resumed one continues the folder's verdicts
-    since = stream.path.stat().st_size if stream.path.exists() else 0
+    since = stream.size()
     before = known_verdicts(run_dir, spec.backend, stream) if spec.resume else {}
     todo = to_run(spec, before)
     if spec.resume:

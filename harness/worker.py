@@ -1,9 +1,9 @@
 """What runs inside every rank of a launch: all of the launch's cells, in order.
 
-Started by torchrun with ``-m harness.worker --plan PLAN`` (the launcher's plan, or the one
-``harness.external`` builds under a user's own torchrun); the harness's own launches fork
-the ranks from torchrun's agent instead (``forked``, ``harness.loopback``). The ranks rebuild the cells from
-their ids, agree on a digest of the list, load the backends, build the process groups of the
+Started by torchrun with ``-m harness.worker --plan PLAN`` (a ``harness.plan.LaunchPlan``:
+the launcher's, or the one ``harness.external`` builds under a user's own torchrun); the
+harness's own launches fork the ranks from torchrun's agent instead (``forked``,
+``harness.loopback``). The ranks rebuild the cells from their ids, agree on a digest of the list, load the backends, build the process groups of the
 plan's lanes (``harness.packing``: disjoint sub-groups running cells of smaller world sizes
 side by side), say they are ready, then run the cells of each of their lanes in order; after
 each cell a lane's ranks exchange their results over the lane's gloo control group and the
@@ -44,6 +44,7 @@ from harness import te_tree
 from harness.backends import RANK_PRELOAD, foreign_te_modules, load_backend, resolve, split_tree
 from harness.inputs import Example
 from harness.packing import Lane
+from harness.plan import LaunchPlan
 from harness.record import CellResult, RankResult, kind_ratios
 from harness.runner import RankContext, error_info, run_cell
 from harness.status import HARNESS_ERROR
@@ -110,14 +111,6 @@ def _prove_tree_origin(result: RankResult, tree: te_tree.Tree) -> None:
                                                       "phase": "tree origin"}
 
 
-def lanes_of(plan: dict[str, Any], world: int) -> list[Lane]:
-    """The plan's lanes; a plan without any (an older or hand-written one) is one lane of
-    every rank running every task."""
-    if "lanes" not in plan:
-        return [Lane(tuple(range(world)), list(range(len(plan["tasks"]))))]
-    return [Lane.from_dict(d) for d in plan["lanes"]]
-
-
 def _lane_groups(lanes: list[Lane], rank: int, world: int, control: Any, timeout: datetime.timedelta,
                  pg_backend: str) -> dict[tuple[int, ...], tuple[Any, Any]]:
     """(compute group, gloo control group) of each lane this rank is in, in plan order.
@@ -144,13 +137,13 @@ def _lane_groups(lanes: list[Lane], rank: int, world: int, control: Any, timeout
     return groups
 
 
-def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: TextIO,
+def _start(plan: LaunchPlan, rank: int, world: int, local_rank: int, log: TextIO,
            tag: str) -> tuple[torch.device, dict[tuple[int, ...], tuple[Any, Any]],
                               list[tuple[str, matrix.Cell]], tuple[dict[str, Any], dict[str, te_tree.Tree]]]:
     """Process group, lane groups, stack dumps, agreed cells, loaded backends."""
-    torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
-    device, pg_backend = _device(plan.get("device", "auto"), local_rank)
-    timeout = datetime.timedelta(seconds=float(plan.get("collective_timeout", 120)))
+    torch.set_num_threads(plan.threads_per_rank)
+    device, pg_backend = _device(plan.device, local_rank)
+    timeout = datetime.timedelta(seconds=plan.collective_timeout)
     dist.init_process_group(pg_backend, timeout=timeout)
     # Always a group of its own, also under gloo: a rank that failed mid-cell exchanges its
     # result here while its peers still sit in the cell's collectives on the world group;
@@ -163,7 +156,7 @@ def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: Te
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     print(f"{tag} {time.time():.3f} up: world={world} device={device} pg={pg_backend} store={store}", flush=True)
-    tasks = [(t["backend"], matrix.Cell.from_id(t["cell"])) for t in plan["tasks"]]
+    tasks = [(t.backend, matrix.Cell.from_id(t.cell)) for t in plan.tasks]
     digests: list[Any] = [None] * world
     dist.all_gather_object(digests, matrix.ids_digest([c for _, c in tasks]), group=control)
     if len(set(digests)) != 1:
@@ -175,32 +168,32 @@ def _start(plan: dict[str, Any], rank: int, world: int, local_rank: int, log: Te
     # a full collection (the live-gather check runs one per suspect step) scans only what
     # the cells allocate - 0.3 s a collection with TE and triton loaded, a few ms after.
     gc.freeze()
-    groups = _lane_groups(lanes_of(plan, world), rank, world, control, timeout, pg_backend)
+    groups = _lane_groups(plan.lanes_for(world), rank, world, control, timeout, pg_backend)
     return device, groups, tasks, (backends, trees)
 
 
-def run(plan: dict[str, Any]) -> int:
+def run(plan: LaunchPlan) -> int:
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    run_dir = Path(plan["run_dir"])
-    launch = plan["launch"]
+    run_dir = plan.run_dir
+    launch = plan.launch
     log = _redirect_output(run_dir / "logs" / launch / f"rank{rank}.log")
     report = RankReport(run_dir / "ranks" / f"{launch}.rank{rank}.jsonl")
     tag = f"[rank{rank}]"
     stream = ResultStream(run_dir)
     # verdicts of this launch start after here: no cell starts before every rank is up
-    since = stream.path.stat().st_size if stream.path.exists() else 0
+    since = stream.size()
     try:
         device, groups, tasks, backends = _start(plan, rank, world, local_rank, log, tag)
     except BaseException as exc:  # the launch cannot start: say why, for the launcher's breaker
         report.append("startup_error", error=error_info(exc))
         raise
     report.append("ready")
-    for lane in lanes_of(plan, world):
+    for lane in plan.lanes_for(world):
         if rank in lane.ranks:
             _run_lane(plan, lane, groups[lane.ranks], tasks, backends, device, rank, report, stream, tag)
-    if plan.get("exit_when_done"):
+    if plan.exit_when_done:
         # every verdict of this rank's lanes is fsync'ed in the stream; tearing the process
         # group down takes seconds and proves nothing, and peers in other lanes may still run
         log.flush()
@@ -214,29 +207,29 @@ def run(plan: dict[str, Any]) -> int:
     return 0
 
 
-def _await_verdicts(stream: ResultStream, plan: dict[str, Any], offset: int, poll_s: float = 0.2) -> None:
+def _await_verdicts(stream: ResultStream, plan: LaunchPlan, offset: int, poll_s: float = 0.2) -> None:
     """Wait until every task of the plan has a verdict of this launch in the stream: under a
     user's own launcher (``harness.external``) rank 0 folds the record once the other lanes
     are done. (A lane that dies takes the whole launch with it, so this cannot wait forever
     on a dead peer.)"""
-    wanted = {(t["backend"], t["cell"]) for t in plan["tasks"]}
+    wanted = {(t.backend, t.cell) for t in plan.tasks}
     seen: set[tuple[str, str]] = set()
     while not wanted <= seen:
         verdicts, offset = stream.read_since(offset)
-        seen.update(v.key for v in verdicts if v.launch == plan["launch"])
+        seen.update(v.key for v in verdicts if v.launch == plan.launch)
         if not wanted <= seen:
             time.sleep(poll_s)
 
 
-def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: list[tuple[str, matrix.Cell]],
+def _run_lane(plan: LaunchPlan, lane: Lane, groups: tuple[Any, Any], tasks: list[tuple[str, matrix.Cell]],
               backends: tuple[dict[str, Any], dict[str, te_tree.Tree]], device: torch.device, rank: int,
               report: RankReport, stream: ResultStream, tag: str) -> None:
     """This rank's part of one lane: its cells in order, each merged over the lane's ranks
     and appended to the stream by the lane's first rank."""
     group, control = groups
     size = len(lane.ranks)
-    examples = [int(t.get("examples", plan.get("examples", 0))) for t in plan["tasks"]]
-    example = Example.from_dict(plan["example"]) if plan.get("example") else None
+    examples = [plan.examples_of(t) for t in plan.tasks]
+    example = Example.from_dict(plan.example) if plan.example else None
     ctx = RankContext(lane.ranks.index(rank), size, device, group)
     modules = len(sys.modules)
     loaded, trees = backends
@@ -256,8 +249,7 @@ def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: 
             gathered: list[Any] = [None] * size
             dist.all_gather_object(gathered, result.serialize(), group=control)
             return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
-                         spec, ex.serialize() if ex is not None and plan.get("example") is None
-                         else plan.get("example"))
+                         spec, ex.serialize() if ex is not None and plan.example is None else plan.example)
 
         merged = run_agreed(example)
         if merged and examples[i] > 0:
@@ -284,7 +276,7 @@ def _run_lane(plan: dict[str, Any], lane: Lane, groups: tuple[Any, Any], tasks: 
         modules = _refreeze_after_imports(modules)
         print(f"{tag} {time.time():.3f} done {cell.id} {merged.status} {merged.duration_s:.3f}s", flush=True)
         if ctx.rank == 0:
-            stream.append(merged, spec, plan["launch"])
+            stream.append(merged, spec, plan.launch)
 
 
 def _refreeze_after_imports(known: int) -> int:
@@ -306,8 +298,8 @@ def preload(argv: list[str]) -> None:
     import sets first (``harness.backends.RANK_PRELOAD``), once instead of once per rank. A
     module that fails to import here is left to the ranks, which then fail or not as they
     would have; the backends themselves are always imported by the ranks."""
-    plan = json.loads(Path(argv[argv.index("--plan") + 1]).read_text())
-    preload_backends(t["backend"] for t in plan["tasks"])
+    plan = LaunchPlan.read(Path(argv[argv.index("--plan") + 1]))
+    preload_backends(t.backend for t in plan.tasks)
 
 
 def preload_backends(specs: Iterable[str]) -> None:
@@ -340,7 +332,7 @@ def forked(*argv: str) -> int:
       first failed rank it finds among the function entrypoints that ended, in rank order:
       a peer that fails *because* a rank was killed (its collective broke) would otherwise
       often end within the same poll and be named instead of the killed rank, whose signal
-      is what the launcher blames (``harness.launch.torchrun_failure``).
+      is what the launcher blames (``harness.forensics.torchrun_failure``).
     """
     global _FORKED
     _FORKED = True
@@ -363,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="launch plan JSON (written by the launcher or by "
                         "harness.external; under your own torchrun use -m harness.external)")
     args = parser.parse_args(argv)
-    return run(json.loads(Path(args.plan).read_text()))
+    return run(LaunchPlan.read(Path(args.plan)))
 
 
 if __name__ == "__main__":

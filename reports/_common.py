@@ -12,7 +12,7 @@ from typing import Any
 
 # the one status vocabulary (harness.status is tiny and imports nothing heavy)
 from harness import gate
-from harness import ledger
+from harness import ledger as ledgers
 from harness.status import (BAD_STATUSES, GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS,  # noqa: E402,F401
                             STATUSES, counts_text)
 
@@ -159,7 +159,7 @@ def entry_state(e: dict[str, Any], judged: bool = True) -> str:
 
 def stale_line(e: dict[str, Any], record: dict[str, Any]) -> str:
     """What the gate says about a stale entry: a fix landed, delete the entry."""
-    return ledger.stale_message(e["id"], record.get("ledger") or {})
+    return ledgers.stale_message(e["id"], record.get("ledger") or {})
 
 
 def known_refs(cell: dict[str, Any], record: dict[str, Any]) -> list[str]:

@@ -59,11 +59,11 @@ def ledger_for(option: str, info) -> "Ledger | None":
     Raises:
         UsageError: the file is unreadable or malformed.
     """
-    from harness import ledger
+    from harness import ledger as ledgers
 
     try:
-        return ledger.choose(option, info.upstream, info.version)
-    except ledger.LedgerError as exc:
+        return ledgers.choose(option, info.upstream, info.version)
+    except ledgers.LedgerError as exc:
         raise UsageError(str(exc)) from exc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from harness import exitcodes, matrix, preflight, selection
-from harness import ledger as ledger_mod
+from harness import ledger as ledgers
 from harness.commands import _options
 from harness.shape import Example
 from harness.launch import LaunchOptions, launch_cells
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                          device=args.device, example=example)
     launch_cells(cell.world_size, [cell], opts)
     res = ResultStream(run_dir).latest(args.backend)[cell.id]
-    res = ledger_mod.judge(res, ledger.entries if ledger else ())[0]
+    res = ledgers.judge(res, ledger.entries if ledger else ())[0]
     print(detail(res))
     if res.known:
         refs = {e.id: e for e in ledger.entries}

@@ -13,6 +13,7 @@ from harness.shape import Example
 from harness.launch import LaunchOptions
 from harness.record import CellResult
 from harness.selftest import CLEAN, run_selftest, table, write
+from harness.stream import ResultStream
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -81,9 +82,7 @@ def fold_streams(run_dir: Path) -> None:
     is gzipped to ``cells.jsonl.gz``, and the ranks' event reports, folded into those
     verdicts, go; the launch logs and plans are gzipped (``harness.runfolder``).
     ``selftest.json`` and the record hold what the reports show."""
-    stream = run_dir / "cells.jsonl"
-    if stream.exists():
-        runfolder.gzip_in_place(stream)
+    ResultStream(run_dir).compress()
     shutil.rmtree(run_dir / "ranks", ignore_errors=True)
     runfolder.fold_launch_files(run_dir)
 

@@ -9,7 +9,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import exitcodes, matrix, preflight, provenance, recordfile, review, selection, shard
+from harness import exitcodes, matrix, preflight, provenance, recordfile, selection, shard
+from harness import review as reviews
 from harness.backends import split_tree
 from harness.commands import _options, _outcome
 from harness.shape import Example
@@ -170,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
         if ledger is None:
             raise exitcodes.UsageError("--fixes needs a ledger: --ledger FILE (the backend has no shipped one)")
         try:
-            sel["fixes"] = review.required_entries([p for p in args.fixes.split(",") if p], ledger)
-        except review.ReviewError as exc:
+            sel["fixes"] = reviews.required_entries([p for p in args.fixes.split(",") if p], ledger)
+        except reviews.ReviewError as exc:
             raise exitcodes.UsageError(str(exc)) from exc
     elif ledger is not None and split_tree(args.backend)[1] is not None:
         # A TE tree is a change under review, even with no entry required: an entry it fixes

@@ -43,7 +43,7 @@ import torch
 
 from harness import cpu_gemm as _gemm
 from harness import te_tree_scan as _scan
-from harness.te_cpu import cuda_surface as _cuda
+from harness.te_cpu import cuda_surface
 from harness.te_cpu import grouped as _grouped
 from harness.te_cpu import norm as _norm
 
@@ -63,13 +63,13 @@ def _grouped_gemm_minimum(capability: tuple[int, int]) -> int:
 
 #: the grouped GEMM's minimum on the device te-cpu presents by default (Hopper: 13.4); answer
 #: it with :func:`cublaslt_version` to put BF16/FP16 grouped layers on that path
-GROUPED_GEMM_CUBLASLT_VERSION = _grouped_gemm_minimum(_cuda.COMPUTE_CAPABILITY)
+GROUPED_GEMM_CUBLASLT_VERSION = _grouped_gemm_minimum(cuda_surface.COMPUTE_CAPABILITY)
 
 
 def grouped_gemm_cublaslt_version() -> int:
     """The grouped GEMM's minimum for the device presented now: ``harness.te_cpu.device``
     presents Blackwell (13.3) for a recipe that needs it, Hopper (13.4) otherwise."""
-    return _grouped_gemm_minimum(_cuda.capability())
+    return _grouped_gemm_minimum(cuda_surface.capability())
 
 
 #: what ``get_cudnn_version`` answers: cuDNN 9.12.0, TE 2.20's minimum (``MIN_CUDNN_VERSION``)
@@ -416,7 +416,7 @@ def splits_to_offsets_multi(split_sizes: torch.Tensor, device: Any, *, strides: 
     dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     if dev.type not in ("cuda", "cpu"):
         raise RuntimeError(f"device must be CUDA, but got {dev}.")
-    sizes = _cuda.plain(split_sizes)
+    sizes = cuda_surface.plain(split_sizes)
     if sizes.dtype != torch.int64:
         sizes = sizes.to(torch.int64)
     try:
@@ -435,7 +435,7 @@ def get_grouped_gemm_setup_workspace_size(num_tensors: int) -> int:
 def _check_grouped_gemm_requirements(api: str) -> None:
     """``check_grouped_gemm_requirements``: the device and the *run-time* cuBLASLt version
     (what ``get_cublasLt_version`` answers now) must have the grouped GEMM."""
-    sm, version = _cuda.capability(), _CUBLASLT[0]
+    sm, version = cuda_surface.capability(), _CUBLASLT[0]
     if sm < (9, 0):
         raise RuntimeError(f"{api} requires Hopper (SM90) or newer architecture.")
     if version < 130300:
@@ -483,7 +483,7 @@ def _grouped_gemm_binding(name: str, api: str, A: Any, transa: bool, B: Any, tra
     _check_grouped_gemm_requirements(api)
     try:
         _grouped.grouped_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta,
-                              per_group_alpha_beta=_cuda.capability() >= (10, 0), fp32_mode=fp32_mode())
+                              per_group_alpha_beta=cuda_surface.capability() >= (10, 0), fp32_mode=fp32_mode())
         if bias is not None:  # the separate bias-add kernel TE runs after the GEMM (a second rounding)
             row_starts = [m.offset // m.cols if m.cols else 0 for m in d_members]
             scale = None if bias_scale is None else bias_scale.reshape(-1)

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness import te_tree as _te_tree
+from harness import te_tree
 from harness.te_cpu import evidence, extension, interpreter, launch_memo
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
@@ -59,22 +59,22 @@ def installed_version() -> str | None:
         return None
 
 
-def tree() -> _te_tree.Tree | None:
+def tree() -> te_tree.Tree | None:
     """The TE source tree this process follows (``DW_TE_TREE``), None for the installed TE.
 
     Raises:
         TeUnavailable: the variable names a folder that is not a TE tree.
     """
-    value = os.environ.get(_te_tree.ENV, "")
+    value = os.environ.get(te_tree.ENV, "")
     if value not in _TREES:  # asked several times per import: inspect (git) once per path
         try:
-            _TREES[value] = _te_tree.from_env()
-        except _te_tree.TreeError as exc:
+            _TREES[value] = te_tree.from_env()
+        except te_tree.TreeError as exc:
             raise TeUnavailable(str(exc)) from exc
     return _TREES[value]
 
 
-_TREES: dict[str, _te_tree.Tree | None] = {}
+_TREES: dict[str, te_tree.Tree | None] = {}
 
 
 def check_version() -> str:
@@ -187,7 +187,7 @@ def import_te() -> ModuleType:
     return _from_tree(te, source)
 
 
-def _put_first(source: _te_tree.Tree) -> None:
+def _put_first(source: te_tree.Tree) -> None:
     """The tree first on ``sys.path`` (``harness.backends`` already did; a direct
     ``DW_TE_TREE=... import harness.te_cpu`` relies on this)."""
     loaded = sys.modules.get("transformer_engine")
@@ -199,14 +199,14 @@ def _put_first(source: _te_tree.Tree) -> None:
     importlib.invalidate_caches()
 
 
-def _from_tree(te: ModuleType, source: _te_tree.Tree | None) -> ModuleType:
+def _from_tree(te: ModuleType, source: te_tree.Tree | None) -> ModuleType:
     """``te`` itself, after checking that it is the tree's (when a tree is followed)."""
     if source is not None and not source.contains(getattr(te, "__file__", None)):
         raise TeUnavailable(f"imported {te.__file__}, not the tree's ({source.package}/pytorch/__init__.py)")
     return te
 
 
-def _where(exc: BaseException, source: _te_tree.Tree | None) -> str:
+def _where(exc: BaseException, source: te_tree.Tree | None) -> str:
     """`` (raised at transformer_engine/pytorch/x.py:12)``: the innermost TE frame of ``exc``."""
     tb, found = exc.__traceback__, None
     while tb is not None:
@@ -228,7 +228,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 _CANNOT_IMPORT = re.compile(r"cannot import name '([^']+)' from '" + re.escape(extension.MODULE_NAME) + "'")
 
 
-def _import_failure(exc: Exception, source: _te_tree.Tree | None) -> Exception:
+def _import_failure(exc: Exception, source: te_tree.Tree | None) -> Exception:
     """One line for an import of TE that failed (a tree that does not import is bad input)."""
     who = f"the TE tree {source.path}" if source is not None else "TransformerEngine"
     for e in _chain(exc):
