@@ -4,7 +4,7 @@ Run from the repository root: ``python benchmarks/bench_launch.py`` (about 10 mi
 2 CPU cores; ``--quick`` for a smaller version). It measures, in one run:
 
 1. The headline on the ``ci`` preset (every cell, world sizes 1, 2 and 4):
-   (a) the harness, ``harness.launch.launch_cells`` with one launch per world size;
+   (a) the harness, ``harness.launcher.launch.launch_cells`` with one launch per world size;
    (b) the way TransformerEngine's distributed tests run, one torchrun launch per
    configuration (``launch_cells`` called with a single cell), on a seeded random sample
    of ``--sample`` cells of the same selection; its per-cell cost is extrapolated to the
@@ -39,8 +39,9 @@ from typing import Any
 from _common import ROOT, machine, save, table
 
 sys.path.insert(0, str(ROOT))
-from harness import loopback, matrix  # noqa: E402
-from harness.launch import LaunchOptions, launch_cells  # noqa: E402
+from harness import matrix  # noqa: E402
+from harness.launcher import loopback
+from harness.launcher.launch import LaunchOptions, launch_cells  # noqa: E402
 
 _LINE = re.compile(r"^\[rank0\] (\d+\.\d+) (start|done) ")
 
@@ -108,7 +109,7 @@ def floor_command(world_size: int, launcher: list[str] | None = None) -> list[st
     """A launch whose ranks import torch, join a gloo group and leave.
 
     ``launcher``: the command prefix that takes torchrun's options (default: the harness's,
-    ``harness.loopback``).
+    ``harness.launcher.loopback``).
     """
     code = ("import torch, torch.distributed as d; d.init_process_group('gloo'); d.barrier(); "
             "d.destroy_process_group()")

@@ -40,7 +40,8 @@ from _common import ROOT, machine, save, table
 from bench_launch import floor_command, run_cells
 
 sys.path.insert(0, str(ROOT))
-from harness import loopback, matrix  # noqa: E402
+from harness import matrix  # noqa: E402
+from harness.launcher import loopback
 
 #: launcher name -> the command prefix that takes torchrun's options and the script
 LAUNCHERS: dict[str, list[str]] = {

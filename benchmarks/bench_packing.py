@@ -32,7 +32,7 @@ from bench_launch import one_launch_per_cell
 
 sys.path.insert(0, str(ROOT))
 from harness import matrix  # noqa: E402
-from harness.launch import LaunchOptions  # noqa: E402
+from harness.launcher.launch import LaunchOptions  # noqa: E402
 from harness.sweep import SweepSpec, run_sweep  # noqa: E402
 
 BACKEND = "harness.reference"

@@ -15,9 +15,9 @@ import harness.reference as reference
 from fixtures.modules import attach_main_grad, build, load_full
 from fixtures.tensors import seeded
 from harness import weights
-from harness.attach import attach_weight
-from harness.gtp import GTPGroup, GTPWeight
-from harness.hooks import run_forward
+from harness.rank.attach import attach_weight
+from harness.rank.gtp import GTPGroup, GTPWeight
+from harness.rank.hooks import run_forward
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

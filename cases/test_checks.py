@@ -1,6 +1,6 @@
 """The checks themselves: tolerance messages, and planted faults each new check must catch.
 
-Every check in ``harness.runner`` exists to catch something; these tests plant the
+Every check in ``harness.rank.runner`` exists to catch something; these tests plant the
 something (in-process, world size 1) and assert the named check fails - so a check that
 silently stopped checking would turn this file red.
 """
@@ -14,11 +14,12 @@ import torch
 
 import harness.reference as reference
 import harness.reference.prefix as prefix
-from harness import compare, matrix, modules
-from harness.oracle import Reference
+from harness import matrix, modules
+from harness.rank import compare
+from harness.rank.oracle import Reference
 from harness.reference import _core, _modules
 from harness.reference._core import ReferenceImpl
-from harness.runner import RankContext, run_cell
+from harness.rank.runner import RankContext, run_cell
 
 
 def _failed(backend, cell: matrix.Cell) -> set[str]:

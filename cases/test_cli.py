@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, launch, matrix, recordfile
+from harness import cli, matrix, recordfile
+from harness.launcher import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--modules", "linear", "--world-sizes", "2", "--dtypes", "bf16"]

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import exitcodes, gate, recordfile, rejection
+from harness import exitcodes, gate, recordfile
+from harness.rank import rejection
 from harness.matrix import Cell
 from harness.record import RankResult
 from harness.review import review

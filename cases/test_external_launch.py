@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from harness.stream import ResultStream
-from harness import loopback, modules
+from harness import modules
+from harness.launcher import loopback
 from harness import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""A single-machine sweep listens on loopback only (``harness.loopback``, docs/security.md).
+"""A single-machine sweep listens on loopback only (``harness.launcher.loopback``, docs/security.md).
 
 The main test runs a real ``python -m harness sweep`` at world size 2 against
 ``fixtures/faults.py`` in its ``gate`` mode: every rank stops inside the cell until the test

@@ -83,7 +83,8 @@ def test_component_reports_what_is_missing(monkeypatch):
 def test_parent_process_is_never_patched():
     """Selecting, attaching plain weights and checking components leave ``torch`` alone:
     the CPU layers are applied only where Megatron's class is loaded (worker ranks)."""
-    from harness import attach, matrix, megatron_gtp, weights  # noqa: F401
+    from harness import matrix, weights  # noqa: F401
+    from harness.rank import attach, megatron_gtp
 
     matrix.select("ci", {"weight": ["megatron"]})
     weights.unavailable({"megatron"})
@@ -95,7 +96,7 @@ def test_parent_process_is_never_patched():
 SHIMS = textwrap.dedent(r'''
     import os, sys, torch, torch.distributed as dist
     dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
-    from harness import megatron_shims
+    from harness.rank import megatron_shims
     sites = megatron_shims.apply()
     assert megatron_shims.apply() == sites  # idempotent
     e = torch.cuda.Event(external=True); e.record(torch.cuda.current_stream()); e.wait()

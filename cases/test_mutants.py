@@ -27,7 +27,7 @@ import pytest
 from harness import matrix, modules, weights
 from harness.reference import _core, _modules, mutants, ops
 from harness.reference import Linear as RefLinear
-from harness.runner import RankContext, run_cell
+from harness.rank.runner import RankContext, run_cell
 
 GOOD = ("pass", "xfail")
 

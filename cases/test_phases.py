@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import harness.reference as reference
-from harness import compare, matrix, oracle
-from harness.runner import RankContext, run_cell
+from harness import matrix
+from harness.rank import compare, oracle
+from harness.rank.runner import RankContext, run_cell
 from harness.status import HARNESS_ERROR
 
 CELL = matrix.Cell(module="linear", weight="distributed", hooks="off", fused=True, dtype="fp32", world_size=1,
@@ -64,7 +65,7 @@ def test_oracle_that_raises_is_a_harness_bug(monkeypatch):
 
 
 def test_harness_set_up_that_raises_is_a_harness_bug(monkeypatch):
-    import harness.runner as runner
+    import harness.rank.runner as runner
 
     def broken(*args, **kwargs):
         raise KeyError("inputs bug")

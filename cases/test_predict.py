@@ -1,4 +1,4 @@
-"""Defect models (``harness.predict``): the oracle with a known defect applied, as intervals.
+"""Defect models (``harness.rank.predict``): the oracle with a known defect applied, as intervals.
 
 What must hold: rounding to a dtype is exact round-to-nearest-even (subnormals, overflow);
 a sum in a dtype over ranks in any order lands in the modelled interval; a value computed the
@@ -15,8 +15,8 @@ import itertools
 import pytest
 import torch
 
-from harness import compare, oracle, predict
-from harness.inputs import Example, make_inputs, main_grad_start
+from harness.rank import compare, oracle, predict
+from harness.rank.inputs import Example, make_inputs, main_grad_start
 
 BF16 = torch.bfloat16
 

@@ -4,7 +4,7 @@
 - an interrupted sweep keeps every verdict it has, failing ones included (a failing
   ``CellResult`` is falsy: a fold written ``latest.get(id) or skipped`` showed them skipped);
 - ``--resume`` takes the verdicts of a folder that holds only its record (no stream);
-- packing deals cells to lanes of one launch as ``harness.packing`` promises;
+- packing deals cells to lanes of one launch as ``harness.launcher.packing`` promises;
 - a launch plan (``harness.plan``) round-trips, and a plan written before lanes and per-task
   examples existed still loads.
 
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import matrix, packing, recordfile, runfolder, sweep
-from harness.launch import LaunchOptions
-from harness.plan import LaunchPlan, PlanTask
+from harness import matrix, recordfile, runfolder, sweep
+from harness.launcher import packing
+from harness.launcher.launch import LaunchOptions
+from harness.plan import Lane, LaunchPlan, PlanTask
 from harness.record import Check, CellResult, RankResult, RunRecord, load
 from harness.stream import ResultStream
 
@@ -132,7 +133,7 @@ def test_launch_plan_round_trips_and_an_older_plan_loads(tmp_path):
     # set-up keys (defaults as the worker always took them)
     old = LaunchPlan.from_dict({"run_dir": str(tmp_path), "launch": "ws2-0",
                                 "tasks": [{"backend": BACKEND, "cell": c.id} for c in cells[:2]]})
-    assert old.lanes_for(2) == [packing.Lane((0, 1), [0, 1])] and not old.exit_when_done
+    assert old.lanes_for(2) == [Lane((0, 1), [0, 1])] and not old.exit_when_done
     assert (old.device, old.threads_per_rank, old.example, old.collective_timeout) == ("auto", 1, None, 120.0)
     assert [old.examples_of(t) for t in old.tasks] == [0, 0]
 

@@ -7,7 +7,7 @@ wgrad on/off; bias on/off; plain weights and GTP weights injected at world size 
 in-process; fp32/bf16/fp16. Shapes, row splits (zero-row groups included), the input's
 ``requires_grad`` and the ``pad_multiple`` of the GTP weight are drawn by hypothesis.
 
-Tolerances are ``harness.compare``'s derived bound (``harness.compare.bound``: final rounding,
+Tolerances are ``harness.rank.compare``'s derived bound (``harness.rank.compare.bound``: final rounding,
 earlier roundings and fp32 accumulation), with ``u`` the unit roundoff of the dtype the value is produced in (fp32
 ``main_grad`` for fused / distributed-with-main_grad weight gradients, CONTRACTS §2).
 
@@ -26,7 +26,7 @@ from fixtures.modules import (KINDS, WgradHookRecorder, attach_main_grad, bias_n
                               load_full, param_state, weight_names)
 from fixtures.strategies import grouped_case
 from fixtures.tensors import DTYPE_NAMES, DTYPES, assert_within_bound, grouped_linear_f64, pad_rows, seeded, with_start
-from harness.gtp import GTPWeight, inject_gtp
+from harness.rank.gtp import GTPWeight, inject_gtp
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import matrix, runner
+from harness import matrix
+from harness.rank import runner
 from harness.reference import mutants
-from harness.runner import RankContext, run_cell
+from harness.rank.runner import RankContext, run_cell
 from harness.selftest import CLEAN, SelftestResult, _judge
 from fixtures.runs import run_once
 

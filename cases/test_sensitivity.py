@@ -16,7 +16,7 @@ import harness.reference as reference
 from harness import cli, matrix, sensitivity
 from harness.record import Check, CellResult, RankResult, RunRecord, kind_ratios, tensor_kind
 from harness.reference import perturb
-from harness.runner import RankContext, run_cell
+from harness.rank.runner import RankContext, run_cell
 from harness.selftest import SelftestResult
 
 CELL = matrix.Cell.from_id("grouped_linear-plain-hooks_off-fused-bf16-ws1-ddp-mb2-g4-bias-igrad-nodelay")

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, matrix, recordfile, shard
-from harness.cost import cell_cost
+from harness import cli, matrix, recordfile
+from harness.launcher import shard
+from harness.launcher.cost import cell_cost
 from fixtures.ledgers import PREFIX_HOOKS_FAILS
 
 ROOT = Path(__file__).resolve().parents[1]

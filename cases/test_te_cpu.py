@@ -22,7 +22,7 @@ import torch
 from harness import matrix
 from harness.backends import BackendError, probe_backend
 from harness.install import te as te_component
-from harness.launch import LaunchOptions, launch_cells
+from harness.launcher.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
 
 from fixtures.te_script import run_te_script
@@ -119,12 +119,13 @@ def test_tf32_backend_rounds_fp32_gemms_and_is_judged_with_tf32_roundoff() -> No
     proc = _python("""
         import json
         import harness.te_cpu_tf32 as backend
-        from harness import compare, matrix
-        from harness.runner import RankContext, run_cell
+        from harness import matrix
+        from harness.rank import compare
+        from harness.rank.runner import RankContext, run_cell
         cell = matrix.Cell.from_id("linear-plain-hooks_off-unfused-fp32-ws1-ddp-mb1-g1-nobias-igrad-nodelay")
         res = run_cell(backend, cell, RankContext())
-        from harness import oracle
-        from harness.inputs import Example, make_inputs
+        from harness.rank import oracle
+        from harness.rank.inputs import Example, make_inputs
         out = [c for c in res.comparisons if c.name == "mb0.output"][0]
         # the same output judged as IEEE fp32: rebuild the module's output from the cell's inputs
         import torch

@@ -1,4 +1,4 @@
-"""The warm agent (``harness.warm``): the backend probe and the first launch's torchrun agent in
+"""The warm agent (``harness.launcher.warm``): the backend probe and the first launch's torchrun agent in
 one process. What must hold: it describes a backend exactly as the plain probe does, and
 fails with the plain probe's one line; the launch it takes looks like a fresh agent's (its
 command line names the plan: ``cases/test_loopback.py`` finds the ranks by it); one nobody
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import warm
+from harness.launcher import warm
 from harness.backends import BackendError, probe_backend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_an_agent_nobody_takes_ends_when_its_parent_is_killed(tmp_path):
     shutil.copy(ROOT / "fixtures" / "faults.py", backend)
     parent = textwrap.dedent(f"""
         import os, signal
-        from harness import warm
+        from harness.launcher import warm
         warm.probe({str(backend)!r})
         print("probed", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import modules, runinfo
+from harness import modules
 
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
 #: classes a backend may lack; cells of a module whose class is missing are refused before
@@ -283,7 +283,7 @@ class BackendInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the module classes it has (``harness.modules`` ``api`` names); None: not probed
     apis: list[str] | None = None
-    #: the ranks' torch as the probe saw it (``harness.runinfo.torch_facts``); None: not probed
+    #: the ranks' torch as the probe saw it (``torch_facts``); None: not probed
     torch: dict[str, Any] | None = None
 
     def serialize(self) -> dict[str, Any]:
@@ -293,6 +293,19 @@ class BackendInfo:
     def from_dict(cls, d: Mapping[str, Any]) -> "BackendInfo":
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def torch_facts() -> dict[str, Any]:
+    """The torch of this process: version, CUDA build, whether CUDA runs and on how many GPUs.
+
+    The backend probe records them (``BackendInfo.torch``) for the parent,
+    which then never imports torch itself (seconds for every command)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"version": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
+            "gpus": torch.cuda.device_count() if cuda else 0,
+            "gpu_name": torch.cuda.get_device_name(0) if cuda else None}
 
 
 def describe(spec: str, backend: Any) -> BackendInfo:
@@ -328,7 +341,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
                        extra=facts, apis=[a for a in modules.APIS if has_api(backend, a)],
-                       torch=runinfo.torch_facts())
+                       torch=torch_facts())
 
 
 def compiled_origin(tree: Mapping[str, Any] | None) -> dict[str, Any]:

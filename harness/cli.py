@@ -17,7 +17,7 @@ from typing import Any
 
 from harness import exitcodes
 from harness.backends import BackendError
-from harness.launch import LaunchFailure
+from harness.launcher.launch import LaunchFailure
 from harness.matrix import MatrixError
 
 

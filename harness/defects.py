@@ -2,7 +2,7 @@
 
 A ledger entry for a numeric defect states the defect as a *prediction*
 (``{ check = "weight.main_grad", model = "wgrad_in_activation_dtype" }``): the rank computes
-the oracle with that defect applied (``harness.predict``) and judges the check's value against
+the oracle with that defect applied (``harness.rank.predict``) and judges the check's value against
 it with the normal bound, so damage beyond the defect still fails. The rank records, on each
 failing value check, its error/bound ratio under every model that applies to it
 (``Check.models``); the ledger (parent side) matches a model symptom when that ratio is at

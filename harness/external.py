@@ -2,7 +2,7 @@
 
 Every rank builds the same plan from the selection options: the cells of the selection (or
 of its ``--shard K/N``) whose world size divides this launch's, packed onto sub-groups
-(``harness.packing``; ``--packing off``: only the cells of exactly this world size). The
+(``harness.launcher.packing``; ``--packing off``: only the cells of exactly this world size). The
 ranks compare a digest of the cell ids, run them as the launcher's ranks would
 (``harness.worker.run``), and rank 0 folds the run's result stream into the run record and
 renders the reports. Put ``--out`` on a filesystem every node shares.
@@ -15,7 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from harness import assemble, gate, matrix, packing, runinfo, selection
+from harness import assemble, gate, matrix, runinfo, selection
+from harness.launcher import packing
 from harness import ledger as ledgers
 from harness.backends import BackendError, BackendInfo, describe, load_backend
 from harness.exitcodes import BAD_INPUT, UsageError

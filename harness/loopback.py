@@ -54,7 +54,7 @@ a forked rank may still initialize it; the agent's threads (the store server) do
 in a forked rank, which only connects to the store as a client. ``DW_RANK_START=spawn`` gives
 torchrun's own start (what ``-m harness.external`` and any other script always get).
 
-``--warm SPEC`` starts a warm agent (``harness.warm``): the backend probe first, then, handed
+``--warm SPEC`` starts a warm agent (``harness.launcher.warm``): the backend probe first, then, handed
 a launch on its stdin, this entry point with that launch's arguments, environment and log.
 """
 
@@ -68,7 +68,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import warm
+from harness.launcher import warm
+from harness.launcher.loopback import command
 from harness.exitcodes import BAD_INPUT
 
 LOOPBACK_HOST = "127.0.0.1"
@@ -80,21 +81,12 @@ _OWNED_ENV = ("PET_STANDALONE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_MA
 
 _IFF_LOOPBACK = 0x8
 
-#: fork the ranks from the agent (``harness.warm.ranks_forked``)
+#: fork the ranks from the agent (``harness.launcher.warm.ranks_forked``)
 FORK = warm.ranks_forked()
 
 
 class LoopbackError(RuntimeError):
     """The launch cannot be confined to loopback; nothing was started."""
-
-
-def command(*torchrun_args: str) -> list[str]:
-    """The command line that runs torchrun with ``torchrun_args`` on loopback only.
-
-    ``torchrun_args`` are torchrun's options and the training script (``-m harness.worker
-    ...``), without any rendezvous option: the launcher owns those.
-    """
-    return [sys.executable, "-m", "harness.loopback", *torchrun_args]
 
 
 def loopback_interface() -> str:
@@ -172,7 +164,7 @@ def confine_environment() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run torchrun with ``argv`` (torchrun options and the script), confined to loopback;
-    ``--warm SPEC``: first the warm agent's probe and wait (``harness.warm``)."""
+    ``--warm SPEC``: first the warm agent's probe and wait (``harness.launcher.warm``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--warm"] and len(args) == 2:
         args = _warm(args[1])
@@ -194,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _warm(spec: str) -> list[str] | None:
-    """The warm agent (``harness.warm``): preload for ``spec``'s ranks, describe ``spec`` from
+    """The warm agent (``harness.launcher.warm``): preload for ``spec``'s ranks, describe ``spec`` from
     a forked child, print the outcome, then wait for a launch. Returns torchrun's arguments
     with this process's stdout and stderr now the launch's log and its environment the
     launch's, or None when no launch came (stdin closed)."""

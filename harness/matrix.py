@@ -40,7 +40,7 @@ __all__ = [
     "restricts", "sample", "select",
 ]
 
-#: the saved-tensor hook modes a cell's forward runs under (``harness.hooks`` implements them)
+#: the saved-tensor hook modes a cell's forward runs under (``harness.rank.hooks`` implements them)
 HOOK_MODES: tuple[str, ...] = ("off", "identity", "offload", "save_on_cpu", "checkpoint")
 
 _CHOICES: dict[str, tuple[str, ...]] = {

@@ -7,7 +7,7 @@ runs before its GEMM. A new module is one new entry here, not a new branch in th
 the runner and the oracle.
 
 The matrix, the CLI and the reports import this module in the parent process, so it must
-stay free of torch; :mod:`harness.runner` turns a kind into a module inside a rank.
+stay free of torch; :mod:`harness.rank.runner` turns a kind into a module inside a rank.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The launch plan: what every rank of one launch runs, as the launcher hands it over.
 
-The parent side writes it (``harness.launch``, one JSON file per launch under ``plans/``;
+The parent side writes it (``harness.launcher.launch``, one JSON file per launch under ``plans/``;
 ``harness.external``, built by every rank from the same options) and the ranks read it
 (``harness.worker``, and torchrun's agent to preload the plan's backends). Typed here so
 that both sides name its fields the same way; the JSON file keeps the keys it always had,
@@ -15,7 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.packing import Lane
+
+
+@dataclass
+class Lane:
+    """A sub-group of a launch and the indices (into the launch's task list) it runs, in order."""
+
+    ranks: tuple[int, ...]
+    tasks: list[int] = field(default_factory=list)
+
+    def serialize(self) -> dict:
+        return {"ranks": list(self.ranks), "tasks": list(self.tasks)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Lane":
+        return cls(tuple(d["ranks"]), list(d["tasks"]))
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,7 @@ class LaunchPlan:
     run_dir: Path
     launch: str
     tasks: list[PlanTask]
-    #: sub-groups and the task indices each runs (``harness.packing``); None: one lane of
+    #: sub-groups and the task indices each runs (``harness.launcher.packing``); None: one lane of
     #: every rank running every task (a plan written before lanes existed)
     lanes: list[Lane] | None = None
     #: each rank exits as soon as its lanes are done (the launcher's launches); otherwise it

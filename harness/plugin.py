@@ -6,7 +6,7 @@ every collected cell of that world size at once; the rest read their verdicts fr
 launch's result stream. Under pytest-xdist the plugin switches xdist's default ``--dist load``
 to ``loadscope``: every test of a module on one worker, so a module's fixtures run once
 (``loadgroup``'s groups do not reach xdist's scheduler under pytest 9: its node ids drop the
-group suffix). The batches (``harness.batches``) are shared through a file lock anyway, so
+group suffix). The batches (``harness.launcher.batches``) are shared through a file lock anyway, so
 each is launched exactly once whatever the scheduling.
 """
 
@@ -25,7 +25,7 @@ from harness.exitcodes import UsageError
 from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN, label
 
 if TYPE_CHECKING:  # imported when the first cell needs it: the launcher stays out of other pytest runs
-    from harness.batches import BatchRunner
+    from harness.launcher.batches import BatchRunner
 
 T = TypeVar("T")
 
@@ -170,7 +170,7 @@ def _collected(session: pytest.Session) -> list[matrix.Cell]:
 
 def _verdict(get: Callable[[], T]) -> T:
     """``get()``, a cell whose batch ended without its verdict failing its test."""
-    from harness.batches import NoVerdict
+    from harness.launcher.batches import NoVerdict
 
     try:
         return get()
@@ -181,7 +181,7 @@ def _verdict(get: Callable[[], T]) -> T:
 @pytest.fixture(scope="session")
 def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BatchRunner:
     from harness import ledger as ledgers
-    from harness.batches import BatchRunner
+    from harness.launcher.batches import BatchRunner
 
     config = request.config
     out = config.getoption("harness_out")

@@ -6,14 +6,15 @@ in a subprocess with the ranks' environment (``harness.backends.probe_backend``)
 imported here: importing some backends applies a CPU layer to ``torch`` (``te-cpu``) that
 the parent must never see. What cannot be seen from the parent - a rank that cannot import
 something, a rendezvous that never completes - is the launcher's circuit breaker's job
-(``harness.launch.LaunchFailure``).
+(``harness.launcher.launch.LaunchFailure``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from harness import modules, warm
+from harness import modules
+from harness.launcher import warm
 from harness.backends import BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
@@ -21,7 +22,7 @@ from harness.exitcodes import UsageError
 def check_backend(spec: str, keep_warm: bool = False) -> BackendInfo:
     """Import and validate the backend in a subprocess; what it says about itself.
 
-    ``keep_warm``: the subprocess is a warm agent (``harness.warm``) that this process's
+    ``keep_warm``: the subprocess is a warm agent (``harness.launcher.warm``) that this process's
     first launch of the backend takes over, where ranks are forked.
 
     Raises:

@@ -125,7 +125,7 @@ class RankResult:
     error: dict[str, str] | None = None
     #: the backend's path evidence (te-cpu: extension function -> calls), None if it has none
     path: dict[str, int] | None = None
-    #: TE's own record of the execution path it chose (``harness.te_path.Choice.serialize()``:
+    #: TE's own record of the execution path it chose (``harness.rank.te_path.Choice.serialize()``:
     #: path, node, flags, inputs, and the reason when it is not the cell's), None: none recorded
     choice: dict[str, Any] | None = None
 
@@ -168,7 +168,7 @@ def first_failure(ranks: "list[RankResult]") -> str | None:
     return None
 
 
-#: the oracle's value checks per tensor kind (``harness.runner`` names them)
+#: the oracle's value checks per tensor kind (``harness.rank.runner`` names them)
 TENSOR_KINDS: dict[str, tuple[str, ...]] = {
     "output": ("mb*.output",),
     "input_grad": ("mb*.input_grad",),

@@ -36,23 +36,11 @@ def harness_version() -> str:
         return "unknown"
 
 
-def torch_facts() -> dict[str, Any]:
-    """The torch of this process: version, CUDA build, whether CUDA runs and on how many GPUs.
-
-    The backend probe records them (``harness.backends.BackendInfo.torch``) for the parent,
-    which then never imports torch itself (seconds for every command)."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    return {"version": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
-            "gpus": torch.cuda.device_count() if cuda else 0,
-            "gpu_name": torch.cuda.get_device_name(0) if cuda else None}
-
-
 def environment(device: str, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """torch, python, platform, host, device and process-group backend of this run
-    (``facts``: :func:`torch_facts` as the backend probe saw them; None: this process's)."""
-    facts = facts or torch_facts()
+    (``facts``: the ranks' torch as the backend probe saw it, ``harness.backends.torch_facts``;
+    None: not probed - a record built without a probe says so rather than import torch here)."""
+    facts = facts or {"version": None, "cuda": None, "cuda_available": False, "gpus": 0, "gpu_name": None}
     cuda = device in ("auto", "cuda") and facts["cuda_available"]
     return {
         "torch": facts["version"],

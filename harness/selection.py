@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from harness import matrix, shard, weights
+from harness import matrix, weights
+from harness.launcher import shard
 from harness.exitcodes import UsageError
 
 

@@ -1,7 +1,7 @@
 """Self-validation: the clean reference and every planted mutant over one selection.
 
 A harness earns trust by going red on every known fault class and never on correct code.
-All backends share one packed launch (``harness.packing``: the process groups do not depend
+All backends share one packed launch (``harness.launcher.packing``: the process groups do not depend
 on the backend). A mutant only runs the cells of the modules it changes: for the other modules its
 classes *are* the reference's, so their verdicts are the clean run's by construction.
 
@@ -28,8 +28,9 @@ from typing import Any, Callable
 import heapq
 from itertools import combinations
 
-from harness import matrix, packing, sensitivity
-from harness.launch import LaunchOptions, Task, launch_tasks
+from harness import fault_classes, matrix, sensitivity
+from harness.launcher import packing
+from harness.launcher.launch import LaunchOptions, Task, launch_tasks
 from harness.record import CellResult
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
@@ -102,15 +103,13 @@ class SelftestResult:
         }
 
 
-def _judge(mutant: Any, results: list[CellResult]) -> MutantVerdict:
-    from harness.reference.mutants import evidence_found
-
+def _judge(mutant: fault_classes.FaultClass, results: list[CellResult]) -> MutantVerdict:
     v = MutantVerdict(mutant.name, mutant.description, "survived", cells_run=len(results))
     for res in results:
         if res:
             continue
         v.killing_cells.append(res.id)
-        found = evidence_found(mutant, [c for r in res.ranks for c in r.comparisons])
+        found = fault_classes.evidence_found(mutant, [c for r in res.ranks for c in r.comparisons])
         if found and not v.evidence:
             v.evidence = found[:3]
             name, _, message = found[0].partition(": ")
@@ -166,15 +165,13 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     ``clean_examples`` hypothesis-drawn shapes per cell hunt for false alarms on the clean
     reference (mutants need no extra examples: one kill is enough).
     """
-    from harness.reference.mutants import MUTANTS
-
     t0 = time.monotonic()
     stream = ResultStream(opts.run_dir)
     since = stream.size()
     search = sensitivity.Search(cells)
     tasks = [Task(CLEAN, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
-    for name, m in MUTANTS.items():
+    for name, m in fault_classes.CATALOG.items():
         mine = [c for c in cells if c.module in m.modules]
         cover = first_round(mine)
         tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in cover[:FIRST_CELLS]]
@@ -182,7 +179,7 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
         later[name] = [cover[FIRST_CELLS:], [c for c in mine if c not in covered]]
     tasks += search.tasks()
     latest: dict[tuple[str, str], CellResult] = {}
-    rounds = dict.fromkeys(MUTANTS, 1)
+    rounds = dict.fromkeys(fault_classes.CATALOG, 1)
 
     def results_of(backend: str) -> list[CellResult]:
         return [res for (b, _), res in latest.items() if b == backend]
@@ -197,7 +194,7 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
             search.observe(latest)
         tasks = search.tasks()
         for name, pending in later.items():  # not killed by evidence yet: its next round
-            if _judge(MUTANTS[name], results_of(MUTANT_PREFIX + name)).killed:
+            if _judge(fault_classes.CATALOG[name], results_of(MUTANT_PREFIX + name)).killed:
                 pending.clear()
             while pending:
                 round_cells = pending.pop(0)
@@ -206,8 +203,8 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
                     tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in round_cells]
                     break
         later = {n: p for n, p in later.items() if p}
-    results = {CLEAN: results_of(CLEAN), **{MUTANT_PREFIX + n: results_of(MUTANT_PREFIX + n) for n in MUTANTS}}
-    verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in MUTANTS.items()]
+    results = {CLEAN: results_of(CLEAN), **{MUTANT_PREFIX + n: results_of(MUTANT_PREFIX + n) for n in fault_classes.CATALOG}}
+    verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in fault_classes.CATALOG.items()]
     for v in verdicts:
         v.rounds = rounds[v.name]
     return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from harness.launch import Task
+from harness.launcher.launch import Task
 from harness.matrix import Cell
 from harness.record import CellResult, tensor_kind
 from harness.perturbation import KINDS, format_spec

@@ -74,7 +74,7 @@ SEVERITY: tuple[str, ...] = tuple(s.name for s in sorted(TABLE, key=lambda s: s.
 STATUS_LABELS: dict[str, str] = {s.name: s.label for s in TABLE}
 #: the one status a harness bug gets (exit 3, never counted against the backend).
 HARNESS_ERROR = "harness_error"
-#: TE ran another execution path than the cell names (``harness.te_path``): exit 0, but the
+#: TE ran another execution path than the cell names (``harness.rank.te_path``): exit 0, but the
 #: cell counts toward no ledger verdict (a required entry it selects is "not exercised")
 PATH_NOT_TAKEN = "path_not_taken"
 

@@ -1,5 +1,5 @@
 """A sweep: cells -> launch plan (packed: one launch for every world size dividing the
-largest, ``harness.packing``) -> result stream -> run record.
+largest, ``harness.launcher.packing``) -> result stream -> run record.
 
 The run record is a fold of the run folder's result stream (``harness.stream``), refreshed
 while the sweep runs and written at the end, so an interrupted sweep leaves a valid record
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import ledger as ledgers
-from harness import assemble, matrix, packing, runfolder, runinfo
-from harness.launch import LaunchFailure, LaunchOptions, launch_cells
+from harness import assemble, matrix, runfolder, runinfo
+from harness.launcher import packing
+from harness.launcher.launch import LaunchFailure, LaunchOptions, launch_cells
 from harness.record import CellResult, RunRecord, load
 from harness.stream import ResultStream
 

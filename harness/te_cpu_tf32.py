@@ -2,7 +2,7 @@
 
 TE's fp32 GEMMs use ``CUBLAS_COMPUTE_32F_FAST_TF32`` (``common/gemm/cublaslt_gemm.cu``):
 operands keep 10 mantissa bits. This backend rounds fp32 operands to TF32 before the fp32
-product (``harness.cpu_gemm``), declares ``FP32_GEMM = "tf32"``, and the harness then
+product (``harness.rank.cpu_gemm``), declares ``FP32_GEMM = "tf32"``, and the harness then
 judges fp32 cells with TF32's unit roundoff 2^-11 (CONTRACTS §5). The GEMM precision is a
 process-wide setting of the CPU layer, so ``te-cpu`` and ``te-cpu-tf32`` cannot share a
 process: importing this after ``harness.te_cpu`` was imported with IEEE fp32 is an error.

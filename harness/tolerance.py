@@ -1,4 +1,4 @@
-"""The tolerance table of the checks (the bound itself is :mod:`harness.compare`'s), without
+"""The tolerance table of the checks (the bound itself is :mod:`harness.rank.compare`'s), without
 torch: the CLI records it in every run record before any rank starts, and a command that
 launches ranks need not pay torch's import (seconds) in its own process."""
 

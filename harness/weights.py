@@ -1,8 +1,8 @@
 """The ``weight`` axis: what each value means (pure data, no torch).
 
 A cell's weight is ``plain`` (ordinary parameters), one configuration of the harness's own
-GTP weight (:mod:`harness.gtp`), or Megatron-Core's real ``GTPShardedParam``
-(:mod:`harness.megatron_gtp`). The harness weight's configurations are the kind defaults
+GTP weight (:mod:`harness.rank.gtp`), or Megatron-Core's real ``GTPShardedParam``
+(:mod:`harness.rank.megatron_gtp`). The harness weight's configurations are the kind defaults
 (``distributed``) and one variant per behaviour of CONTRACTS §2's "what an implementer may
 do" list, plus ``gtp_mcore`` with every one of them at once and Megatron's way of putting the
 weights into the module (``Behaviour.megatron_attach``, which has no variant of its own:
@@ -10,7 +10,7 @@ docs/decisions.md) - the configuration the differential test
 (``cases/test_megatron_differential.py``) proves equal to Megatron's class.
 
 The matrix, the CLI and the reports import this module in the parent process, so it must
-stay free of torch; :mod:`harness.attach` turns a value into weights inside a rank.
+stay free of torch; :mod:`harness.rank.attach` turns a value into weights inside a rank.
 """
 
 from __future__ import annotations

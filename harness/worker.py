@@ -3,8 +3,8 @@
 Started by torchrun with ``-m harness.worker --plan PLAN`` (a ``harness.plan.LaunchPlan``:
 the launcher's, or the one ``harness.external`` builds under a user's own torchrun); the
 harness's own launches fork the ranks from torchrun's agent instead (``forked``,
-``harness.loopback``). The ranks rebuild the cells from their ids, agree on a digest of the list, load the backends, build the process groups of the
-plan's lanes (``harness.packing``: disjoint sub-groups running cells of smaller world sizes
+``harness.launcher.loopback``). The ranks rebuild the cells from their ids, agree on a digest of the list, load the backends, build the process groups of the
+plan's lanes (``harness.launcher.packing``: disjoint sub-groups running cells of smaller world sizes
 side by side), say they are ready, then run the cells of each of their lanes in order; after
 each cell a lane's ranks exchange their results over the lane's gloo control group and the
 lane's first rank appends the merged verdict to the run's result stream (``harness.stream``)
@@ -42,11 +42,11 @@ import torch.distributed as dist
 from harness import matrix
 from harness import te_tree
 from harness.backends import RANK_PRELOAD, foreign_te_modules, load_backend, resolve, split_tree
-from harness.inputs import Example
-from harness.packing import Lane
+from harness.rank.inputs import Example
+from harness.plan import Lane
 from harness.plan import LaunchPlan
 from harness.record import CellResult, RankResult, kind_ratios
-from harness.runner import RankContext, error_info, run_cell
+from harness.rank.runner import RankContext, error_info, run_cell
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
 from harness.verdict import merge
@@ -253,7 +253,7 @@ def _run_lane(plan: LaunchPlan, lane: Lane, groups: tuple[Any, Any], tasks: list
 
         merged = run_agreed(example)
         if merged and examples[i] > 0:
-            from harness.examples import search
+            from harness.rank.examples import search
 
             ratios = [merged.worst_ratio]
             by_kind = kind_ratios(merged.ranks)
@@ -321,7 +321,7 @@ FAILED_EXIT_DELAY_S = 0.5
 
 
 def forked(*argv: str) -> int:
-    """A rank forked from torchrun's agent (``harness.loopback``): ``main`` in a process that
+    """A rank forked from torchrun's agent (``harness.launcher.loopback``): ``main`` in a process that
     inherited the agent's imports, signal handlers and thread count.
 
     - The agent's handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT raise an exception in the
@@ -332,7 +332,7 @@ def forked(*argv: str) -> int:
       first failed rank it finds among the function entrypoints that ended, in rank order:
       a peer that fails *because* a rank was killed (its collective broke) would otherwise
       often end within the same poll and be named instead of the killed rank, whose signal
-      is what the launcher blames (``harness.forensics.torchrun_failure``).
+      is what the launcher blames (``harness.launcher.forensics.torchrun_failure``).
     """
     global _FORKED
     _FORKED = True

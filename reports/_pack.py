@@ -41,7 +41,7 @@ checks, path]`` with trailing empties dropped:
   ``none``. A thinned cell's kept checks are the flat ``checks`` list of ``[rank, *check]``.
   ``results.json`` remains the full truth;
 * ``path`` is the cell's path evidence, ``[S index]`` of its compact JSON ``{"rank", "choice",
-  "kernels"}``: TE's recorded choice (``harness.te_path``) and the kernels the backend says
+  "kernels"}``: TE's recorded choice (``harness.rank.te_path``) and the kernels the backend says
   TE called, from the rank that took another path than the cell names, else the first rank
   that has any (identical evidence of many cells is one string); absent when none.
 

@@ -8,7 +8,7 @@ from harness import exitcodes, matrix, preflight, selection
 from harness import ledger as ledgers
 from harness.commands import _options
 from harness.shape import Example
-from harness.launch import LaunchOptions, launch_cells
+from harness.launcher.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
 from harness.gate import statuses_exit_code
 from harness.status import label
@@ -63,7 +63,7 @@ def detail(res: CellResult) -> str:
             lines.append(f"    {mark} {c.name:40} {info}".rstrip())
             if not c.ok and c.message:
                 lines.extend("         " + m for m in c.message.splitlines())
-        if r.choice:  # TE's own record of the path it took (harness.te_path)
+        if r.choice:  # TE's own record of the path it took (harness.rank.te_path)
             flags = ", ".join(f"{k}={v!r}" for k, v in (r.choice.get("flags") or {}).items())
             lines.append(f"    path: TE took the {r.choice['path']} path ({r.choice.get('node')}: {flags})")
             if r.choice.get("reason"):

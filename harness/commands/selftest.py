@@ -10,7 +10,7 @@ from pathlib import Path
 from harness import assemble, exitcodes, gate, preflight, runfolder, runinfo, selection
 from harness.commands import _options
 from harness.shape import Example
-from harness.launch import LaunchOptions
+from harness.launcher.launch import LaunchOptions
 from harness.record import CellResult
 from harness.selftest import CLEAN, run_selftest, table, write
 from harness.stream import ResultStream

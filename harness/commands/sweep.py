@@ -9,12 +9,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness import exitcodes, matrix, preflight, provenance, recordfile, selection, shard
+from harness import exitcodes, matrix, preflight, provenance, recordfile, selection
+from harness.launcher import shard
 from harness import review as reviews
 from harness.backends import split_tree
 from harness.commands import _options, _outcome
 from harness.shape import Example
-from harness.launch import LaunchOptions
+from harness.launcher.launch import LaunchOptions
 from harness.record import CellResult, RunRecord, load
 from harness.status import counts_text, label
 from harness.sweep import SweepSpec, run_sweep

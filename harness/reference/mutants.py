@@ -6,47 +6,25 @@ the fault spans two call sites - so the clean reference carries no flag or branc
 of them. Select one as ``harness.reference.mutants:<name>``, e.g.
 ``harness.reference.mutants:shared-grad-buffer`` (the backend loader calls :func:`get`).
 
-Each :class:`Mutant` also says where the fault can show (``min_world_size``, ``modules``)
-and what a kill *about the fault* looks like (``evidence``), so a self-test can tell "the
-harness caught this bug" from "the harness failed for some other reason":
-
-- ``check:<glob>``: a failing check whose name matches the ``fnmatch`` glob
-  (``followers.*_calls``);
-- ``text:<substring>``: a failing check whose message contains the substring - the
-  ``exception`` check carries the backend's exception as ``Type: message``.
-
-A generic torch error text (``GENERIC_TEXTS``: any shape bug raises it) is evidence only
-together with a ``check:`` pattern failing in the same cell; alone it proves only that
-something broke.
+Which faults there are, where each can show and what a kill about it looks like is the
+torch-free catalog :mod:`harness.fault_classes` (docs/fault-classes.md); this module plants
+each in the reference (:data:`IMPLEMENTATIONS`).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import types
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from harness.fault_classes import CATALOG, GEMM_MODULES, MODULE_CLASSES, NORM, FaultClass, evidence_found  # noqa: F401
 from harness.reference import _dw, _modules, _norm, ops, prefix
 from harness.reference._core import GemmCall, ReferenceImpl
 from harness.reference.ops import OpsImpl
 
 __all__ = ["MUTANTS", "Mutant", "backend_from_fault", "evidence_found", "get", "names"]
-
-#: where the GEMM path's faults are planted: the three modules that path was written for.
-#: ``LayerNormLinear`` runs ``Linear``'s very GEMM code in the reference, so planting them
-#: there too would rerun the same code; its own faults are the normalization's (``NORM``).
-ALL_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
-NORM = ("layernorm_linear", "rmsnorm_linear")
-#: torch's own error texts that any shape bug raises: evidence only beside a fault's check
-GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid gradient",
-                 "expected shape compatible with")
-#: the module values whose classes decide "distributed?" in the reference's GroupGemm (the
-#: op-fuser's read their own attributes)
-MODULE_CLASSES = ("linear", "grouped_linear", "grouped_linear_tensor") + NORM
-
 
 # ---- the faults: one mixin per class of docs/fault-classes.md ---------------------------------------
 # Each mixin is placed before ReferenceImpl / OpsImpl in the MRO, so ``super()`` is the
@@ -284,7 +262,7 @@ class _Tf32WhileDeclaringIeee:
     declares IEEE fp32 (no ``FP32_GEMM = "tf32"``), so the harness holds it to u = 2^-24."""
 
     def forward_weights(self, call: GemmCall, weights: Sequence[Any]) -> list[torch.Tensor]:
-        from harness.cpu_gemm import round_to_tf32
+        from harness.rank.cpu_gemm import round_to_tf32
 
         copies = super().forward_weights(call, weights)
         return [round_to_tf32(c) if c.dtype == torch.float32 else c for c in copies]  # Fault
@@ -358,7 +336,7 @@ def _subclass(bases: tuple[type, ...], name: str, qualprefix: str, attrs: dict[s
 def _backend(name: str, description: str, linear: type, grouped: type, ops_grouped: type,
              layernorm: type) -> types.ModuleType:
     backend = types.ModuleType(f"{__name__}:{name}", description)
-    backend.__file__ = __file__  # its code is the reference's (harness.rejection.source_roots)
+    backend.__file__ = __file__  # its code is the reference's (harness.rank.rejection.source_roots)
     backend.__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops"]
     backend.Linear = linear
     backend.GroupedLinear = grouped
@@ -369,7 +347,7 @@ def _backend(name: str, description: str, linear: type, grouped: type, ops_group
 
 
 def backend_from_fault(name: str, description: str, fault: type,
-                       modules: Sequence[str] = ALL_MODULES) -> types.ModuleType:
+                       modules: Sequence[str] = GEMM_MODULES) -> types.ModuleType:
     """A backend whose modules in ``modules`` use ``fault`` over the reference's impl."""
     q = _camel(name)
     linear, grouped, ops_grouped = _modules.Linear, _modules.GroupedLinear, ops.GroupedLinear
@@ -390,154 +368,62 @@ def backend_from_fault(name: str, description: str, fault: type,
 
 @dataclass(frozen=True)
 class Mutant:
-    """One planted fault of docs/fault-classes.md.
+    """One planted fault: its class of docs/fault-classes.md (``harness.fault_classes``) and
+    the backend that plants it.
 
     Attributes:
-        name: the docs/fault-classes.md id; ``harness.reference.mutants:<name>`` selects it.
-        description: one line: what the backend does wrong.
+        fault: the catalog entry (name, description, modules, ``min_world_size``, evidence).
         backend: a backend module (``Linear``, ``GroupedLinear``, ``ops.GroupedLinear``).
-        min_world_size: the smallest world size at which the fault changes anything the
-            contract observes (at ws=1 a shard is the full weight - unless the weight pads
-            to an alignment, as Megatron's does).
-        modules: the cell ``module`` values whose classes deviate; the others are the
-            reference's own classes and must pass.
-        evidence: what a kill about this fault looks like (see the module docstring).
     """
 
-    name: str
-    description: str
+    fault: FaultClass
     backend: types.ModuleType
-    min_world_size: int
-    modules: tuple[str, ...]
-    evidence: tuple[str, ...]
+
+    def __getattr__(self, name: str) -> Any:  # name, description, modules, min_world_size, evidence
+        return getattr(self.fault, name)
 
 
-def _fault(name: str, description: str, fault: type, *, min_world_size: int = 1,
-           modules: Sequence[str] = ALL_MODULES, evidence: Iterable[str]) -> Mutant:
-    return Mutant(name, description, backend_from_fault(name, description, fault, modules),
-                  min_world_size, tuple(modules), tuple(evidence))
+#: the fault class -> the mixin planting it (``hooks-strip-subclass`` is the pre-fix backend itself)
+IMPLEMENTATIONS: dict[str, type] = {
+    "wgrad-compute-dtype": _WgradComputeDtype,
+    "shared-grad-buffer": _SharedGradBuffer,
+    "full-shape-dummy": _FullShapeDummy,
+    "unfused-finalize-dropped": _UnfusedFinalizeDropped,
+    "ops-double-add": _OpsDoubleAdd,
+    "dgrad-forward-copy": _DgradForwardCopy,
+    "per-member-materialize": _PerMemberMaterialize,
+    "dw-fused-hook-skipped": _DwFusedHookSkipped,
+    "delay-with-dw-accepted": _DelayWithDwAccepted,
+    "wgrads-reused-after-finalize": _WgradsReusedAfterFinalize,
+    "main-grad-read-after-finalize": _MainGradReadAfterFinalize,
+    "materialized-copy-kept": _MaterializedCopyKept,
+    "requires-grad-from-copies": _RequiresGradFromCopies,
+    "main-grad-rebound": _MainGradRebound,
+    "wgrad-rounded-through-bf16": _WgradRoundedThroughBf16,
+    "main-grad-accumulated-in-bf16": _MainGradAccumulatedInBf16,
+    "dgrad-with-bf16-weight": _DgradWithBf16Weight,
+    "tf32-declared-ieee": _Tf32WhileDeclaringIeee,
+    "grouped-tensor-path-no-dw": _GroupedTensorPathNoDw,
+    "norm-dgamma-dropped": _NormDgammaDropped,
+    "norm-dbeta-on-gamma": _NormDbetaOnGamma,
+    "norm-zero-centered-ignored-in-backward": _NormZeroCenteredIgnoredInBackward,
+}
 
 
-def _hooks_strip_subclass() -> Mutant:
+def _hooks_strip_subclass(fault: FaultClass) -> types.ModuleType:
     # The pre-fix backend is exactly this fault; the op reads its weights from its own
     # attributes, so its class is the reference's (the control group).
-    name = "hooks-strip-subclass"
-    description = ("backward decides 'distributed?' from the unpacked saved tensor, which "
-                   "saved-tensor hooks turn into a plain Tensor (TE's pre-fix behaviour)")
-    backend = _backend(name, description, prefix.Linear, prefix.GroupedLinear, ops.GroupedLinear,
-                       prefix.LayerNormLinear)
-    return Mutant(name, description, backend, 1, MODULE_CLASSES, (
-        "check:leader.materialize_backward_calls",
-        "text:weight was removed while fuse_wgrad_accumulation=True",
-        "text:shapes cannot be multiplied",  # ws>=2: the plain branch multiplies by the shard
-    ))
+    return _backend(fault.name, fault.description, prefix.Linear, prefix.GroupedLinear, ops.GroupedLinear,
+                    prefix.LayerNormLinear)
 
 
 def _build() -> dict[str, Mutant]:
-    mutants = [
-        _hooks_strip_subclass(),
-        _fault("wgrad-compute-dtype",
-               "a distributed weight's wgrad is computed and reduced in the compute dtype, "
-               "not main_grad's (fused: the GEMM's buffer; unfused: the GEMM's dtype)",
-               _WgradComputeDtype, evidence=("check:finalize_dtypes",)),
-        _fault("shared-grad-buffer",
-               "the leader's grad_buffer() is used for every member of the group, so every "
-               "expert is finalized with the last expert's wgrad",
-               _SharedGradBuffer, modules=("grouped_linear", "ops_grouped_linear"),
-               evidence=("check:weight*.grad_buffer_calls", "check:weight*.main_grad")),
-        _fault("full-shape-dummy",
-               "fused: the dummy gradient returned to autograd has the full (gathered) "
-               "shape instead of the shard's",
-               _FullShapeDummy,
-               evidence=("check:autograd_grad_shape",)),
-        _fault("unfused-finalize-dropped",
-               "unfused: finalize's return value is ignored and autograd receives the local, "
-               "unreduced full wgrad",
-               _UnfusedFinalizeDropped,
-               evidence=("check:autograd_grad_shape", "check:weight*.grad", "check:weight*.main_grad")),
-        _fault("ops-double-add",
-               "ops GroupedLinear accumulates a distributed weight's wgrad into main_grad "
-               "itself and then lets finalize add it too",
-               _OpsDoubleAdd, modules=("ops_grouped_linear",),
-               evidence=("check:weight*.main_grad", "text:must match the size")),
-        _fault("dgrad-forward-copy",
-               "backward reuses the forward's gathered weights (kept on ctx) and never calls "
-               "materialize_group_for_backward",
-               _DgradForwardCopy, evidence=("check:leader.materialize_backward_calls",
-                                            "check:forward_gathers_alive_at_backward",
-                                            "check:mb*.input_grad")),  # gtp_tagged: x2, not x4
-        _fault("per-member-materialize",
-               "materialize_group_for_forward/backward is called on every member instead of "
-               "once through the leader",
-               _PerMemberMaterialize, modules=("grouped_linear", "ops_grouped_linear"),
-               evidence=("check:followers.*_calls",)),
-        _fault("dw-fused-hook-skipped",
-               "backward_dw() fires the wgrad accumulation-and-reduce hooks only on the "
-               "unfused branch",
-               _DwFusedHookSkipped, evidence=("check:wgrad_hook_calls",)),
-        _fault("delay-with-dw-accepted",
-               "delay_wgrad_compute=True with a distributed weight is not rejected up front; "
-               "the delayed wgrad is finalized later in backward_dw()",
-               _DelayWithDwAccepted, evidence=("check:expected_exception",)),
-        # killed only by the harness weight's Megatron behaviours (gtp_* values)
-        _fault("wgrads-reused-after-finalize",
-               "unfused: when finalize returns None (asynchronous), autograd gets the wgrads "
-               "finalize consumed instead",
-               _WgradsReusedAfterFinalize,
-               evidence=("check:weight*.main_grad", "check:autograd_grad_shape")),
-        _fault("main-grad-read-after-finalize",
-               "reads main_grad right after finalize and, finding it not yet updated "
-               "(asynchronous), accumulates its local wgrad into it",
-               _MainGradReadAfterFinalize, evidence=("check:weight*.main_grad",)),
-        _fault("materialized-copy-kept",
-               "computes later microbatches' dgrad with the first backward's materialized "
-               "weights, kept across later materializations",
-               _MaterializedCopyKept, evidence=("check:mb*.input_grad",)),
-        _fault("requires-grad-from-copies",
-               "decides whether the weights need a gradient from the gathered copies' "
-               "requires_grad, so copies without it get no wgrad and no finalize",
-               _RequiresGradFromCopies, evidence=("check:leader.finalize_calls",)),
-        # caught only by an exact check: every value is right
-        _fault("main-grad-rebound",
-               "fused: accumulates the wgrad out of place and rebinds main_grad to the sum "
-               "(values right, the DDP buffer main_grad viewed left behind)",
-               _MainGradRebound, evidence=("check:weight*.main_grad_kept",)),
-        # subtle numeric faults: each killed by a value check
-        _fault("wgrad-rounded-through-bf16",
-               "the weight gradient is rounded once through bf16 before the fp32 main_grad "
-               "accumulation (fused)",
-               _WgradRoundedThroughBf16, evidence=("check:weight*.main_grad",)),
-        _fault("main-grad-accumulated-in-bf16",
-               "fused, plain weights: main_grad accumulated in bf16 instead of fp32",
-               _MainGradAccumulatedInBf16, evidence=("check:weight*.main_grad",)),
-        _fault("dgrad-with-bf16-weight",
-               "fp32 cells: the input gradient is computed with the weight rounded to bf16",
-               _DgradWithBf16Weight, evidence=("check:mb*.input_grad",)),
-        _fault("tf32-declared-ieee",
-               "fp32 forward GEMMs with TF32 operands while the backend declares IEEE fp32",
-               _Tf32WhileDeclaringIeee, evidence=("check:mb*.output",)),
-        _fault("grouped-tensor-path-no-dw",
-               "GroupedLinear's grouped-tensor path keeps the gathered copies for backward "
-               "and runs backward on them as on plain weights (no materialize, no finalize)",
-               _GroupedTensorPathNoDw, modules=("grouped_linear_tensor",),
-               evidence=("check:leader.materialize_backward_calls", "check:leader.finalize_calls",
-                         "check:forward_gathers_alive_at_backward")),
-        # LayerNormLinear's normalization
-        _fault("norm-dgamma-dropped",
-               "LayerNormLinear: the normalization's backward drops the layer_norm_weight "
-               "gradient", _NormDgammaDropped, modules=NORM,
-               evidence=("check:layer_norm_weight.*",)),
-        _fault("norm-dbeta-on-gamma",
-               "LayerNormLinear (LayerNorm): the layer-norm bias gradient is delivered to "
-               "layer_norm_weight and the scale's to layer_norm_bias",
-               _NormDbetaOnGamma, modules=("layernorm_linear",),
-               evidence=("check:layer_norm_weight.*", "check:layer_norm_bias.*")),
-        _fault("norm-zero-centered-ignored-in-backward",
-               "LayerNormLinear with zero_centered_gamma: the input gradient scales by gamma "
-               "instead of 1 + gamma", _NormZeroCenteredIgnoredInBackward,
-               modules=("layernorm_linear",), evidence=("check:mb*.input_grad",)),
-    ]
-    return {m.name: m for m in mutants}
+    out = {}
+    for fault in CATALOG.values():
+        backend = (_hooks_strip_subclass(fault) if fault.name == "hooks-strip-subclass" else
+                   backend_from_fault(fault.name, fault.description, IMPLEMENTATIONS[fault.name], fault.modules))
+        out[fault.name] = Mutant(fault, backend)
+    return out
 
 
 MUTANTS: dict[str, Mutant] = _build()
@@ -565,29 +451,3 @@ def __getattr__(attr: str) -> types.ModuleType:
     if attr in MUTANTS:
         return MUTANTS[attr].backend
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-
-
-def evidence_found(mutant: Mutant, checks: Iterable[Any]) -> list[str]:
-    """The failing checks that are evidence of ``mutant``'s fault, as ``name: message``.
-
-    Args:
-        mutant: the mutant whose ``evidence`` patterns to match.
-        checks: ``Check`` objects (or dicts with ``name``/``ok``/``message``), e.g. every
-            rank's ``RankResult.comparisons`` of a killed cell.
-    """
-    found, generic, by_check = [], [], False
-    for c in checks:
-        get_ = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
-        if get_("ok"):
-            continue
-        cname, message = get_("name") or "", get_("message") or ""
-        for pattern in mutant.evidence:
-            kind, _, value = pattern.partition(":")
-            if kind == "check" and fnmatch.fnmatchcase(cname, value):
-                found.append(f"{cname}: {message}".strip())
-                by_check = True
-                break
-            if kind == "text" and value in message:
-                (generic if any(g in value for g in GENERIC_TEXTS) else found).append(f"{cname}: {message}".strip())
-                break
-    return found + generic if by_check else found

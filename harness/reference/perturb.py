@@ -2,7 +2,7 @@
 
 How small an error does the harness catch? Each backend of this family is the reference
 with some GEMM results scaled by ``1 + k * u`` - ``u`` the unit roundoff of the dtype the
-result is produced in, the one the tolerance charges for it (``harness.compare``) - and
+result is produced in, the one the tolerance charges for it (``harness.rank.compare``) - and
 rounded back to that dtype, per cell dtype and tensor kind:
 
 - ``output``: the forward GEMM (``mb*.output``);
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from harness.compare import UNIT_ROUNDOFF
-from harness.inputs import DTYPES
+from harness.rank.compare import UNIT_ROUNDOFF
+from harness.rank.inputs import DTYPES
 from harness.perturbation import KINDS, format_spec, parse
 from harness.reference.mutants import backend_from_fault
 

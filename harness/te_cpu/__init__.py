@@ -3,7 +3,7 @@
 Importing this package *applies the CPU layer* to the running process - the
 ``torch.cuda`` surface TE touches (:mod:`.cuda_surface`), a CPU module standing in for the
 compiled ``transformer_engine_torch`` extension (:mod:`.extension`, GEMM numerics in
-:mod:`harness.cpu_gemm`) - and then imports the installed ``transformer_engine.pytorch``
+:mod:`harness.rank.cpu_gemm`) - and then imports the installed ``transformer_engine.pytorch``
 (:mod:`.loader`) - or, with ``--backend te-cpu@TREE`` (``DW_TE_TREE``), the one of a TE
 source tree (:mod:`harness.te_tree`), whose version, commit and path ``describe()`` reports
 (``te_tree``). Only worker ranks and the backend probe (``harness.backends.probe_backend``,
@@ -17,7 +17,7 @@ on CUDA, and the run's fp32 tolerance follows this value (CONTRACTS §5).
 ``path_evidence()`` says which extension kernels TE called since ``reset_path_evidence()``:
 the proof of which TE code path a cell ran; ``DW_TE_CPU_EVIDENCE=off`` at import leaves both
 out, so the path is judged from TE's own record of its choice alone, as on a GPU
-(``harness.te_path``). ``DW_TE_CPU_CUBLASLT`` (``12.9.1`` or ``120901``) is the cuBLASLt
+(``harness.rank.te_path``). ``DW_TE_CPU_CUBLASLT`` (``12.9.1`` or ``120901``) is the cuBLASLt
 version te-cpu answers in the cells of a grouped-tensor path (default: the grouped GEMM's
 minimum): one below TE's threshold makes that path unavailable, as TE sees it on such a
 machine (:func:`use_path`).
@@ -95,7 +95,7 @@ def use_path(path: str) -> None:
 
 def harness_reads() -> Any:
     """``with backend.harness_reads(): ...``: what the harness calls inside to read TE's state
-    (its path choice's inputs, ``harness.te_path``) is not counted as TE's kernel calls."""
+    (its path choice's inputs, ``harness.rank.te_path``) is not counted as TE's kernel calls."""
     return evidence.paused()
 
 

@@ -5,7 +5,7 @@ normalization before ``LayerNormLinear``'s GEMM, ...); the kernels TE actually c
 which one ran. Each kernel of :data:`harness.te_cpu.extension.KERNELS` is wrapped once, when
 the extension module is built, with a counter; the runner resets the counts before a cell
 and reads them after it (``harness.te_cpu.path_evidence``). What the harness itself calls to
-read TE's state (``harness.te_path`` asks TE's path predicate what it sees) runs under
+read TE's state (``harness.rank.te_path`` asks TE's path predicate what it sees) runs under
 :func:`paused`: it is not TE's doing, so it is not counted.
 """
 

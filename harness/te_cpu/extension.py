@@ -8,7 +8,7 @@ is registered under that name inside a worker rank (never in the parent process)
   ``pytorch/csrc/common.h``);
 - real CPU kernels for what the ``Linear``, ``LayerNormLinear``, ``GroupedLinear`` and
   ``ops.GroupedLinear`` paths call: ``generic_gemm`` and ``te_general_grouped_gemm``
-  (numerics in :mod:`harness.cpu_gemm`), ``layernorm_fwd``, ``layernorm_bwd``,
+  (numerics in :mod:`harness.rank.cpu_gemm`), ``layernorm_fwd``, ``layernorm_bwd``,
   ``rmsnorm_fwd`` and ``rmsnorm_bwd`` (numerics in :mod:`harness.te_cpu.norm`), and the
   grouped-tensor path's ``splits_to_offsets_multi``, ``get_grouped_gemm_setup_workspace_size``
   and ``te_general_grouped_gemm_for_{grouped_tensor,discrete_in,discrete_out}`` (numerics in
@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from harness import cpu_gemm as _gemm
+from harness.rank import cpu_gemm as _gemm
 from harness import te_tree_scan as _scan
 from harness.te_cpu import cuda_surface
 from harness.te_cpu import grouped as _grouped

@@ -4,7 +4,7 @@ grouped bias add.
 The kernels behind the te-cpu extension's ``splits_to_offsets_multi`` and
 ``te_general_grouped_gemm_for_{grouped_tensor,discrete_in,discrete_out}``
 (:mod:`harness.te_cpu.extension` adapts them to TE's binding signatures). Plain torch
-functions on top of :mod:`harness.cpu_gemm`: they import nothing from the CPU layer, so a
+functions on top of :mod:`harness.rank.cpu_gemm`: they import nothing from the CPU layer, so a
 test may load this file by path without applying the layer to its process.
 
 What TE 2.20's common library does on these paths, reproduced here:
@@ -20,7 +20,7 @@ What TE 2.20's common library does on these paths, reproduced here:
   (``TensorShapeInfo`` / ``compute_grouped_tensor_offset`` in ``cublaslt_grouped_gemm.cu``).
 - ``nvte_grouped_gemm*``: per member, ``D = alpha * op(B) @ op(A) + beta * C`` with C = D,
   operands widened exactly, fp32 accumulation, one rounding to D's dtype (BF16, FP16 or
-  FP32) - :func:`harness.cpu_gemm.gemm` per group. Operands must be BF16/FP16 ("Grouped
+  FP32) - :func:`harness.rank.cpu_gemm.gemm` per group. Operands must be BF16/FP16 ("Grouped
   GEMM inputs must be FP8, BF16, or FP16"): cuBLASLt's grouped GEMM has no FP32 operands,
   which is why TE's gates send fp32 to the split-quantize path. A member with an empty
   reduction gets ``beta * C`` (zeros when ``beta == 0``). Hopper takes one alpha/beta for
@@ -32,7 +32,7 @@ What TE 2.20's common library does on these paths, reproduced here:
   kernel's vector width (8 for 16-bit, 4 for fp32 outputs).
 
 Writes go through ``.data`` under ``torch.no_grad()`` (raw device memory, as in
-:mod:`harness.cpu_gemm`).
+:mod:`harness.rank.cpu_gemm`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from harness import cpu_gemm as _gemm
+from harness.rank import cpu_gemm as _gemm
 
 #: operand dtypes cuBLASLt's grouped GEMM takes without quantization
 OPERAND_DTYPES = (torch.bfloat16, torch.float16)
@@ -176,7 +176,7 @@ def grouped_gemm(A: Sequence[torch.Tensor], transa: bool, B: Sequence[torch.Tens
     Raises:
         GroupedError: operand or output dtypes the grouped GEMM does not take, mismatched
             group counts, wrong alpha/beta sizes.
-        harness.cpu_gemm.GemmError: a group's shapes do not multiply.
+        harness.rank.cpu_gemm.GemmError: a group's shapes do not multiply.
     """
     n = len(A)
     if len(B) != n or len(D) != n:

@@ -21,7 +21,7 @@ backend, not cuDNN) widen every operand to fp32 (``compute_t = float``) and roun
 Shapes follow TE's extension: the input is flattened to 2-D over its leading dimensions
 (``get_2d_dims``), the output keeps the input's shape, the statistics have one value per
 row. A preallocated output is written through ``.data`` (raw memory, invisible to autograd,
-as the CUDA kernel writes it - see :mod:`harness.cpu_gemm`).
+as the CUDA kernel writes it - see :mod:`harness.rank.cpu_gemm`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A GEMM of quantized operands, as TE's cuBLASLt call computes it, on CPU.
 
 TE's ``generic_gemm`` computes, in row-major terms, ``D = alpha * op(B) @ op(A) + beta * D``
-(``harness.cpu_gemm``). With quantized operands cuBLASLt multiplies the stored low-precision
+(``harness.rank.cpu_gemm``). With quantized operands cuBLASLt multiplies the stored low-precision
 values, accumulates in fp32 and applies the scales (``common/gemm/cublaslt_gemm.cu``):
 
 - per-tensor FP8 (``CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F``): the accumulator times

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.inputs import main_grad_start
+from harness.rank.inputs import main_grad_start
 
 CONSUMERS = ("ddp", "autograd")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.hooks import forward_executions
+from harness.rank.hooks import forward_executions
 from harness.record import Check
 
 #: the check kind of every twin check: reports show twin failures as their own kind

@@ -22,7 +22,7 @@ from filelock import FileLock, Timeout
 
 from harness import matrix, preflight
 from harness import ledger as ledgers
-from harness.launch import LaunchFailure, LaunchOptions, launch_cells
+from harness.launcher.launch import LaunchFailure, LaunchOptions, launch_cells
 from harness.record import CellResult
 from harness.stream import ResultStream
 

@@ -7,31 +7,16 @@ rank waits in a collective for a peer still busy elsewhere. Within the launch a 
 ever talks to its lane's peers (its own process groups), so a fault stays in its lane.
 
 Cells go to lanes by longest-processing-time first over the ranks' expected finish times
-(``harness.cost``), across phases; each lane keeps its cells in selection order.
+(``harness.launcher.cost``), across phases; each lane keeps its cells in selection order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
-from harness.cost import cell_cost
+from harness.launcher.cost import cell_cost
+from harness.plan import Lane
 from harness.matrix import Cell
-
-
-@dataclass
-class Lane:
-    """A sub-group of a launch and the indices (into the launch's task list) it runs, in order."""
-
-    ranks: tuple[int, ...]
-    tasks: list[int] = field(default_factory=list)
-
-    def serialize(self) -> dict:
-        return {"ranks": list(self.ranks), "tasks": list(self.tasks)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Lane":
-        return cls(tuple(d["ranks"]), list(d["tasks"]))
 
 
 def launch_groups(cells: Sequence[Cell], packing: bool = True, slots: int = 0) -> list[tuple[int, list[int]]]:

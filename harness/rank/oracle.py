@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.inputs import CellInputs, Norm
+from harness.rank.inputs import CellInputs, Norm
 
 F64 = torch.float64
 
@@ -95,7 +95,7 @@ def _group_rows(splits: list[int]) -> list[slice]:
 @dataclass
 class WgradTerm:
     """One rank's wgrad GEMM (or bias reduction) of one microbatch for one group member, exact
-    (float64): what a defect model rounds (``harness.predict``)."""
+    (float64): what a defect model rounds (``harness.rank.predict``)."""
 
     value: torch.Tensor
     magnitude: torch.Tensor
@@ -234,7 +234,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
 
 
 def increment_roundings(microbatches: int, world: int) -> int:
-    """Sequential roundings behind a weight or bias gradient's increment (``harness.compare``).
+    """Sequential roundings behind a weight or bias gradient's increment (``harness.rank.compare``).
 
     One per microbatch's GEMM (or bias reduction) and one per accumulation of the next
     microbatch, ``W - 1`` adds of the cross-rank reduction and the ``1/W`` scale: each

@@ -37,7 +37,7 @@ MARKER = "dw-harness-warm-probe "
 
 
 def ranks_forked() -> bool:
-    """Whether torchrun's agent forks the harness's ranks (``harness.loopback``): on Linux,
+    """Whether torchrun's agent forks the harness's ranks (``harness.launcher.loopback``): on Linux,
     unless ``DW_RANK_START=spawn`` (macOS's system libraries are not fork-safe)."""
     return sys.platform.startswith("linux") and os.environ.get("DW_RANK_START", "fork") == "fork"
 

@@ -19,13 +19,14 @@ from typing import Any, Iterator
 
 import torch
 
-from harness import compare, modules, oracle, predict, rejection, te_path, twin, weights
-from harness.consumer import Consumer
-from harness.faults import BackendFault
-from harness.attach import attach_weight
-from harness.gtp import GTPGroup, weight_names
-from harness.hooks import forward_executions, run_forward
-from harness.inputs import DTYPES, CellInputs, Example, make_inputs
+from harness import modules, weights
+from harness.rank import compare, oracle, predict, rejection, te_path, twin
+from harness.rank.consumer import Consumer
+from harness.rank.faults import BackendFault
+from harness.rank.attach import attach_weight
+from harness.rank.gtp import GTPGroup, weight_names
+from harness.rank.hooks import forward_executions, run_forward
+from harness.rank.inputs import DTYPES, CellInputs, Example, make_inputs
 from harness.matrix import Cell
 from harness.record import Check, RankResult
 from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN
@@ -112,7 +113,7 @@ class _Step:
     dgrads: list[torch.Tensor | None] = field(default_factory=list)
     #: most forward-gathered weights alive between a forward and its backward
     live_gathers: int = 0
-    #: TE's recorded path choice of each forward (``harness.te_path``; None: none recorded)
+    #: TE's recorded path choice of each forward (``harness.rank.te_path``; None: none recorded)
     choices: list[te_path.Choice | None] = field(default_factory=list)
 
 
@@ -214,7 +215,7 @@ def _path_mismatch(result: RankResult, why: str) -> None:
 
 def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,
                      result: RankResult, kept: twin.Kept) -> None:
-    """Run the hooks-off twin on the same inputs and start values; judge bitwise (``harness.twin``)."""
+    """Run the hooks-off twin on the same inputs and start values; judge bitwise (``harness.rank.twin``)."""
     twin_kept = twin.Kept()
     twin_cell = dataclasses.replace(cell, hooks="off")
     twin_result = _run_cell(backend, twin_cell, ctx, example, seed=cell.seed, kept=twin_kept, judge=False)
@@ -287,7 +288,7 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
     with _owned("harness", "checks", cell):
         if kept is not None:
             _keep(kept, step, consumer, gtp)
-        # a twin is judged only against its hooked cell (harness.twin), not the oracle
+        # a twin is judged only against its hooked cell (harness.rank.twin), not the oracle
         checks = _checks(cell, inputs, ctx, module, consumer, gtp, step, fp32_gemm) if judge else []
     return RankResult(ctx.rank, "pass" if all(c.ok for c in checks) else "fail", checks)
 

@@ -8,7 +8,7 @@ replaces ``torch.storage._load_from_bytes`` - so unless the process already impo
 Megatron, the three parent packages are registered as bare namespace packages pointing at
 the installed folders and only the GTP module and what it imports are executed. The module
 imports TransformerEngine at import time (without TE it sets ``HAVE_TE = False`` and GTP
-is unusable), so :mod:`harness.te_cpu` is applied first, then :mod:`harness.megatron_shims`.
+is unusable), so :mod:`harness.te_cpu` is applied first, then :mod:`harness.rank.megatron_shims`.
 Both patch ``torch`` process-wide: only worker ranks (and the differential test's ranks)
 call :func:`load`.
 
@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from harness import weights
-from harness.gtp import CallLog, weight_names
+from harness.rank.gtp import CallLog, weight_names
 
 __all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "reset_state", "GTP_MODULE"]
 
@@ -88,7 +88,7 @@ def load() -> types.ModuleType:
             import harness.te_cpu  # noqa: F401  (applies TE's CPU layer and imports TE)
         except ImportError as exc:
             raise MegatronUnavailable(f"TransformerEngine for Megatron's GTP: {exc}") from exc
-        from harness import megatron_shims
+        from harness.rank import megatron_shims
 
         megatron_shims.apply()
     if "megatron" not in sys.modules:

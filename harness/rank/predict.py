@@ -8,7 +8,7 @@ neighbours are kept. Each rounding is monotone, so a value known to lie in ``[lo
 into ``[RN(lo), RN(hi)]``; a sum in the dtype over ranks whose order is unknown is the union
 over every order (every binary tree of at most four ranks), else the classical
 ``(W - 1) * u * sum|terms|`` around the exact sum. The check's ratio under the model is its
-largest distance outside the interval over the check's *normal* bound (``harness.compare``):
+largest distance outside the interval over the check's *normal* bound (``harness.rank.compare``):
 what the model does not predict must stay within the tolerance the check always has, so any
 damage beyond the defect still fails.
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from harness import compare, oracle
-from harness.inputs import CellInputs
+from harness.rank import compare, oracle
+from harness.rank.inputs import CellInputs
 from harness.tolerance import UNIT_ROUNDOFF
 
 F64 = torch.float64

@@ -2,7 +2,7 @@
 
 Each launch runs in its own process session so that a timeout or an interrupt can end the
 whole tree (torchrun and every rank) with one ``killpg``; each launch binds a free loopback
-port for its rendezvous (``harness.loopback``), so parallel launches (pytest-xdist) cannot
+port for its rendezvous (``harness.launcher.loopback``), so parallel launches (pytest-xdist) cannot
 collide and nothing listens beyond loopback.
 
 The launcher watches three things while a launch runs: the run's result stream (verdicts:
@@ -11,9 +11,9 @@ failed while its peers may be stuck in a collective), and the process itself (a 
 ends torchrun). When a launch stops making progress - a peer stuck after a failure, a cell
 past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each rank's
 faulthandler writes its stacks into its log), appends the cell in flight to the result
-stream with every rank's evidence (read from the logs and reports by ``harness.forensics``),
+stream with every rank's evidence (read from the logs and reports by ``harness.launcher.forensics``),
 and starts a fresh launch for the cells left. A launch of W ranks runs its cells on lanes
-(``harness.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
+(``harness.launcher.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
 per lane, so a fault is blamed on its lane's cell and the other lanes' verdicts stand.
 
 A launch that ends before every rank is ready ran no cell: it is a launch failure, retried
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness import forensics, loopback, packing, warm
+from harness.launcher import forensics, loopback, packing, warm
 from harness.matrix import Cell
-from harness.packing import Lane
+from harness.plan import Lane
 from harness.plan import LaunchPlan, PlanTask
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.stream import LineTail, ResultStream
@@ -89,13 +89,13 @@ class LaunchOptions:
 
 
 def torchrun_args(world_size: int, plan_path: Path) -> list[str]:
-    """torchrun's options and script for one launch (the rendezvous is ``harness.loopback``'s)."""
+    """torchrun's options and script for one launch (the rendezvous is ``harness.launcher.loopback``'s)."""
     return ["--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
             "-m", "harness.worker", "--plan", str(plan_path)]
 
 
 def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
-    """torchrun on this machine, every listening socket on loopback (``harness.loopback``)."""
+    """torchrun on this machine, every listening socket on loopback (``harness.launcher.loopback``)."""
     return loopback.command(*torchrun_args(world_size, plan_path))
 
 
@@ -119,7 +119,7 @@ def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
 
 @dataclass
 class _LaneState:
-    """A lane of a launch (``harness.packing``) and how far it got."""
+    """A lane of a launch (``harness.launcher.packing``) and how far it got."""
 
     lane: Lane
     done: int = 0
@@ -197,7 +197,7 @@ class _Launch:
         plan.write(plan_path)
         env = warm.agent_env(self.opts.threads_per_rank, self.opts.extra_env)
         self._log = open(self.log_dir / "torchrun.log", "w")
-        # the backend probe's warm agent, if it preloaded what these ranks need (harness.warm)
+        # the backend probe's warm agent, if it preloaded what these ranks need (harness.launcher.warm)
         taken = warm.take({t.backend for t in self.tasks}, torchrun_args(self.world_size, plan_path), env,
                           self.log_dir / "torchrun.log")
         if taken is not None:
@@ -242,7 +242,7 @@ class _Launch:
         return min(times) if times else None
 
     def startup_cause(self, why: str) -> str:
-        """Why the launch never started, from its ranks' reports and logs (``harness.forensics``)."""
+        """Why the launch never started, from its ranks' reports and logs (``harness.launcher.forensics``)."""
         return forensics.startup_cause(self.startup_errors, self.log_dir, why)
 
     def settle(self, ls: _LaneState) -> list[tuple[str, CellResult]]:
@@ -331,7 +331,7 @@ def launch_tasks(width: int, tasks: list[Task], opts: LaunchOptions,
     """Run ``tasks`` in launches of ``width`` ranks until each has a verdict in the result stream.
 
     Every task's world size must divide ``width``: a task of world size k runs on one of the
-    launch's lanes of k ranks (``harness.packing``), beside the other lanes. A launch that
+    launch's lanes of k ranks (``harness.launcher.packing``), beside the other lanes. A launch that
     loses a cell (crash, hang) is replaced by a fresh one for the cells left: the verdicts
     already in the stream are kept, the cells in flight on other lanes run again. A launch
     that ends before any cell started is a launch failure: retried, and after

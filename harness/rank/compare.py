@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from harness.faults import HarnessBug  # noqa: F401 (re-exported: runner raises compare.HarnessBug)
-from harness.oracle import Reference
+from harness.rank.faults import HarnessBug  # noqa: F401 (re-exported: runner raises compare.HarnessBug)
+from harness.rank.oracle import Reference
 from harness.record import Check
 from harness.tolerance import (ACCUMULATION, MARGIN, OUT_DTYPE, UNDERFLOW, UNIT_ROUNDOFF,  # noqa: F401 (re-exported)
                                gemm_dtype, policy)

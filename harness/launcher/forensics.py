@@ -1,6 +1,6 @@
 """Why a launch ended, read from what it left behind: rank logs, torchrun's log, reports.
 
-The launcher (``harness.launch``) decides *when* to end a launch; this module says *why* it
+The launcher (``harness.launcher.launch``) decides *when* to end a launch; this module says *why* it
 failed and *who* failed first, from the evidence: torchrun's failure summary (the first
 failed rank and its exit code or signal), each rank's log from the start of the cell in
 flight (its traceback, or the stacks faulthandler dumped on SIGTERM), the last

@@ -2,7 +2,7 @@
 
 Every shard of a selection is computed from the same list of cells in the same way, on any
 machine, so N CI jobs (or nodes) that each run ``--shard K/N`` cover the selection exactly
-once between them. Cells are dealt by longest-processing-time first (``harness.cost``) to
+once between them. Cells are dealt by longest-processing-time first (``harness.launcher.cost``) to
 the shard with the least expected work, ties to the lower shard; each shard keeps its
 cells in selection order. ``merge`` joins the shards' run folders again.
 """
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.cost import cell_cost
+from harness.launcher.cost import cell_cost
 from harness.exitcodes import UsageError
 from harness.matrix import Cell
 

@@ -1,8 +1,8 @@
 """Whose fault a failure is: the backend's (a verdict) or the harness's own (a bug, exit 3).
 
 Both exceptions live here, beside each other, because every place that runs a cell must tell
-them apart: ``harness.runner`` tags each phase of a cell with its owner and raises one or the
-other; ``harness.compare`` raises ``HarnessBug`` from its checks. Pure Python (no torch).
+them apart: ``harness.rank.runner`` tags each phase of a cell with its owner and raises one or the
+other; ``harness.rank.compare`` raises ``HarnessBug`` from its checks. Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -20,6 +20,6 @@ class BackendFault(Exception):
 class HarnessBug(RuntimeError):
     """The harness itself failed (set-up, oracle, checks); never a verdict on the backend.
 
-    ``harness.runner`` raises it for any exception of a harness-owned phase; the cell's
+    ``harness.rank.runner`` raises it for any exception of a harness-owned phase; the cell's
     status is then ``harness_error`` and the run exits 3.
     """

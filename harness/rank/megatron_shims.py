@@ -1,9 +1,9 @@
 """What Megatron-Core's GTP weight needs on CPU and gloo, answered - inside a worker rank only.
 
 Megatron's ``GTPShardedParam`` (0.19.2) is written for CUDA and NCCL. TE's own ``torch.cuda``
-sites are answered by :mod:`harness.te_cpu` (which :mod:`harness.megatron_gtp` applies
+sites are answered by :mod:`harness.te_cpu` (which :mod:`harness.rank.megatron_gtp` applies
 first); this module answers the few that only Megatron reaches, listed in :data:`SITES`.
-It is applied by :func:`apply`, called only by :mod:`harness.megatron_gtp` when a rank loads
+It is applied by :func:`apply`, called only by :mod:`harness.rank.megatron_gtp` when a rank loads
 Megatron's class - never in the parent process or pytest's. Each answer is exact on CPU:
 
 - Events and streams order GPU work; CPU work is done when a call returns, and Megatron

@@ -21,7 +21,8 @@ from typing import Any, Callable, Protocol
 import torch
 import torch.distributed as dist
 
-from harness import gtp, weights
+from harness import weights
+from harness.rank import gtp
 
 __all__ = ["ShardedGroup", "ChainHead", "attach_weight"]
 
@@ -87,7 +88,7 @@ class ChainHead:
 
 def _maker(kind: weights.WeightKind, group: Any) -> Maker:
     if kind.implementer == "megatron":
-        from harness import megatron_gtp
+        from harness.rank import megatron_gtp
 
         if group is None and not dist.is_initialized():
             raise ValueError("Megatron's GTP weight needs a process group (torch.distributed "
