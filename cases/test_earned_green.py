@@ -24,7 +24,7 @@ from harness.matrix import Cell
 from harness.record import RankResult
 from harness.review import review
 from harness.status import BY_NAME, SEVERITY, STATUSES
-from harness.verdict import cell_status
+from harness.fold import cell_status
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ('[[entry]]\nid = "followers-forward"\ntitle = "followers materialize"\nupstream = "unreported"\n'

@@ -12,7 +12,7 @@ import types
 import pytest
 
 import harness.reference as reference
-from harness import modules, verdict
+from harness import fold, modules
 from harness.rank import te_path
 from harness.commands import repro
 from harness.matrix import Cell
@@ -170,7 +170,7 @@ def test_te_choosing_another_path_is_path_not_taken_with_tes_reason(calls):
     assert result.choice["reason"] == UNAVAILABLE and result.choice["node"] == "GroupGemmBackward"
     assert result.choice["inputs"]["cublaslt"] == 120901 and result.choice["inputs"]["answer"] is False
     assert result.path == calls
-    merged = verdict.merge(Cell.from_id(TENSOR), [result], 0.1, "fixtures/path_choice.py")
+    merged = fold.merge(Cell.from_id(TENSOR), [result], 0.1, "fixtures/path_choice.py")
     assert merged.status == PATH_NOT_TAKEN and merged.first_failure == f"[rank 0] {UNAVAILABLE}"
     assert merged  # it does not fail the gate
     shown = repro.detail(merged)  # what `repro` prints for the cell

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from harness.rank import compare, oracle, predict
-from harness.rank.inputs import Example, make_inputs, main_grad_start
+from harness.rank.inputs import make_inputs, main_grad_start
+from harness.shape import Example
 
 BF16 = torch.bfloat16
 

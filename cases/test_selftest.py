@@ -70,7 +70,7 @@ def test_kill_by_unrelated_check_is_not_counted(monkeypatch):
 
 
 def runner_result(m, cell):
-    from harness.verdict import merge
+    from harness.fold import merge
 
     return merge(cell, [run_cell(m.backend, cell, RankContext())], 0.0, "mutant")
 

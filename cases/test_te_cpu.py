@@ -125,7 +125,8 @@ def test_tf32_backend_rounds_fp32_gemms_and_is_judged_with_tf32_roundoff() -> No
         cell = matrix.Cell.from_id("linear-plain-hooks_off-unfused-fp32-ws1-ddp-mb1-g1-nobias-igrad-nodelay")
         res = run_cell(backend, cell, RankContext())
         from harness.rank import oracle
-        from harness.rank.inputs import Example, make_inputs
+        from harness.rank.inputs import make_inputs
+        from harness.shape import Example
         out = [c for c in res.comparisons if c.name == "mb0.output"][0]
         # the same output judged as IEEE fp32: rebuild the module's output from the cell's inputs
         import torch

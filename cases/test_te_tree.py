@@ -31,7 +31,7 @@ from harness.backends import resolve, split_tree, with_tree
 from harness.commands import _options
 from harness.exitcodes import UsageError
 from harness.install import te as te_component
-from harness.verdict import repro_command
+from harness.fold import repro_command
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR = Path("transformer_engine", "pytorch", "module", "linear.py")

@@ -9,13 +9,20 @@ A cell fixes one value on each of twelve axes, in this order::
     module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
     bias, input_grad, delay_wgrad
 
-Four combinations are invalid and never generated: ``consumer='autograd'`` with
-``fused=True`` (there is no ``main_grad`` to fuse into, CONTRACTS §4), a module that is not
-grouped (``linear``, ``layernorm_linear``, ``rmsnorm_linear``) with ``num_gemms != 1``, and a distributed weight (any value but ``plain``: a distributed
-weight always has a ``main_grad``, CONTRACTS §2) with ``consumer='autograd'``; and Megatron's class at world size 1, which it never
-builds. A cell of a module that is not grouped always has ``num_gemms=1``,
-even when 1 is not in the ``num_gemms`` domain. ``delay_wgrad`` with a distributed weight is
-valid but *expected to raise* (CONTRACTS §2).
+Five combinations are invalid and never generated:
+
+- ``consumer='autograd'`` with ``fused=True``: there is no ``main_grad`` to fuse into
+  (CONTRACTS §4);
+- a module that is not grouped (``linear``, ``layernorm_linear``, ``rmsnorm_linear``) with
+  ``num_gemms != 1``: a cell of such a module always has ``num_gemms=1``, even when 1 is not
+  in the ``num_gemms`` domain;
+- a distributed weight (any value but ``plain``) with ``consumer='autograd'``: a distributed
+  weight always has a ``main_grad`` (CONTRACTS §2);
+- Megatron's class at world size 1, which it never builds;
+- a dtype the module's path does not have (``modules.ModuleKind.dtypes``: the grouped-tensor
+  paths have no fp32).
+
+``delay_wgrad`` with a distributed weight is valid but *expected to raise* (CONTRACTS §2).
 
 The ``weight`` axis's default domain is every value that needs nothing installed;
 ``megatron`` (Megatron-Core's real class) is selected explicitly (``--weights megatron``).
@@ -23,7 +30,6 @@ The ``weight`` axis's default domain is every value that needs nothing installed
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
 import itertools
@@ -32,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import modules, weights
+from harness import filters, modules, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
@@ -396,9 +402,9 @@ def restricts(expr: str) -> bool:
     Raises:
         MatrixError: a malformed filter.
     """
-    pred = _compile_filter(expr)
+    pred = compile_filter(expr)
     domains = _domains({"weight": weights.NAMES})
-    names = {n.id for n in ast.walk(ast.parse(expr.strip(), mode="eval")) if isinstance(n, ast.Name)}
+    names = filters.names_in(expr)
     if "id" in names:
         return not all(pred(c) for c in _valid(domains))
     named = [n for n in AXIS_NAMES if n in names]
@@ -550,69 +556,23 @@ def _seed(domains: Domains) -> list[Cell]:
     return list(cells)
 
 
-_FILTER_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
-                 ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In,
-                 ast.NotIn, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List, ast.Set)
+def compile_filter(expr: str) -> Callable[[Cell], bool]:
+    """A filter over the matrix's axes (``harness.filters``), as a predicate on cells.
 
-
-def _compile_filter(expr: str) -> Callable[[Cell], bool]:
-    """Check ``expr`` against the safe subset once, and return a predicate on cells.
-
-    Bool axes are real bools in the expression (``fused``, ``not bias``); comparing one with
-    a string such as ``"on"`` is rejected, as is an unknown value for a string axis. ``id`` is
-    the cell id (``"hooks_offload" in id``).
+    Raises:
+        MatrixError: a malformed filter, an unknown name or a value an axis does not have.
     """
     try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError as e:
-        raise MatrixError(f"Malformed filter {expr!r}: {e.msg}") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _FILTER_NODES):
-            raise MatrixError(f"Unsupported syntax {type(node).__name__} in filter {expr!r} "
-                              f"(allowed: axis names, constants, comparisons, and/or/not)")
-        if isinstance(node, ast.Name) and node.id not in _DEFAULTS and node.id != "id":
-            raise MatrixError(f"Unknown name {node.id!r} in filter "
-                              f"(axes: {', '.join(AXIS_NAMES)}; and id, the cell id)")
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and not all(
-                isinstance(e, ast.Constant) for e in node.elts):
-            raise MatrixError(f"Malformed filter {expr!r}: a tuple/list/set may hold "
-                              f"only constants")
-    for node in ast.walk(tree):  # second pass: every name is now known to be an axis
-        if isinstance(node, ast.Compare):
-            _check_compare(node, expr)
-    code = compile(tree, "<filter>", "eval")
+        pred = filters.compile_expr(expr, AXIS_NAMES, _check_value)
+    except filters.FilterError as exc:
+        raise MatrixError(str(exc)) from None
 
-    def pred(cell: Cell) -> bool:
+    def on_cell(cell: Cell) -> bool:
         try:
-            return bool(eval(code, {"__builtins__": {}}, {**cell.serialize(), "id": cell.id}))  # noqa: S307
-        except TypeError as e:  # e.g. module < 3
-            raise MatrixError(f"Cannot evaluate filter {expr!r} on {cell.id}: {e}") from None
-    return pred
-
-
-#: the public name: a ledger entry's ``cells`` is such a filter (``harness.ledger``)
-compile_filter = _compile_filter
-
-
-def _check_compare(node: ast.Compare, expr: str) -> None:
-    """Catch typos that would silently select nothing: `module == "linaer"`, `fused == "on"`."""
-    operands = [node.left, *node.comparators]
-    for op, lhs, rhs in zip(node.ops, operands, operands[1:]):
-        for name, other in ((lhs, rhs), (rhs, lhs)):
-            if not isinstance(name, ast.Name) or name.id == "id":
-                continue
-            if isinstance(op, (ast.Eq, ast.NotEq)) and isinstance(other, ast.Constant):
-                consts = [other.value]
-            elif isinstance(op, (ast.In, ast.NotIn)) and name is lhs and isinstance(
-                    other, (ast.Tuple, ast.List, ast.Set)):
-                consts = [e.value for e in other.elts if isinstance(e, ast.Constant)]
-            else:
-                continue
-            for c in consts:
-                try:
-                    _check_value(name.id, c)
-                except MatrixError as e:
-                    raise MatrixError(f"Bad filter {expr!r}: {e}") from None
+            return pred({**cell.serialize(), "id": cell.id})
+        except filters.FilterError as exc:
+            raise MatrixError(str(exc)) from None
+    return on_cell
 
 
 def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | None = None,
@@ -638,7 +598,7 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     """
     if preset not in PRESETS:
         raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
-    pred = _compile_filter(filter_expr) if filter_expr is not None else None
+    pred = compile_filter(filter_expr) if filter_expr is not None else None
     if preset in ("full", "seed") and "weight" not in (overrides or {}):
         default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
         overrides = {**(overrides or {}), "weight": default}

@@ -30,7 +30,7 @@ class Status:
         met: the cell met its expectation (pass, expected error met, known defect): what a
             ledger entry counts as "met" and a review as judged.
         severity: smaller says more against the cell: folding a cell's ranks
-            (``harness.verdict``) keeps the first not-met status in this order - a harness
+            (``harness.fold``) keeps the first not-met status in this order - a harness
             error or a path not taken (no verdict on what the cell names), then a rank that
             hung, one that raised, a check that failed.
     """

@@ -42,8 +42,8 @@ RETIRED = "cells.retired"
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """One appended verdict: a cell's result against one backend, from one launch."""
+class Appended:
+    """One line of the stream: a cell's result against one backend, from one launch."""
 
     backend: str
     result: CellResult
@@ -80,7 +80,7 @@ class ResultStream:
         except FileNotFoundError:
             return 0
 
-    def read(self) -> list[Verdict]:
+    def read(self) -> list[Appended]:
         """Every verdict appended so far, in order (a retired stream: see the module docstring)."""
         live = self.read_since(0)[0]
         if not (self.run_dir / RETIRED).exists():
@@ -94,7 +94,7 @@ class ResultStream:
             f"the verdicts of {FILENAME} are in {recordfile.FILENAME} (the run is complete)\n")
         self.path.unlink(missing_ok=True)
 
-    def _archived(self) -> list[Verdict]:
+    def _archived(self) -> list[Appended]:
         """The record's verdicts (a cell never reached has none), each with the last launch
         whose cells name it - the one its verdict came from."""
         try:
@@ -105,10 +105,10 @@ class ResultStream:
         for launch in record.get("launches", ()):
             name = Path(launch.get("log_dir") or "").name or None
             launch_of.update((cell_id, name) for cell_id in launch.get("cells", ()))
-        return [Verdict(record["backend"], CellResult.from_dict(c), launch_of.get(c["id"]))
+        return [Appended(record["backend"], CellResult.from_dict(c), launch_of.get(c["id"]))
                 for c in record.get("cells", ()) if c.get("status") != "skipped"]
 
-    def read_since(self, offset: int) -> tuple[list[Verdict], int]:
+    def read_since(self, offset: int) -> tuple[list[Appended], int]:
         """The verdicts appended after ``offset``; returns them and the offset to read on from.
 
         A line still being written (no newline yet) is left for the next call.
@@ -170,9 +170,9 @@ def _lines_since(path: Path, offset: int) -> tuple[list[str], int]:
     return complete.decode("utf-8", errors="replace").splitlines(), offset + len(complete) + 1
 
 
-def _parse(line: str) -> Verdict | None:
+def _parse(line: str) -> Appended | None:
     try:
         d = json.loads(line)
-        return Verdict(d["backend"], CellResult.from_dict(d["result"]), d.get("launch"))
+        return Appended(d["backend"], CellResult.from_dict(d["result"]), d.get("launch"))
     except (json.JSONDecodeError, KeyError, TypeError):
         return None  # a torn line of a crashed writer: that cell has no verdict

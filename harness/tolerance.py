@@ -1,6 +1,7 @@
-"""The tolerance table of the checks (the bound itself is :mod:`harness.rank.compare`'s), without
-torch: the CLI records it in every run record before any rank starts, and a command that
-launches ranks need not pay torch's import (seconds) in its own process."""
+"""The tolerance table of the checks, without torch: the CLI records it in every run record
+before any rank starts, and a command that launches ranks need not pay torch's import
+(seconds) in its own process. The bound itself is :func:`harness.rank.compare.bound`, whose
+docstring derives each term of :data:`FORMULA`."""
 
 from __future__ import annotations
 
@@ -21,15 +22,18 @@ OUT_DTYPE: dict[str, str] = {"tf32": "fp32"}
 UNDERFLOW: dict[str, float] = {"fp64": 2.0**-1075, "fp32": 2.0**-150, "bf16": 2.0**-134, "fp16": 2.0**-25}
 #: the accumulation precision of every GEMM and reduction the contract promises
 ACCUMULATION = "fp32"
-#: safety factor over the first-order bound (see the module docstring)
+#: safety factor over the first-order bound (``harness.rank.compare``'s docstring)
 MARGIN = 2.0
+#: the per-element bound, as every run record and docs/architecture.md state it
+FORMULA = ("|actual - oracle| <= C * (u(out) * |oracle| + u(out) * (roundings - 1) * magnitude"
+           " + roundings * eta(out) + u(fp32) * sqrt(reduction) * magnitude + 2 * u(tf32) * magnitude"
+           " + u(in) * magnitude)")
 
 
 def policy(fp32_gemm: str = "ieee") -> dict[str, Any]:
     """The tolerance table as recorded in every run record (with the backend's fp32 GEMM)."""
     return {
-        "formula": ("C * (u(out) * |oracle| + u(out) * (roundings - 1) * magnitude + roundings * eta(out)"
-                    " + u(fp32) * sqrt(reduction) * magnitude + 2 * u(tf32 operands) * magnitude)"),
+        "formula": FORMULA,
         "C": MARGIN,
         "accumulation": ACCUMULATION,
         "unit_roundoff": dict(UNIT_ROUNDOFF),

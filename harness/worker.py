@@ -42,14 +42,14 @@ import torch.distributed as dist
 from harness import matrix
 from harness import te_tree
 from harness.backends import RANK_PRELOAD, foreign_te_modules, load_backend, resolve, split_tree
-from harness.rank.inputs import Example
+from harness.shape import Example
 from harness.plan import Lane
 from harness.plan import LaunchPlan
 from harness.record import CellResult, RankResult, kind_ratios
 from harness.rank.runner import RankContext, error_info, run_cell
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
-from harness.verdict import merge
+from harness.fold import merge
 
 
 def _redirect_output(log_path: Path) -> TextIO:
@@ -253,7 +253,7 @@ def _run_lane(plan: LaunchPlan, lane: Lane, groups: tuple[Any, Any], tasks: list
 
         merged = run_agreed(example)
         if merged and examples[i] > 0:
-            from harness.rank.examples import search
+            from harness.rank.shape_search import search
 
             ratios = [merged.worst_ratio]
             by_kind = kind_ratios(merged.ranks)

@@ -37,7 +37,7 @@ from harness.plan import Lane
 from harness.plan import LaunchPlan, PlanTask
 from harness.record import CellResult, LaunchRecord, RankResult
 from harness.stream import LineTail, ResultStream
-from harness.verdict import cell_status, merge, repro_command
+from harness.fold import cell_status, merge, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
 

@@ -1,8 +1,8 @@
 """Checks against the oracle, with one derived tolerance policy (CONTRACTS §5).
 
-Tolerance, per element, term by term after the arithmetic the contract promises (GEMMs and
-reductions accumulate in fp32 and round to the output dtype once; CONTRACTS §5 "Where a
-bound of that one-term form is loose")::
+Tolerance, per element (``harness.tolerance.FORMULA``, the text every run record carries),
+term by term after the arithmetic the contract promises (GEMMs and reductions accumulate in
+fp32 and round to the output dtype once)::
 
     |actual - oracle| <= C * ( u(out) * |oracle|                  the final rounding
                              + u(out) * (roundings - 1) * magnitude  earlier roundings

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.shape import Example  # noqa: F401 (re-exported: most callers import it from here)
+from harness.shape import Example
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -26,7 +26,8 @@ from harness.rank.faults import BackendFault
 from harness.rank.attach import attach_weight
 from harness.rank.gtp import GTPGroup, weight_names
 from harness.rank.hooks import forward_executions, run_forward
-from harness.rank.inputs import DTYPES, CellInputs, Example, make_inputs
+from harness.rank.inputs import DTYPES, CellInputs, make_inputs
+from harness.shape import Example
 from harness.matrix import Cell
 from harness.record import Check, RankResult
 from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN

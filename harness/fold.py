@@ -1,4 +1,5 @@
-"""Folding every rank's result of a cell into one verdict (the ranks must agree)."""
+"""Folding every rank's result of a cell into the cell's (the ranks must agree): its status,
+first failure, worst ratio and repro line."""
 
 from __future__ import annotations
 

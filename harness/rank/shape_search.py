@@ -12,7 +12,7 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness.rank.inputs import Example
+from harness.shape import Example
 from harness.matrix import Cell
 from harness.record import CellResult
 from harness.weights import shardable
