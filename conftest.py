@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -26,11 +28,23 @@ def _given(config: pytest.Config, *flags: str) -> bool:
     return any(a in flags or a.startswith(tuple(f"{f}=" for f in flags)) for a in config.invocation_params.args)
 
 
+#: te-cpu's cache of Triton launches for this pytest run (``harness/te_cpu/launch_memo.py``):
+#: the same TE cells run in several of the suite's sweeps (the installed wheel's, each
+#: patched tree's), and TE's bias-gradient kernel, interpreted on CPU, was most of their
+#: time. The controller makes the folder before xdist starts its workers, which inherit it
+#: with every sweep and rank they start; it goes with the run.
+_LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``-n``, ``harness.plugin`` has every test of a module run on one worker
     (``--dist loadscope``); the modules then go out in collection order (``FIRST`` leading),
-    not xdist's order by number of tests."""
+    not xdist's order by number of tests. The controller makes the run's launch cache."""
+    if not hasattr(config, "workerinput") and _LAUNCH_CACHE not in os.environ:
+        folder = tempfile.mkdtemp(prefix="dw-launches-")
+        os.environ[_LAUNCH_CACHE] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     if getattr(config.option, "dist", "no") == "loadscope" and not _given(
             config, "--loadscope-reorder", "--no-loadscope-reorder"):
         config.option.loadscopereorder = False

@@ -25,7 +25,7 @@ from harness.install import te as te_component
 from harness.launcher.launch import LaunchOptions, launch_cells
 from harness.record import CellResult
 
-from fixtures.te_script import run_te_script
+from fixtures.te_script import load_kernels, run_te_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_BUG = "weight was removed while fuse_wgrad_accumulation=True"
@@ -207,6 +207,7 @@ _MEMO_SCRIPT = '''
 import os, torch
 import harness.te_cpu  # noqa: F401 (TE on CPU, triton's interpreter with the launch memory)
 from harness.te_cpu import launch_memo
+os.environ[launch_memo.CACHE_ENV] = {cache!r}
 from transformer_engine.pytorch.triton.grouped_dbias_dscales import compute_grouped_dbias
 
 g = torch.Generator().manual_seed(7)
@@ -224,6 +225,7 @@ out["changed"] = compute_grouped_dbias(changed, offsets, 4)
 start = torch.full((4, 30), 0.5)
 out["accumulated"] = compute_grouped_dbias(dy, offsets, 4, dbias=start.clone())
 out["after_all"] = (counts.run, counts.remembered)
+out["from_disk"] = counts.from_disk
 out["dy"], out["changed_dy"] = dy, changed
 torch.save(out, os.environ["DW_TE_SCRIPT_OUT"])
 '''
@@ -233,10 +235,18 @@ def test_a_remembered_kernel_launch_equals_a_fresh_one(tmp_path_factory):
     """te-cpu's launch memory (``harness/te_cpu/launch_memo.py``): TE's bias-gradient kernel
     given byte-identical inputs in other storage is written back, bit for bit the result of
     the first run; one changed input byte, or a different accumulator, runs it afresh - and
-    every result is the float64 per-group sum (fp32 column sums of at most 7 bf16 rows)."""
-    out = run_te_script(tmp_path_factory, "te_memo", _MEMO_SCRIPT, timeout=300)
+    every result is the float64 per-group sum (fp32 column sums of at most 7 bf16 rows). A
+    second process with the same cache folder interprets none of them: it reads the first
+    process's bytes."""
+    cache = str(tmp_path_factory.mktemp("te_memo_cache"))
+    out = run_te_script(tmp_path_factory, "te_memo", _MEMO_SCRIPT, timeout=300, cache=cache)
     assert out["after_first"] == (1, 0) and out["after_again"] == (1, 1) and out["after_all"] == (3, 1)
+    assert out["from_disk"] == 0 and len(list(Path(cache).rglob("*.pt"))) == 3
     assert torch.equal(out["first"], out["again"])
+    again = run_te_script(tmp_path_factory, "te_memo_again", _MEMO_SCRIPT, timeout=300, cache=cache)
+    assert again["after_all"] == (0, 4) and again["from_disk"] == 3
+    for name in ("first", "again", "changed", "accumulated"):
+        assert torch.equal(again[name], out[name]), name
     bounds = [0, 3, 3, 10, 12]
 
     def sums(dy: torch.Tensor) -> torch.Tensor:
@@ -249,3 +259,35 @@ def test_a_remembered_kernel_launch_equals_a_fresh_one(tmp_path_factory):
         err = (out[name].double() - ref).abs()
         assert bool((err <= 9 * 2.0**-24 * magnitude).all()), (name, float(err.max()))
     assert not torch.equal(out["first"], out["changed"])
+
+
+def test_the_launch_cache_key_holds_the_kernels_source_files(tmp_path):
+    """Across processes a launch is keyed by the bytes of the kernel's source file and of the
+    helpers it reaches: a tree whose kernel file differs (here only in a helper's constant,
+    the kernel's own bytecode unchanged) is another key."""
+    import importlib.util
+
+    launch_memo = load_kernels("launch_memo")
+
+    def kernel_of(folder: str, scale: int):
+        root = tmp_path / folder
+        root.mkdir()
+        (root / "helpers.py").write_text(f"SCALE = {scale}\n")
+        (root / "kernels.py").write_text("import helpers\n\ndef kernel(x):\n    return x * helpers.SCALE\n")
+        sys.path.insert(0, str(root))
+        try:
+            for name in ("helpers", "kernels"):
+                sys.modules.pop(name, None)
+            spec = importlib.util.spec_from_file_location("kernels", root / "kernels.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.kernel
+        finally:
+            sys.path.remove(str(root))
+            sys.modules.pop("helpers", None)
+
+    one, same, other = kernel_of("a", 2), kernel_of("b", 2), kernel_of("c", 3)
+    assert one.__code__.co_code == other.__code__.co_code
+    identity = launch_memo._code_identity
+    assert identity(one) == identity(same) != identity(other)
+

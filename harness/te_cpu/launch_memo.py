@@ -14,18 +14,33 @@ interpretation, which computes exactly the same bytes (the interpreter runs the 
 one after another: its atomics and reductions are deterministic). A launch whose grid is a
 callable, or with an argument of another type, always runs. ``launches()`` counts both, for
 the tests that compare a remembered launch with a fresh one.
+
+Across processes: with ``DW_TE_CPU_LAUNCH_CACHE`` naming a folder, a launch's bytes are also
+kept there (one file per launch, written whole and renamed into place), and a launch any
+process ran before is written back from it. The same cells run in several sweeps (the
+unpatched wheel and a patched tree, the sweeps of one test suite): each such launch is
+interpreted once. On disk, the key also holds what can differ between processes: the bytes
+of the source file of the kernel and of every ``@jit`` helper it reaches outside triton (a
+TE tree that changes the kernel is a new key), and the versions of triton and numpy (the
+interpreter's arithmetic). The suite sets it for its own run (``conftest.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
+import types
 from collections import OrderedDict
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 _INSTALLED = "_dw_launch_memo"
+#: the folder that keeps launches across processes (unset: this process's memory only)
+CACHE_ENV = "DW_TE_CPU_LAUNCH_CACHE"
 #: launches remembered per process (each holds its tensors' storages: small on te-cpu)
 CAPACITY = 256
 _SCALARS = (bool, int, float, str, type(None))
@@ -35,6 +50,8 @@ _SCALARS = (bool, int, float, str, type(None))
 class Counts:
     run: int = 0
     remembered: int = 0
+    #: of ``remembered``, those read from the cache folder (another process ran them)
+    from_disk: int = 0
 
 
 _COUNTS = Counts()
@@ -66,16 +83,27 @@ def install() -> bool:
         after = memory.get(key)
         if after is not None:
             memory.move_to_end(key)
+        else:
+            after = _read(key, storages)
+            if after is not None:
+                _COUNTS.from_disk += 1
+                keep(key, after)
+        if after is not None:
             for raw, kept in zip(storages.values(), after):
                 raw.copy_(kept)
             _COUNTS.remembered += 1
             return None
         out = run(self, *args, grid=grid, warmup=warmup, **kwargs)
         _COUNTS.run += 1
-        memory[key] = [raw.clone() for raw in storages.values()]
+        after = [raw.clone() for raw in storages.values()]
+        keep(key, after)
+        _write(key, after)
+        return out
+
+    def keep(key: str, after: list[torch.Tensor]) -> None:
+        memory[key] = after
         if len(memory) > CAPACITY:
             memory.popitem(last=False)
-        return out
 
     setattr(remembered_run, _INSTALLED, True)
     InterpretedFunction.run = remembered_run
@@ -98,11 +126,90 @@ def _storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, torch.
     return out
 
 
+def _cache_path(key: str) -> Path | None:
+    folder = os.environ.get(CACHE_ENV)
+    return Path(folder, key[:2], f"{key}.pt") if folder else None
+
+
+def _read(key: str, storages: dict[int, torch.Tensor]) -> list[torch.Tensor] | None:
+    """The bytes another process's launch left, if the cache folder has them (None: run it)."""
+    path = _cache_path(key)
+    if path is None or not path.is_file():
+        return None
+    kept = torch.load(path, weights_only=True)
+    sizes = [raw.numel() for raw in storages.values()]
+    if [t.numel() for t in kept] != sizes:  # a foreign or truncated file: run the launch
+        return None
+    return kept
+
+
+def _write(key: str, kept: list[torch.Tensor]) -> None:
+    """Keep a launch's bytes for other processes: written to a private name, renamed into place."""
+    path = _cache_path(key)
+    if path is None or path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    torch.save(kept, partial)
+    os.replace(partial, path)
+
+
+_CODE_IDS: dict[int, str] = {}
+
+
+@dataclass(frozen=True)
+class _ModuleFile:
+    path: str
+
+
+def _code_identity(fn: Any) -> str:
+    """What makes a kernel's code this code in any process: the bytes of the source file of
+    the kernel and of each ``@jit`` helper it reaches outside triton (by the names its code
+    uses), and the versions of triton and numpy that interpret it."""
+    found = _CODE_IDS.get(id(fn))
+    if found is not None:
+        return found
+    h = hashlib.sha256()
+    for name in ("triton", "numpy"):
+        h.update(f"{name}={getattr(sys.modules.get(name), '__version__', None)};".encode())
+    seen: set[str] = set()
+    stack = [fn]
+    while stack:
+        f = stack.pop()
+        if isinstance(f, _ModuleFile):
+            if f.path not in seen:
+                seen.add(f.path)
+                h.update(Path(f.path).read_bytes())
+            continue
+        f = getattr(f, "fn", f)  # a JITFunction holds the Python function
+        code = getattr(f, "__code__", None)
+        source = getattr(code, "co_filename", None)
+        if code is None or source in seen:
+            continue
+        seen.add(source)
+        try:
+            h.update(Path(source).read_bytes())
+        except OSError:
+            h.update(repr(code.co_code).encode())
+        scope = getattr(f, "__globals__", {})
+        for name in code.co_names:
+            ref = scope.get(name)
+            if isinstance(ref, types.ModuleType):  # a helper reached as module.helper: its module's file
+                if not ref.__name__.startswith(("triton", "numpy", "torch")) and getattr(ref, "__file__", None):
+                    stack.append(_ModuleFile(ref.__file__))
+            elif callable(getattr(ref, "fn", None)) and not (getattr(ref, "__module__", "") or "").startswith("triton"):
+                stack.append(ref)
+    found = h.hexdigest()
+    _CODE_IDS[id(fn)] = found
+    return found
+
+
 def _key(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], storages: dict[int, torch.Tensor]) -> str:
     h = hashlib.sha256()
     code = getattr(fn, "__code__", None)
     h.update(repr((getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
                    code.co_code if code is not None else None, tuple(grid))).encode())
+    h.update(_code_identity(fn).encode())
     order = {ptr: i for i, ptr in enumerate(storages)}
     for a in (*args, *sorted(kwargs.items())):
         h.update(_describe(a, order).encode())
