@@ -6,6 +6,8 @@ validity rules of CONTRACTS §2/§4 / the module docstring), not from the genera
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import json
 import math
@@ -186,7 +188,14 @@ def test_id_format_and_seed_are_stable():
                     "bias-noigrad-nodelay")
     # pinned: a change here reshuffles every cell's data across runs and machines
     import hashlib
-    assert c.seed == int(hashlib.sha256(c.id.encode()).hexdigest()[:16], 16) >> 1
+    data = "grouped_linear-*-hooks_*-fused-bf16-ws4-ddp-mb2-g4-bias-noigrad-nodelay"
+    assert c.seed == int(hashlib.sha256(data.encode()).hexdigest()[:16], 16) >> 1
+    # the weight kind and the hook mode draw no other numbers; every other axis does
+    same = [dataclasses.replace(c, weight=w, hooks=h) for w in ("plain", "megatron") for h in ("off", "checkpoint")]
+    assert {x.seed for x in same} == {c.seed}
+    other = [dataclasses.replace(c, fused=False), dataclasses.replace(c, world_size=2),
+             dataclasses.replace(c, microbatches=1), dataclasses.replace(c, bias=False)]
+    assert len({c.seed, *(x.seed for x in other)}) == 1 + len(other)
 
 
 @pytest.mark.parametrize("bad", [

@@ -48,8 +48,14 @@ def _python(code: str, env: dict[str, str] | None = None, timeout: float = 300) 
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_probe_reports_te_version_origin_and_fp32_gemm() -> None:
-    info = probe_backend("te-cpu")
+@pytest.fixture(scope="module")
+def te_cpu_info():
+    """One probe of te-cpu for the module's tests (each probe imports TE in a new process)."""
+    return probe_backend("te-cpu")
+
+
+def test_probe_reports_te_version_origin_and_fp32_gemm(te_cpu_info) -> None:
+    info = te_cpu_info
     assert (info.module, info.upstream, info.version, info.fp32_gemm, info.device) == (
         "harness.te_cpu", "transformer_engine", "2.20.2", "ieee", "cpu")
     assert Path(info.upstream_origin, "pytorch", "module", "linear.py").is_file()
@@ -195,11 +201,10 @@ def _assert_untouched() -> None:
     assert torch.zeros(1).is_cuda is False
 
 
-def test_parent_process_torch_is_untouched() -> None:
+def test_parent_process_torch_is_untouched(te_cpu_info) -> None:
     """After probes, subprocesses and torchrun launches of te-cpu (the launch tests check
     it right after their launch too), this process never imported the layer or TE, and its
     torch.cuda surface is the real one."""
-    probe_backend("te-cpu")
     _assert_untouched()
 
 

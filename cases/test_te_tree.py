@@ -454,7 +454,7 @@ def test_resume_after_a_commit_in_the_tree_is_refused_naming_both(patched: Path,
     """A record names one commit: a resumed run against a tree that moved on would judge other
     code under it. Refused before anything runs (exit 2), naming both commits."""
     tree = tmp_path / "tree"
-    _git(tmp_path, "clone", "-q", str(patched), str(tree))
+    shutil.copytree(patched, tree)  # the repository with patch-te's byte-compiled modules: none recompiles
     run = tmp_path / "run"
     cell = "linear-plain-hooks_off-unfused-bf16-ws1-ddp-mb1-g1-nobias-igrad-nodelay"
     proc = _harness("sweep", "--backend", "te-cpu", "--te-tree", str(tree), "--preset", "full", "--cells", cell,

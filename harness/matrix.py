@@ -227,8 +227,17 @@ class Cell:
 
     @property
     def seed(self) -> int:
-        """A 63-bit seed from the id; sha256, because ``hash()`` differs per process."""
-        return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:8], "big") >> 1
+        """A 63-bit seed from the id with the weight kind and the hook mode left out (sha256,
+        because ``hash()`` differs per process).
+
+        Cells that differ only in how the weight is held (plain, GTP, Megatron's) or in which
+        saved-tensor hook runs draw the same numbers: a hooked cell's inputs are those of its
+        hooks-off cell (the twin it is compared with bit for bit), so a difference between
+        them is the hook's or the weight's alone; and te-cpu's remembered kernel launches
+        (``harness/te_cpu/launch_memo.py``) serve all of them from one interpretation."""
+        parts = self.id.split("-")
+        parts[1], parts[2] = "*", "hooks_*"
+        return int.from_bytes(hashlib.sha256("-".join(parts).encode()).digest()[:8], "big") >> 1
 
     def serialize(self) -> dict[str, Any]:
         """Return the axis values as a JSON-able dict (bools stay bools)."""

@@ -1,7 +1,7 @@
 """Seeded inputs of one cell: weights, per-rank activations, upstream grads and splits.
 
-Every value is drawn from a seed that depends only on the cell, the example, the rank and
-the microbatch - never on the backend - and is rounded to the cell's dtype before the
+Every value is drawn from a seed that depends only on the cell (``Cell.seed``: not on its
+weight kind or hook mode), the example, the rank and the microbatch - never on the backend - and is rounded to the cell's dtype before the
 oracle sees it, so the float64 reference and the backend start from identical numbers.
 """
 
