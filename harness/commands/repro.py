@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                                             keep_warm=True)
     ledger = _options.ledger_for(args.ledger, info)
     selection.check_shardable([cell], (example or Example().serialize())["out_features"])
+    selection.check_recipes([cell])
     run_dir = _options.run_dir(args, prefix="repro").resolve()
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir, cell_timeout=args.cell_timeout,
                          device=args.device, example=example)

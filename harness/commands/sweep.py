@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
                                             {c.module for c in cells}, keep_warm=True)
     selection.check_shardable(cells, Example().out_features)
+    selection.check_recipes(cells)
     if args.resume:
         _check_same_code(args.resume, args.backend, info)
     ledger = _options.ledger_for(args.ledger, info)

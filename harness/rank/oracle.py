@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.rank import quantized
 from harness.rank.inputs import CellInputs, Norm
 
 F64 = torch.float64
@@ -104,21 +105,40 @@ class WgradTerm:
 
 class _GemmInputs:
     """What the GEMMs of (rank, microbatch) receive: ``x``, or the normalization's ``h`` (each
-    (rank, microbatch) normalized once: outputs and gradients share it)."""
+    (rank, microbatch) normalized once: outputs and gradients share it), and ``dy``; under a
+    recipe each group's rows of both as TE quantized them (``harness.rank.quantized``)."""
 
-    def __init__(self, inputs: CellInputs) -> None:
+    def __init__(self, inputs: CellInputs, quant: quantized.Quantizer | None = None) -> None:
         self.inputs = inputs
+        self.quant = quant or quantized.Quantizer()
         self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, _Normalized | None]] = {}
+        self._dy: dict[tuple[int, int], torch.Tensor] = {}
 
     def __call__(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
         if (r, m) not in self._done:
             x = self.inputs.x[r][m].to(F64)
             if self.inputs.norm is None:
+                x = self._per_group(self.quant.x, r, m, x)
                 self._done[r, m] = x, x.abs(), None
             else:
                 normed = _normalize(x, self.inputs.norm)
                 self._done[r, m] = normed.h, normed.magnitude, normed
         return self._done[r, m]
+
+    def dy(self, r: int, m: int) -> torch.Tensor:
+        """The output gradient the dgrad and wgrad GEMMs multiply (the bias gradient sums the
+        unquantized one)."""
+        if (r, m) not in self._dy:
+            self._dy[r, m] = self._per_group(self.quant.dy, r, m, self.inputs.dy[r][m].to(F64))
+        return self._dy[r, m]
+
+    def _per_group(self, fn, r: int, m: int, t: torch.Tensor) -> torch.Tensor:
+        if not self.quant.quantized:
+            return t
+        out = t.clone()
+        for g, rows in enumerate(_group_rows(self.inputs.splits[r][m])):
+            out[rows] = fn(r, m, g, t[rows])
+        return out
 
 
 def operand_u(inputs: CellInputs) -> float:
@@ -135,7 +155,7 @@ def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None) -> li
         per_rank = []
         for m in range(len(inputs.x[r])):
             x, x_mag, _ = gemm_input(r, m)
-            dy = inputs.dy[r][m].to(F64)
+            dy = gemm_input.dy(r, m)
             per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start)
                              for rows in _group_rows(inputs.splits[r][m])])
         out.append(per_rank)
@@ -156,7 +176,8 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
     return out
 
 
-def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0)) -> RankOracle:
+def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
+            recipe: str = "none") -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
@@ -168,27 +189,43 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     that rounded ``h``): one more rounding, charged to the magnitude, behind every value
     computed from it. The input gradient goes back through the normalization from ``dh``,
     which the dgrad GEMM rounds to the cell's dtype before the normalization's backward.
+
+    Under a ``recipe`` the GEMMs multiply the operands as TE quantized them
+    (``harness.rank.quantized``): exact products of FP8 values and fp32 scale-inverses, so
+    the bound keeps its accumulation and output roundings, and the two fp32 roundings of
+    applying the scale-inverses to the accumulator (``quantized.SCALE_U``, charged as an
+    operand rounding). An fp32 cell's forward bias is rounded to bf16 first (TE: "cuBLAS
+    does not support FP8 GEMM with FP32 bias").
+
+    Raises:
+        NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``),
+            or one with a normalization (its quantized operand is the norm's rounded output,
+            not yet modelled).
     """
+    quant = quantized.for_recipe(recipe)
+    if quant.quantized and inputs.norm is not None:
+        raise NotImplementedError("the oracle does not model a recipe with a normalization yet")
     W = [w.to(F64) for w in inputs.weights]
-    Wf = [w * tags[0] for w in W]
-    Wb = [w * tags[1] for w in W]
+    Wf = [quant.weight(i, w * tags[0], backward=False) for i, w in enumerate(W)]
+    Wb = [quant.weight(i, w * tags[1], backward=True) for i, w in enumerate(W)]
     B = [b.to(F64) for b in inputs.biases]
+    Bf = [b.to(torch.bfloat16).to(F64) for b in B] if quant.quantized and inputs.dtype == torch.float32 else B
     norm = inputs.norm
     world = len(inputs.x)
     mbs = len(inputs.x[0])
     out_f, in_f = W[0].shape
-    op_u = operand_u(inputs)
-    gemm_input = _GemmInputs(inputs)
+    op_u = operand_u(inputs) + (quantized.SCALE_U if quant.quantized else 0.0)
+    gemm_input = _GemmInputs(inputs, quant)
 
     outputs, dgrads = [], []
     for m in range(mbs):
         x, x_mag, normed = gemm_input(rank, m)
-        dy = inputs.dy[rank][m].to(F64)
+        dy = gemm_input.dy(rank, m)
         y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
         dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
         for i, rows in enumerate(_group_rows(inputs.splits[rank][m])):
-            y[rows] = x[rows] @ Wf[i].t() + (B[i] if B else 0.0)
-            ya[rows] = x_mag[rows] @ Wf[i].abs().t() + (B[i].abs() if B else 0.0)
+            y[rows] = x[rows] @ Wf[i].t() + (Bf[i] if B else 0.0)
+            ya[rows] = x_mag[rows] @ Wf[i].abs().t() + (Bf[i].abs() if B else 0.0)
             dx[rows] = dy[rows] @ Wb[i]
             dxa[rows] = dy[rows].abs() @ Wb[i].abs()
         outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u))
@@ -196,7 +233,8 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
             dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
         # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
         dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
-                                roundings=2 if normed is not None else 1))
+                                roundings=2 if normed is not None else 1,
+                                operand_u=quantized.SCALE_U if quant.quantized else 0.0))
 
     terms = wgrad_terms(inputs, gemm_input)
     wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(len(W))]
@@ -211,7 +249,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
             _, _, normed = gemm_input(r, m)
             dy = inputs.dy[r][m].to(F64)
             for i, rows in enumerate(_group_rows(inputs.splits[r][m])):
-                if B:
+                if B:  # the bias gradient: the unquantized dy's column sums
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
             if normed is not None:
