@@ -73,7 +73,8 @@ QUANTIZED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.quantized)
 #: launch (``unmodelled``): it could not be judged
 MODELLED: dict[str, tuple[str, ...]] = {
     "none": (),  # every module
-    "current": ("linear", "grouped_linear", "ops_grouped_linear"),
+    # GroupedLinear / ops.GroupedLinear: measured, not yet judged (docs/low-precision.md)
+    "current": ("linear",),
 }
 
 

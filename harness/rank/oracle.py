@@ -141,15 +141,19 @@ class _GemmInputs:
         return out
 
 
-def operand_u(inputs: CellInputs) -> float:
-    """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u."""
-    return torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0
+def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
+    """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u;
+    a quantized GEMM's scale-inverses cost ``quantized.SCALE_U`` more (:func:`compute`)."""
+    scales = quantized.SCALE_U if recipe != "none" else 0.0
+    return (torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0) + scales
 
 
-def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None) -> list[list[list[WgradTerm]]]:
+def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
+                recipe: str = "none") -> list[list[list[WgradTerm]]]:
     """``[rank][microbatch][member]``: each microbatch's weight gradient on each rank,
-    ``dy[rows]^T @ x[rows]`` over the rows routed to that member."""
-    gemm_input = gemm_input or _GemmInputs(inputs)
+    ``dy[rows]^T @ x[rows]`` over the rows routed to that member (under ``recipe``, of the
+    operands as TE quantized them)."""
+    gemm_input = gemm_input or _GemmInputs(inputs, quantized.for_recipe(recipe))
     out = []
     for r in range(len(inputs.x)):
         per_rank = []
@@ -214,7 +218,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     world = len(inputs.x)
     mbs = len(inputs.x[0])
     out_f, in_f = W[0].shape
-    op_u = operand_u(inputs) + (quantized.SCALE_U if quant.quantized else 0.0)
+    op_u = operand_u(inputs, recipe)
     gemm_input = _GemmInputs(inputs, quant)
 
     outputs, dgrads = [], []

@@ -67,7 +67,8 @@ def _fp32(v: float) -> float:
 
 def current_scale(t: torch.Tensor, fmt: Fp8) -> float:
     """Current scaling's scale for ``t``: ``fp32(fp8_max / amax)`` (one fp32 division)."""
-    amax = float(torch.nan_to_num(t.detach().abs().to(torch.float32), nan=0.0).max()) if t.numel() else 0.0
+    a = t.detach().abs().to(torch.float32)
+    amax = float(torch.where(torch.isnan(a), 0.0, a).max()) if t.numel() else 0.0  # NaNs ignored
     if amax == 0.0 or amax != amax or amax == float("inf"):
         return 1.0
     scale = float(torch.tensor(fmt.max, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32))

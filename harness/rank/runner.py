@@ -392,7 +392,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
-    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype)
+    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype))
