@@ -164,6 +164,8 @@ def cells(draw):
     if d["module"] in TENSOR and d["dtype"] == "fp32":
         d["dtype"] = "bf16"
     d["recipe"] = "none" if d["module"] in TENSOR else draw(st.sampled_from(recipes.NAMES))
+    if d["recipe"] == "delayed" and d["hooks"] == "checkpoint":
+        d["recipe"] = "current"
     if d["consumer"] == "autograd":
         d["fused"] = False
         if d["weight"] in NEEDS_DDP:
@@ -519,6 +521,9 @@ def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
     for m in sorted(TENSOR):
         with pytest.raises(MatrixError, match="a recipe on a grouped-tensor path"):
             Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": "delayed"})
+    with pytest.raises(MatrixError, match="hooks='checkpoint' with recipe='delayed' is not built"):
+        Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "delayed"})
+    Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "current"})
 
 
 def test_ci_under_one_recipe_is_its_covering_design():

@@ -64,7 +64,35 @@ def test_dequantized_is_codes_times_fp32_scale_inverse():
 def test_without_a_recipe_nothing_is_quantized_and_unmodelled_recipes_raise():
     q = quantized.for_recipe("none")
     t = torch.randn(3, 4, dtype=torch.float64)
-    assert not q.quantized and q.x(0, 0, 0, t) is t and q.weight(0, t, True) is t
+    assert not q.quantized and q.x(0, 0, 0, t) is t and q.weight(0, 0, t, True) is t
     assert quantized.for_recipe("current").quantized
     with pytest.raises(NotImplementedError, match="does not model recipe 'mxfp8'"):
         quantized.for_recipe("mxfp8")
+
+
+def test_delayed_scaling_steps_as_te_cpus_update():
+    """Scale 1 for the first microbatch; then te-cpu's delayed update (history roll, max over
+    the window) of the amax max-reduced over the ranks; a distributed weight's dgrad operand
+    takes the scale updated after its forward, a plain weight's the forward's."""
+    from harness.rank.inputs import make_inputs
+    from harness.shape import Example
+
+    cell_inputs = make_inputs(3, Example(32, 32, 16), "bf16", 2, 2, 1, False, unit=16)
+    plain = quantized.for_recipe("delayed", cell_inputs)
+    dist = quantized.for_recipe("delayed", cell_inputs, distributed=True)
+    assert plain.sx[0, 0] == plain.swf[0, 0] == plain.sdy[0, 0] == 1.0
+
+    def te_update(amaxes: list[float], fmax: float) -> float:
+        hist, scale = torch.zeros(1024, 1), torch.ones(1)
+        for a in amaxes:
+            hist[0, 0] = a
+            scaling.delayed_update(hist, scale, None, algo="max", scaled_max=scaling.delayed_scaled_max(fmax, 0))
+        return float(scale)
+
+    amax_x = max(float(cell_inputs.x[r][0].abs().float().max()) for r in range(2))
+    amax_dy = max(float(cell_inputs.dy[r][0].abs().float().max()) for r in range(2))
+    amax_w = float(cell_inputs.weights[0].abs().float().max())
+    assert plain.sx[1, 0] == te_update([amax_x], 448.0)
+    assert plain.sdy[1, 0] == te_update([amax_dy], 57344.0)
+    assert plain.swf[1, 0] == te_update([amax_w], 448.0) == dist.swb[0, 0]
+    assert plain.swb[0, 0] == 1.0 and plain.swb[1, 0] == plain.swf[1, 0]

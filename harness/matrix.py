@@ -14,7 +14,7 @@ the cells that existed before the axis, whose ids it leaves unchanged (a recipe 
 the id only when it is not ``none``: ``...-nodelay-rcurrent``). Under a recipe the cell's
 shapes are aligned to it (``harness.shape.fitted``).
 
-Six combinations are invalid and never generated:
+Seven combinations are invalid and never generated:
 
 - ``consumer='autograd'`` with ``fused=True``: there is no ``main_grad`` to fuse into
   (CONTRACTS §4);
@@ -30,7 +30,16 @@ Six combinations are invalid and never generated:
   TE 2.20.2 never takes that path under ``DelayedScaling`` (``is_module_grouped_tensor_path_supported``),
   and for the other recipes te-cpu has none of its grouped quantization kernels
   (``group_quantize``, ``bgrad_group_quantize``, ``group_requantize_inplace``), so the cell
-  could not be judged on the path it names (docs/low-precision.md).
+  could not be judged on the path it names (docs/low-precision.md);
+- ``hooks='checkpoint'`` with ``recipe='delayed'``: torch's checkpoint, which the hook mode
+  uses, recomputes the forward during backward with the scales delayed scaling has updated
+  since (and records its amaxes again); TE restores the forward's scales for a recompute only
+  under its own ``checkpoint``, so the recomputed step is not the one the cell names.
+
+Recipes are opt-in: every preset's recipe domain is ``("none",)`` unless ``--recipes`` names
+others. Under a recipe a cell's feature counts and rows are multiples of 16 (TE's FP8 GEMM
+alignment; ``harness.recipes.RecipeKind.align``) and the oracle must model the recipe on the
+module (``harness.recipes.MODELLED``; the CLI refuses other cells).
 
 ``delay_wgrad`` with a distributed weight is valid but *expected to raise* (CONTRACTS §2).
 
@@ -132,6 +141,9 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
      "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
      "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),
+    ("hooks", "recipe", lambda h, r: not (h == "checkpoint" and r == "delayed"),
+     "hooks='checkpoint' with recipe='delayed' is not built: torch's checkpoint recomputes the forward "
+     "with the scales the step has since updated (TE restores them only under its own checkpoint)"),
 )
 
 

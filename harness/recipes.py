@@ -75,6 +75,7 @@ MODELLED: dict[str, tuple[str, ...]] = {
     "none": (),  # every module
     # GroupedLinear / ops.GroupedLinear: measured, not yet judged (docs/low-precision.md)
     "current": ("linear",),
+    "delayed": ("linear",),
 }
 
 

@@ -50,6 +50,15 @@ def draw_splits(rows: int, groups: int, seed: int, rank: int, mb: int) -> list[i
     return torch.bincount(picks, minlength=groups).tolist()
 
 
+def group_rows(splits: list[int]) -> list[slice]:
+    """The rows of each group member, in order, from its row counts."""
+    out, start = [], 0
+    for n in splits:
+        out.append(slice(start, start + n))
+        start += n
+    return out
+
+
 @dataclass
 class CellInputs:
     """Everything every rank needs to run, and the oracle to judge, one cell."""

@@ -18,7 +18,7 @@ import torch
 
 from harness import recipes
 
-__all__ = ["RecipeUnsupported", "present", "wrap", "describe"]
+__all__ = ["RecipeUnsupported", "present", "under_recipe", "describe"]
 
 
 class RecipeUnsupported(RuntimeError):
@@ -34,6 +34,19 @@ def present(backend: ModuleType, recipe: str) -> None:
         use(recipe)
 
 
+def fresh_state() -> None:
+    """Forget TE's global FP8 state (``FP8GlobalStateManager.reset``) before a cell's step.
+
+    TE registers every module's delayed-scaling amaxes, with the process group of their
+    ``autocast``, in one process-wide buffer that it reduces at every ``autocast`` exit and
+    never prunes: in a rank that runs cell after cell, the modules of earlier cells (and
+    their groups, which span other ranks) would be reduced with this one's - a hang, and
+    another step than the cell names. A training process has one model; so does a cell."""
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager  # recipe cells only
+
+    FP8GlobalStateManager.reset()
+
+
 def recipe_object(recipe: str) -> Any:
     """A fresh TE recipe object of the recipe's class, with TE's defaults."""
     from transformer_engine.common import recipe as te_recipe  # only ranks running a recipe
@@ -41,27 +54,36 @@ def recipe_object(recipe: str) -> Any:
     return getattr(te_recipe, recipes.KINDS[recipe].te_class)()
 
 
-def wrap(backend: ModuleType, recipe: str, call: Callable[[torch.Tensor], torch.Tensor]
-         ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``call`` under ``autocast(enabled=True, recipe=...)`` (one recipe object per cell, so
-    delayed scaling's amax history is the cell's own); ``call`` unchanged for ``none``.
+Wrap = Callable[[Callable[[torch.Tensor], torch.Tensor]], Callable[[torch.Tensor], torch.Tensor]]
+
+
+def under_recipe(backend: ModuleType, recipe: str, group: Any = None) -> Wrap:
+    """What wraps each microbatch's module call of a cell: the call under
+    ``autocast(enabled=True, recipe=..., amax_reduction_group=group)``, with one recipe object
+    for the whole cell (TE keys its amax buffers by the recipe; a new object per microbatch
+    would not be the one training loop the cell names); the call unchanged for ``none``.
+    ``group`` is the cell's process group: delayed scaling max-reduces its amaxes over it
+    (TE's default, the whole world, would span the other cells a packed launch runs).
 
     Raises:
         RecipeUnsupported: the backend has no ``autocast``.
     """
     if not recipes.KINDS[recipe].quantized:
-        return call
+        return lambda call: call
     autocast = getattr(backend, "autocast", None)
     if not callable(autocast):
         raise RecipeUnsupported(f"backend {getattr(backend, '__name__', backend)!r} has no autocast: "
                                 f"it cannot run recipe {recipe!r}")
+    fresh_state()
     obj = recipe_object(recipe)
 
-    def under_recipe(x: torch.Tensor) -> torch.Tensor:
-        with autocast(enabled=True, recipe=obj):
-            return call(x)
+    def wrap(call: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def quantized_call(x: torch.Tensor) -> torch.Tensor:
+            with autocast(enabled=True, recipe=obj, amax_reduction_group=group):
+                return call(x)
+        return quantized_call
 
-    return under_recipe
+    return wrap
 
 
 def describe(backend: ModuleType, recipe: str) -> dict[str, Any] | None:

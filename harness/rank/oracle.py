@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.rank import quantized
-from harness.rank.inputs import CellInputs, Norm
+from harness.rank.inputs import CellInputs, Norm, group_rows
 
 F64 = torch.float64
 
@@ -85,14 +85,6 @@ def _normalize_backward(n: _Normalized, dh: torch.Tensor, dh_mag: torch.Tensor,
     return dx * n.rstd, mag * n.rstd
 
 
-def _group_rows(splits: list[int]) -> list[slice]:
-    out, start = [], 0
-    for s in splits:
-        out.append(slice(start, start + s))
-        start += s
-    return out
-
-
 @dataclass
 class WgradTerm:
     """One rank's wgrad GEMM (or bias reduction) of one microbatch for one group member, exact
@@ -136,7 +128,7 @@ class _GemmInputs:
         if not self.quant.quantized:
             return t
         out = t.clone()
-        for g, rows in enumerate(_group_rows(self.inputs.splits[r][m])):
+        for g, rows in enumerate(group_rows(self.inputs.splits[r][m])):
             out[rows] = fn(r, m, g, t[rows])
         return out
 
@@ -149,11 +141,11 @@ def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
 
 
 def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
-                recipe: str = "none") -> list[list[list[WgradTerm]]]:
+                recipe: str = "none", distributed: bool = False) -> list[list[list[WgradTerm]]]:
     """``[rank][microbatch][member]``: each microbatch's weight gradient on each rank,
     ``dy[rows]^T @ x[rows]`` over the rows routed to that member (under ``recipe``, of the
     operands as TE quantized them)."""
-    gemm_input = gemm_input or _GemmInputs(inputs, quantized.for_recipe(recipe))
+    gemm_input = gemm_input or _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, distributed=distributed))
     out = []
     for r in range(len(inputs.x)):
         per_rank = []
@@ -161,7 +153,7 @@ def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
             x, x_mag, _ = gemm_input(r, m)
             dy = gemm_input.dy(r, m)
             per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start)
-                             for rows in _group_rows(inputs.splits[r][m])])
+                             for rows in group_rows(inputs.splits[r][m])])
         out.append(per_rank)
     return out
 
@@ -175,13 +167,13 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
         for m in range(len(inputs.x[r])):
             dy = inputs.dy[r][m].to(F64)
             per_rank.append([WgradTerm(dy[rows].sum(0), dy[rows].abs().sum(0), rows.stop - rows.start)
-                             for rows in _group_rows(inputs.splits[r][m])])
+                             for rows in group_rows(inputs.splits[r][m])])
         out.append(per_rank)
     return out
 
 
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
-            recipe: str = "none") -> RankOracle:
+            recipe: str = "none", distributed: bool = False) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
@@ -206,17 +198,18 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
             or one with a normalization (its quantized operand is the norm's rounded output,
             not yet modelled).
     """
-    quant = quantized.for_recipe(recipe)
+    quant = quantized.for_recipe(recipe, inputs, tags, distributed)
     if quant.quantized and inputs.norm is not None:
         raise NotImplementedError("the oracle does not model a recipe with a normalization yet")
     W = [w.to(F64) for w in inputs.weights]
-    Wf = [quant.weight(i, w * tags[0], backward=False) for i, w in enumerate(W)]
-    Wb = [quant.weight(i, w * tags[1], backward=True) for i, w in enumerate(W)]
+    mbs = len(inputs.x[0])
+    # [microbatch][member]: under delayed scaling each microbatch's weight has its own scale
+    Wf = [[quant.weight(m, i, w * tags[0], backward=False) for i, w in enumerate(W)] for m in range(mbs)]
+    Wb = [[quant.weight(m, i, w * tags[1], backward=True) for i, w in enumerate(W)] for m in range(mbs)]
     B = [b.to(F64) for b in inputs.biases]
     Bf = [b.to(torch.bfloat16).to(F64) for b in B] if quant.quantized and inputs.dtype == torch.float32 else B
     norm = inputs.norm
     world = len(inputs.x)
-    mbs = len(inputs.x[0])
     out_f, in_f = W[0].shape
     op_u = operand_u(inputs, recipe)
     gemm_input = _GemmInputs(inputs, quant)
@@ -227,11 +220,11 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
         dy = gemm_input.dy(rank, m)
         y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
         dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
-        for i, rows in enumerate(_group_rows(inputs.splits[rank][m])):
-            y[rows] = x[rows] @ Wf[i].t() + (Bf[i] if B else 0.0)
-            ya[rows] = x_mag[rows] @ Wf[i].abs().t() + (Bf[i].abs() if B else 0.0)
-            dx[rows] = dy[rows] @ Wb[i]
-            dxa[rows] = dy[rows].abs() @ Wb[i].abs()
+        for i, rows in enumerate(group_rows(inputs.splits[rank][m])):
+            y[rows] = x[rows] @ Wf[m][i].t() + (Bf[i] if B else 0.0)
+            ya[rows] = x_mag[rows] @ Wf[m][i].abs().t() + (Bf[i].abs() if B else 0.0)
+            dx[rows] = dy[rows] @ Wb[m][i]
+            dxa[rows] = dy[rows].abs() @ Wb[m][i].abs()
         outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u))
         if normed is not None:
             dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
@@ -252,13 +245,13 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
         for m in range(mbs):
             _, _, normed = gemm_input(r, m)
             dy = inputs.dy[r][m].to(F64)
-            for i, rows in enumerate(_group_rows(inputs.splits[r][m])):
+            for i, rows in enumerate(group_rows(inputs.splits[r][m])):
                 if B:  # the bias gradient: the unquantized dy's column sums
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
             if normed is not None:
                 # dgamma = sum(dh * xhat), dbeta = sum(dh), from the dgrad GEMM's dh
-                dh, dh_mag = dy @ Wb[0], dy.abs() @ Wb[0].abs()
+                dh, dh_mag = dy @ Wb[m][0], dy.abs() @ Wb[m][0].abs()
                 nsum[0] += (dh * normed.xhat).sum(0)
                 nabs[0] += (dh_mag * normed.xhat.abs()).sum(0)
                 if nparams > 1:

@@ -144,9 +144,10 @@ class Predictor:
     """A rank's defect models for one cell; computed only for the checks that fail."""
 
     def __init__(self, inputs: CellInputs, rank: int, tags: tuple[float, float], dtype: str,
-                 recipe: str = "none") -> None:
+                 recipe: str = "none", distributed: bool = False) -> None:
         self.inputs = inputs
         self.recipe = recipe        #: the models apply to the operands as the recipe quantized them
+        self.distributed = distributed
         self.rank = rank
         self.tags = tags
         self.dtype = dtype          #: the cell's (activation) dtype
@@ -232,7 +233,8 @@ class Predictor:
     def input_grad(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
         """Microbatch ``mb``'s input gradient under ``dgrad_from_forward_copy`` and
         ``dgrad_from_stored_weight`` (distinguishable only for a weight whose copies carry a
-        factor, ``gtp_tagged``)."""
+        factor, ``gtp_tagged``), and for a distributed weight under delayed scaling
+        ``dgrad_weight_requantized``."""
         forward, backward = self.tags
         copies = {"dgrad_from_forward_copy": forward, "dgrad_from_stored_weight": 1.0}
         out: dict[str, float] = {}
@@ -242,4 +244,9 @@ class Predictor:
             ref = oracle.compute(self.inputs, self.rank, (forward, tag), self.recipe).dgrads[mb]
             if tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
+        if self.recipe == "delayed" and self.distributed and isinstance(actual, torch.Tensor):
+            ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, distributed=True).dgrads[mb]
+            if tuple(actual.shape) == tuple(ref.value.shape):
+                out["dgrad_weight_requantized"] = ratio_outside(actual, Interval(ref.value, ref.value),
+                                                                compare.bound(ref, precision))
         return out

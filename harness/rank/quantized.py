@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from harness import recipes
+from harness.rank.inputs import CellInputs, group_rows
 
 F64 = torch.float64
 FP32_MAX = torch.finfo(torch.float32).max
@@ -84,8 +85,8 @@ class Quantizer:
     """The quantize-dequantize of each GEMM operand of a cell (identity without a recipe).
 
     ``x(r, m, g, t)``: the GEMM input of rank ``r``, microbatch ``m``, group ``g`` (its rows);
-    ``dy`` likewise (the output gradient, for dgrad and wgrad only); ``weight(g, t, backward)``:
-    group ``g``'s full weight as forward or backward sees it.
+    ``dy`` likewise (the output gradient, for dgrad and wgrad only); ``weight(m, g, t,
+    backward)``: group ``g``'s full weight as microbatch ``m``'s forward or backward sees it.
     """
 
     quantized = False
@@ -96,7 +97,7 @@ class Quantizer:
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return t
 
-    def weight(self, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return t
 
 
@@ -116,21 +117,99 @@ class CurrentScaling(Quantizer):
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return dequantized(t, current_scale(t, self.bwd), self.bwd)
 
-    def weight(self, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return dequantized(t, current_scale(t, self.fwd), self.fwd)
 
 
-def for_recipe(recipe: str) -> Quantizer:
-    """The cell's quantizer.
+def _amax(t: torch.Tensor) -> float:
+    """The largest ``|t|`` in fp32 (NaNs ignored, 0 for an empty tensor), as TE's amax kernel."""
+    a = t.detach().abs().to(torch.float32)
+    return float(torch.where(torch.isnan(a), 0.0, a).max()) if t.numel() else 0.0
+
+
+def _delayed_scale(amax: float, fmt: Fp8, previous: float) -> float:
+    """Delayed scaling's update from the window's amax: ``fp32(fp8_max / amax)`` (margin 0)
+    when that amax is finite and positive, else the previous scale; infinite: fp32's max."""
+    if not (0.0 < amax < float("inf")):
+        return previous
+    scale = float(torch.tensor(fmt.max, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32))
+    return FP32_MAX if scale == float("inf") else scale
+
+
+class DelayedScaling(Quantizer):
+    """``DelayedScaling`` with TE's defaults (``HYBRID``, margin 0, ``amax_history_len`` 1024,
+    ``amax_compute_algo="max"``, ``reduce_amax``), stepped as TE steps it over a cell's
+    microbatches. Every scale starts at 1 (the first microbatch quantizes with scale 1). A
+    quantize records its tensor's amax; at ``autocast``'s exit after each forward the forward
+    amaxes (input, weight) are max-reduced over the ranks (the default process group) and each
+    scale becomes ``fp8_max / max(window)``; at the end of each backward the output gradient's
+    likewise. The window (1024 steps) holds every microbatch of a cell, so the amax used is the
+    running maximum of everything recorded before the update.
+
+    The weight the input gradient multiplies: a plain weight's forward operand, saved on ctx;
+    a DistributedWeight's is never saved (TE's ``linear.py``: backward re-gathers it and
+    quantizes it again with the layer's quantizer), so its dgrad operand is the backward copy
+    quantized with the weight's scale *as updated after this microbatch's forward* - and that
+    quantize's amax enters the next update.
+    """
+
+    quantized = True
+
+    def __init__(self, fwd: Fp8, bwd: Fp8, inputs: CellInputs, tags: tuple[float, float],
+                 distributed: bool) -> None:
+        self.fwd, self.bwd = fwd, bwd
+        groups, mbs, world = len(inputs.weights), len(inputs.x[0]), len(inputs.x)
+        W = [w.to(F64) for w in inputs.weights]
+        self.sx: dict[tuple[int, int], float] = {}
+        self.sdy: dict[tuple[int, int], float] = {}
+        self.swf: dict[tuple[int, int], float] = {}
+        self.swb: dict[tuple[int, int], float] = {}
+        s_x, s_w, s_dy = [1.0] * groups, [1.0] * groups, [1.0] * groups
+        m_x, m_w, m_dy = [0.0] * groups, [0.0] * groups, [0.0] * groups
+        for m in range(mbs):
+            rows = [group_rows(inputs.splits[r][m]) for r in range(world)]
+            for g in range(groups):
+                self.sx[m, g], self.swf[m, g] = s_x[g], s_w[g]
+                m_x[g] = max(m_x[g], *(_amax(inputs.x[r][m][rows[r][g]]) for r in range(world)))
+                m_w[g] = max(m_w[g], _amax(W[g] * tags[0]))
+                s_x[g] = _delayed_scale(m_x[g], fwd, s_x[g])
+                s_w[g] = _delayed_scale(m_w[g], fwd, s_w[g])
+            for g in range(groups):
+                self.sdy[m, g] = s_dy[g]
+                if distributed:  # quantized again with the updated scale; its amax is recorded
+                    self.swb[m, g] = s_w[g]
+                    m_w[g] = max(m_w[g], _amax(W[g] * tags[1]))
+                else:
+                    self.swb[m, g] = self.swf[m, g]
+                m_dy[g] = max(m_dy[g], *(_amax(inputs.dy[r][m][rows[r][g]]) for r in range(world)))
+                s_dy[g] = _delayed_scale(m_dy[g], bwd, s_dy[g])
+
+    def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return dequantized(t, self.sx[m, g], self.fwd)
+
+    def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return dequantized(t, self.sdy[m, g], self.bwd)
+
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+        return dequantized(t, (self.swb if backward else self.swf)[m, g], self.fwd)
+
+
+def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
+               distributed: bool = False) -> Quantizer:
+    """The cell's quantizer (``inputs``, ``tags`` and ``distributed``: what delayed scaling's
+    steps depend on; ``distributed`` models TE's re-quantized dgrad weight, a defect model's
+    view, never the oracle's: the oracle's dgrad weight is the forward's, as for a plain weight).
 
     Raises:
         NotImplementedError: the oracle does not model ``recipe`` yet (``recipes.MODELLED``;
-            the CLI refuses such cells before a launch).
+            the CLI refuses such cells before a launch), or delayed scaling without ``inputs``.
     """
     kind = recipes.KINDS[recipe]
     if not kind.quantized:
         return Quantizer()
     if recipe == "current":
         return CurrentScaling(FORMATS[kind.forward], FORMATS[kind.backward])
+    if recipe == "delayed" and inputs is not None:
+        return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed)
     raise NotImplementedError(f"the oracle does not model recipe {recipe!r} yet "
                               f"(it models {', '.join(recipes.MODELLED)})")

@@ -330,13 +330,15 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
               step: _Step, consumer: Consumer, gtp: GTPGroup | None = None,
               backend: ModuleType | None = None) -> None:
     dev = ctx.device
+    with _owned("backend", "forward", cell):
+        under_recipe = lowp.under_recipe(backend, cell.recipe, ctx.group)
     for mb in range(cell.microbatches):
         with _owned("harness", "inputs", cell):
             x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
             dy = inputs.dy[ctx.rank][mb].to(dev)
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
-            call = lowp.wrap(backend, cell.recipe, _call(module, cell, inputs.splits[ctx.rank][mb], backend, dev))
+            call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev))
             out = run_forward(cell.hooks, call, x)
         with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
@@ -392,7 +394,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
-    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe)
+    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype))
