@@ -74,6 +74,12 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
             "has no LayerNormLinear, which the selected module values layernorm_linear, rmsnorm_linear "
             "need: select --modules linear,grouped_linear,ops_grouped_linear,grouped_linear_tensor,"
             "ops_grouped_linear_tensor"),
+        "backend without autocast under a recipe": (
+            ["sweep", "--preset", "ci", "--recipes", "current", "--modules", "linear", "--backend", "reference"],
+            "backend 'reference' has no autocast: it cannot run the recipes current"),
+        "recipe the oracle does not model": (
+            ["sweep", "--preset", "ci", "--recipes", "mxfp8", "--modules", "linear", "--backend", "te-cpu"],
+            "the oracle does not model mxfp8/linear yet"),
     }
 
 
@@ -82,7 +88,8 @@ CASES = ["unknown axis value", "malformed filter", "unknown name in filter", "ba
          "empty selection", "unknown preset", "repro malformed cell id", "resume without a record",
          "list unknown value", "cell timeout zero", "cell timeout negative", "repro cell timeout zero",
          "repro unknown example key", "repro malformed example", "selftest world size too large",
-         "selftest cell timeout zero", "rerun-failed without resume", "backend lacks a selected module's class"]
+         "selftest cell timeout zero", "rerun-failed without resume", "backend lacks a selected module's class",
+         "backend without autocast under a recipe", "recipe the oracle does not model"]
 
 
 @pytest.mark.parametrize("case", CASES)

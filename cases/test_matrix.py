@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import matrix, modules, weights
+from harness import matrix, modules, recipes, weights
 from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
@@ -165,6 +165,9 @@ def cells(draw):
     d["num_gemms"] = 1 if d["module"] in SINGLE else draw(st.integers(1, 16))
     if d["module"] in TENSOR and d["dtype"] == "fp32":
         d["dtype"] = "bf16"
+    d["recipe"] = "none" if d["module"] in TENSOR else draw(st.sampled_from(recipes.NAMES))
+    if d["recipe"] == "delayed" and d["hooks"] == "checkpoint":
+        d["recipe"] = "current"
     if d["consumer"] == "autograd":
         d["fused"] = False
         if d["weight"] in NEEDS_DDP:
@@ -496,3 +499,46 @@ def test_seed_preset_is_the_production_combination():
     mcore = select("seed", {"weight": ["gtp_mcore"], "dtype": ["fp32"]})
     assert {c.weight for c in mcore} == {"gtp_mcore"} and {c.dtype for c in mcore} == {"fp32"}
     assert {c.world_size for c in mcore} == {1, 2, 4}
+
+
+# --- the recipe axis (opt-in) -----------------------------------------------------------
+
+#: select("ci") before the recipe axis existed: the axis must not move a single cell
+CI_BEFORE_RECIPES = (437, "151c2aab01cbad5070468a953e42f9ed4f2ace6d6535e371031e9b9e839438fb")
+
+
+def test_presets_select_what_they_did_before_the_recipe_axis():
+    ci = select("ci")
+    assert (len(ci), matrix.ids_digest(ci)) == CI_BEFORE_RECIPES
+    assert DEFAULTS["recipe"] == ("none",)
+    for preset in matrix.PRESETS:
+        assert {c.recipe for c in select(preset)} == {"none"}, preset
+
+
+def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
+    base = Cell("linear", "distributed", "off", True, "bf16", 2, "ddp", 2, 1, True, True, False)
+    assert base.recipe == "none" and not base.id.endswith("-rnone")
+    q = Cell(**{**base.serialize(), "recipe": "current"})
+    assert q.id == base.id + "-rcurrent" and q.seed != base.seed
+    assert Cell.from_id(q.id) == q and Cell.from_dict(json.loads(json.dumps(q.serialize()))) == q
+    old = {k: v for k, v in base.serialize().items() if k != "recipe"}  # a record before the axis
+    assert Cell.from_dict(old) == base
+    with pytest.raises(MatrixError, match="Malformed cell id"):
+        Cell.from_id(base.id + "-xcurrent")
+    with pytest.raises(MatrixError, match="Unknown value 'nvfp4' for axis recipe"):
+        Cell.from_id(base.id + "-rnvfp4")
+    for m in sorted(TENSOR):
+        with pytest.raises(MatrixError, match="a recipe on a grouped-tensor path"):
+            Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": "delayed"})
+    with pytest.raises(MatrixError, match="hooks='checkpoint' with recipe='delayed' is not built"):
+        Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "delayed"})
+    Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "current"})
+
+
+def test_ci_under_one_recipe_is_its_covering_design():
+    cells = select("ci", {"recipe": ["current"]})
+    assert {c.recipe for c in cells} == {"current"} and not {c.module for c in cells} & TENSOR
+    domains = {**DEFAULTS, "recipe": ("current",), "module": tuple(m for m in DEFAULTS["module"] if m not in TENSOR)}
+    assert_pairwise(cells, domains)
+    both = select("ci", {"recipe": ["none", "current"]})
+    assert set(select("ci")) <= set(both) and {c.recipe for c in both} == {"none", "current"}

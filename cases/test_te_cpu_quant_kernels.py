@@ -10,39 +10,21 @@ written here in plain Python.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import struct
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-PKG = "_te_cpu_quant_numerics"
+from fixtures.quant_numerics import load
 
-
-def _load(name: str) -> ModuleType:
-    """``harness/te_cpu/quant/<name>.py`` inside a by-path package (never ``harness.te_cpu``)."""
-    if PKG not in sys.modules:
-        spec = importlib.util.spec_from_file_location(PKG, ROOT / "harness/te_cpu/quant/__init__.py",
-                                                      submodule_search_locations=[str(ROOT / "harness/te_cpu/quant")])
-        assert spec is not None and spec.loader is not None
-        pkg = importlib.util.module_from_spec(spec)
-        sys.modules[PKG] = pkg
-        spec.loader.exec_module(pkg)
-    return importlib.import_module(f"{PKG}.{name}")
-
-
-formats = _load("formats")
-scaling = _load("scaling")
-swizzle = _load("swizzle")
-mxfp8 = _load("mxfp8")
-blockwise = _load("blockwise")
-per_tensor = _load("per_tensor")
-qgemm = _load("qgemm")
+formats = load("formats")
+scaling = load("scaling")
+swizzle = load("swizzle")
+mxfp8 = load("mxfp8")
+blockwise = load("blockwise")
+per_tensor = load("per_tensor")
+qgemm = load("qgemm")
 
 
 # ---- FP8: a reference rounding in plain Python ----------------------------------------------

@@ -34,6 +34,9 @@ from typing import Any, Mapping
 from harness import modules
 
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
+#: what a backend exposes to run cells under a low-precision recipe: TE's ``autocast``
+#: (``harness.rank.lowp``); listed in ``BackendInfo.apis`` when present
+RECIPE_API = "autocast"
 #: classes a backend may lack; cells of a module whose class is missing are refused before
 #: any launch (``harness.preflight.check_modules``)
 #: short names for backends that live in this repository (``--backend te-cpu``)
@@ -281,7 +284,8 @@ class BackendInfo:
     #: the only device the backend computes on (``"cpu"`` for te-cpu), None if any
     device: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: the module classes it has (``harness.modules`` ``api`` names); None: not probed
+    #: the module classes it has (``harness.modules`` ``api`` names), and ``RECIPE_API`` when it
+    #: can run recipes; None: not probed
     apis: list[str] | None = None
     #: the ranks' torch as the probe saw it (``torch_facts``); None: not probed
     torch: dict[str, Any] | None = None
@@ -340,7 +344,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts, apis=[a for a in modules.APIS if has_api(backend, a)],
+                       extra=facts, apis=[a for a in (*modules.APIS, RECIPE_API) if has_api(backend, a)],
                        torch=torch_facts())
 
 

@@ -55,6 +55,11 @@ _MODELS = (
           "the input gradient is computed from the module's stored weight (the unsharded parameter, at "
           "world size 1) instead of its backward-materialized copy",
           ("mb*.input_grad",)),
+    Model("dgrad_weight_requantized",
+          "under delayed scaling the input gradient multiplies the backward-materialized weight "
+          "quantized again with the weight's scale as updated after this microbatch's forward, not the "
+          "weight the forward quantized",
+          ("mb*.input_grad",)),
 )
 #: every model a ledger may name
 MODELS: dict[str, Model] = {m.name: m for m in _MODELS}

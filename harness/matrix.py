@@ -4,12 +4,17 @@ Pure Python (no torch), so every rank, the CLI and the reports can rebuild the s
 cheaply. Every rank calls :func:`select` with the same arguments and compares
 :func:`ids_digest` before any cell runs; after that only indices travel.
 
-A cell fixes one value on each of twelve axes, in this order::
+A cell fixes one value on each of thirteen axes, in this order::
 
     module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
-    bias, input_grad, delay_wgrad
+    bias, input_grad, delay_wgrad, recipe
 
-Five combinations are invalid and never generated:
+``recipe`` (``harness.recipes``) is ``none`` for every cell that runs no low-precision recipe:
+the cells that existed before the axis, whose ids it leaves unchanged (a recipe is named in
+the id only when it is not ``none``: ``...-nodelay-rcurrent``). Under a recipe the cell's
+shapes are aligned to it (``harness.shape.fitted``).
+
+Seven combinations are invalid and never generated:
 
 - ``consumer='autograd'`` with ``fused=True``: there is no ``main_grad`` to fuse into
   (CONTRACTS §4);
@@ -20,7 +25,21 @@ Five combinations are invalid and never generated:
   weight always has a ``main_grad`` (CONTRACTS §2);
 - Megatron's class at world size 1, which it never builds;
 - a dtype the module's path does not have (``modules.ModuleKind.dtypes``: the grouped-tensor
-  paths have no fp32).
+  paths have no fp32);
+- a recipe on a grouped-tensor path (``grouped_linear_tensor``, ``ops_grouped_linear_tensor``):
+  TE 2.20.2 never takes that path under ``DelayedScaling`` (``is_module_grouped_tensor_path_supported``),
+  and for the other recipes te-cpu has none of its grouped quantization kernels
+  (``group_quantize``, ``bgrad_group_quantize``, ``group_requantize_inplace``), so the cell
+  could not be judged on the path it names (docs/low-precision.md);
+- ``hooks='checkpoint'`` with ``recipe='delayed'``: torch's checkpoint, which the hook mode
+  uses, recomputes the forward during backward with the scales delayed scaling has updated
+  since (and records its amaxes again); TE restores the forward's scales for a recompute only
+  under its own ``checkpoint``, so the recomputed step is not the one the cell names.
+
+Recipes are opt-in: every preset's recipe domain is ``("none",)`` unless ``--recipes`` names
+others. Under a recipe a cell's feature counts and rows are multiples of 16 (TE's FP8 GEMM
+alignment; ``harness.recipes.RecipeKind.align``) and the oracle must model the recipe on the
+module (``harness.recipes.MODELLED``; the CLI refuses other cells).
 
 ``delay_wgrad`` with a distributed weight is valid but *expected to raise* (CONTRACTS §2).
 
@@ -38,7 +57,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import filters, modules, weights
+from harness import filters, modules, recipes, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
@@ -55,6 +74,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "hooks": HOOK_MODES,
     "dtype": ("fp32", "bf16", "fp16"),
     "consumer": ("ddp", "autograd"),
+    "recipe": recipes.NAMES,
 }
 _BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad")
 _INT_AXES = ("world_size", "microbatches", "num_gemms")
@@ -63,13 +83,15 @@ _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "fused": (True, False), "dtype": _CHOICES["dtype"], "world_size": (1, 2, 4),
     "consumer": _CHOICES["consumer"], "microbatches": (1, 2), "num_gemms": (1, 4),
     "bias": (True, False), "input_grad": (True, False), "delay_wgrad": (False, True),
+    # opt-in (``--recipes``): every preset selects exactly the cells it did before the axis
+    "recipe": ("none",),
 }
 AXIS_NAMES: tuple[str, ...] = tuple(_DEFAULTS)
 AXIS_OPTIONS: dict[str, str] = {
     "--modules": "module", "--weights": "weight", "--hooks": "hooks", "--fused": "fused",
     "--dtypes": "dtype", "--world-sizes": "world_size", "--consumers": "consumer",
     "--microbatches": "microbatches", "--num-gemms": "num_gemms", "--bias": "bias",
-    "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad",
+    "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad", "--recipes": "recipe",
 }
 PRESETS: tuple[str, ...] = ("ci", "full", "smoke", "seed")
 #: the production combination of the original hook defect's report: Megatron's GTP-sharded bf16 experts in a
@@ -116,6 +138,12 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      "bf16 and fp16 only (its grouped GEMM rejects fp32; TE falls back to the split path)"),
     ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
      "weight='megatron' requires world_size >= 2 (Megatron never builds a GTP group of one)"),
+    ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
+     "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
+     "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),
+    ("hooks", "recipe", lambda h, r: not (h == "checkpoint" and r == "delayed"),
+     "hooks='checkpoint' with recipe='delayed' is not built: torch's checkpoint recomputes the forward "
+     "with the scales the step has since updated (TE restores them only under its own checkpoint)"),
 )
 
 
@@ -196,6 +224,7 @@ class Cell:
     bias: bool
     input_grad: bool
     delay_wgrad: bool
+    recipe: str = "none"
 
     def __post_init__(self) -> None:
         for name in AXIS_NAMES:
@@ -213,7 +242,8 @@ class Cell:
                 f"{self.consumer}-mb{self.microbatches}-g{self.num_gemms}-"
                 f"{'bias' if self.bias else 'nobias'}-"
                 f"{'igrad' if self.input_grad else 'noigrad'}-"
-                f"{'delay' if self.delay_wgrad else 'nodelay'}")
+                f"{'delay' if self.delay_wgrad else 'nodelay'}"
+                f"{'' if self.recipe == 'none' else f'-r{self.recipe}'}")
 
     @property
     def distributed(self) -> bool:
@@ -247,9 +277,13 @@ class Cell:
     def from_dict(cls, d: Mapping[str, Any]) -> Cell:
         """Rebuild a cell from :meth:`serialize` output.
 
+        A dict without ``recipe`` (a record written before the axis existed) is a cell
+        without a recipe.
+
         Raises:
             MatrixError: missing or unknown keys, or bad values.
         """
+        d = d if "recipe" in d else {**d, "recipe": "none"}
         missing = [n for n in AXIS_NAMES if n not in d]
         extra = [k for k in d if k not in _DEFAULTS]
         if missing or extra:
@@ -264,9 +298,12 @@ class Cell:
             MatrixError: the id is malformed, not canonical, or names an invalid cell.
         """
         parts = cell_id.split("-")
+        recipe = "none"
+        if len(parts) == 13 and parts[12].startswith("r"):
+            recipe = parts.pop()[1:]
         if len(parts) != 12:
             raise MatrixError(f"Malformed cell id {cell_id!r}: expected 12 '-'-separated "
-                              f"parts, got {len(parts)}")
+                              f"parts (13 with a recipe, r<recipe>), got {len(cell_id.split('-'))}")
 
         def flag(i: int, yes: str, no: str) -> bool:
             if parts[i] not in (yes, no):
@@ -288,7 +325,7 @@ class Cell:
             cell = cls(parts[0], parts[1], parts[2][len("hooks_"):], flag(3, "fused", "unfused"),
                        parts[4], number(5, "ws"), parts[6], number(7, "mb"), number(8, "g"),
                        flag(9, "bias", "nobias"), flag(10, "igrad", "noigrad"),
-                       flag(11, "delay", "nodelay"))
+                       flag(11, "delay", "nodelay"), recipe)
         except MatrixError as e:
             if str(e).startswith("Malformed"):
                 raise
@@ -451,6 +488,50 @@ def _module_slots(domain: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 
 def _ci(domains: Domains) -> list[Cell]:
+    """The ``ci`` preset: the covering design (:func:`_covering`) of the cells without a
+    recipe, and a small set of cells for each other recipe selected (:func:`_recipe_cells`);
+    when ``none`` is not selected, the covering design of each selected recipe."""
+    recipes_ = domains["recipe"]
+    if "none" not in recipes_:
+        return list(dict.fromkeys(c for r in recipes_ for c in _covering({**domains, "recipe": (r,)})))
+    cells = _covering({**domains, "recipe": ("none",)})
+    lowp = [r for r in recipes_ if r != "none"]
+    return list(dict.fromkeys(cells + _recipe_cells(domains, lowp)))
+
+
+def _recipe_cells(domains: Domains, lowp: list[str]) -> list[Cell]:
+    """Each low-precision recipe once with each TE class (a slot of :func:`_module_slots`; the
+    values of one class take turns), the other axes rotating over the cells in a Latin-square
+    fashion: hook modes (each recipe meets four of them, each class four), the weights of
+    ``full`` and ``hooks`` coverage (each recipe meets every one), world sizes, fused and
+    the 16-bit dtypes; the rest most demanding (two microbatches: TE's FP8 weight caching
+    across ``is_first_microbatch``). A fixed value the other fixed values or the domains
+    rule out is let go, last named first (world size, dtype, fused, hooks, weight)."""
+    tiers = _weight_tiers(domains["weight"])
+    slots = _module_slots(domains["module"])
+    wts = list(tiers["full"] + tiers["hooks"]) or list(domains["weight"])
+    hooks, fused, sizes = domains["hooks"], domains["fused"], domains["world_size"]
+    halves = [d for d in ("bf16", "fp16") if d in domains["dtype"]] or list(domains["dtype"])
+    cells: dict[Cell, None] = {}
+    k = 0
+    for ri, r in enumerate(lowp):
+        for slot in slots:
+            fixed = {"recipe": r, "weight": wts[k % len(wts)], "hooks": hooks[k % len(hooks)],
+                     "fused": fused[(k // 2) % len(fused)], "dtype": halves[(k // 4 + k) % len(halves)],
+                     "world_size": sizes[(k // len(wts)) % len(sizes)]}
+            k += 1
+            for keep in range(len(fixed), 0, -1):
+                kept = dict(list(fixed.items())[:keep])
+                # the class's values take turns over the recipes (LayerNorm / RMSNorm)
+                found = [c for i in range(len(slot))
+                         if (c := _complete({"module": slot[(ri + i) % len(slot)], **kept}, domains)) is not None]
+                if found:
+                    cells.setdefault(found[0])
+                    break
+    return list(cells)
+
+
+def _covering(domains: Domains) -> list[Cell]:
     """Covering design: (b) hooks x fused x weight per module and world size and (c)
     delayed wgrad per module, both over the weights with full coverage; (h) per weight
     with hooks coverage, every hook mode per module and world size, fused alternating; (v)

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from harness import modules
 from harness.launcher import warm
-from harness.backends import BackendInfo, probe_backend
+from harness.backends import RECIPE_API, BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
 
@@ -88,8 +88,21 @@ def check_modules(info: BackendInfo, selected: Iterable[str]) -> None:
                          f"{', '.join(k.name for k in lacking)} need: {hint}")
 
 
+def check_recipes(info: BackendInfo, selected: Iterable[str]) -> None:
+    """A backend that runs a selected low-precision recipe exposes TE's ``autocast``.
+
+    Raises:
+        UsageError: naming the recipes and the way out.
+    """
+    quantized = [r for r in dict.fromkeys(selected) if r != "none"]
+    if quantized and info.apis is not None and RECIPE_API not in info.apis:
+        raise UsageError(f"backend {info.spec!r} has no {RECIPE_API}: it cannot run the recipes "
+                         f"{', '.join(quantized)}; select --recipes none or another backend")
+
+
 def check_run(backend: str, device: str, world_sizes: Iterable[int],
-              selected_modules: Iterable[str] = (), keep_warm: bool = False) -> tuple[BackendInfo, str]:
+              selected_modules: Iterable[str] = (), keep_warm: bool = False,
+              selected_recipes: Iterable[str] = ()) -> tuple[BackendInfo, str]:
     """Everything the parent can check before a launch: the backend, its module classes,
     then the device (``keep_warm``: as for ``check_backend``).
 
@@ -98,6 +111,7 @@ def check_run(backend: str, device: str, world_sizes: Iterable[int],
     """
     info = check_backend(backend, keep_warm)
     check_modules(info, selected_modules)
+    check_recipes(info, selected_recipes)
     device = settle_device(info, device)
     check_device(device, world_sizes, info.torch)
     return info, device

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from harness import matrix, weights
+from harness import matrix, recipes, weights
 from harness.launcher import shard
 from harness.exitcodes import UsageError
 
@@ -139,3 +139,17 @@ def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:
             weights.shard_rows(out_features, ws, weights.KINDS[weight].pad_multiple)
         except ValueError as exc:
             raise UsageError(f"weight {weight}: {exc}; choose smaller world sizes") from exc
+
+
+def check_recipes(cells: list[matrix.Cell]) -> None:
+    """Every cell's recipe is one the oracle models on its module (``recipes.MODELLED``): a
+    cell it could not judge is refused before any launch, not run and called a harness error.
+
+    Raises:
+        UsageError: naming the recipe/module pairs not modelled yet.
+    """
+    missing = recipes.unmodelled((c.recipe, c.module) for c in cells)
+    if missing:
+        modelled = "; ".join(f"{r}: {', '.join(m)}" for r, m in recipes.MODELLED.items() if r != "none")
+        raise UsageError(f"the oracle does not model {', '.join(missing)} yet (it models {modelled}): "
+                         f"select other --recipes or --modules")

@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     cell = matrix.Cell.from_id(args.cell_id)
     example = parse_example(args.example)
     _options.check_timeout(args.cell_timeout)
+    selection.check_recipes([cell])
     info, args.device = preflight.check_run(args.backend, args.device, [cell.world_size], [cell.module],
-                                            keep_warm=True)
+                                            keep_warm=True, selected_recipes=[cell.recipe])
     ledger = _options.ledger_for(args.ledger, info)
     selection.check_shardable([cell], (example or Example().serialize())["out_features"])
     run_dir = _options.run_dir(args, prefix="repro").resolve()

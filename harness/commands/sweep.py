@@ -162,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     _options.check_timeout(args.cell_timeout)
     sel["examples"] = args.examples
+    selection.check_recipes(cells)  # before the backend's probe: bad input first, cheaply
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
-                                            {c.module for c in cells}, keep_warm=True)
+                                            {c.module for c in cells}, keep_warm=True,
+                                            selected_recipes={c.recipe for c in cells})
     selection.check_shardable(cells, Example().out_features)
     if args.resume:
         _check_same_code(args.resume, args.backend, info)

@@ -50,6 +50,15 @@ def draw_splits(rows: int, groups: int, seed: int, rank: int, mb: int) -> list[i
     return torch.bincount(picks, minlength=groups).tolist()
 
 
+def group_rows(splits: list[int]) -> list[slice]:
+    """The rows of each group member, in order, from its row counts."""
+    out, start = [], 0
+    for n in splits:
+        out.append(slice(start, start + n))
+        start += n
+    return out
+
+
 @dataclass
 class CellInputs:
     """Everything every rank needs to run, and the oracle to judge, one cell."""
@@ -99,9 +108,10 @@ def make_norm(seed: int, example: Example, dtype: torch.dtype, kind: str | None,
 
 def make_inputs(seed: int, example: Example, dtype_name: str, world_size: int,
                 microbatches: int, groups: int, bias: bool, norm: str | None = None,
-                zero_centered: bool = False) -> CellInputs:
+                zero_centered: bool = False, unit: int = 1) -> CellInputs:
     """Every tensor of one cell; ``norm`` (``"LayerNorm"``/``"RMSNorm"``) adds the
-    normalization's parameters (:func:`make_norm`)."""
+    normalization's parameters (:func:`make_norm`). ``unit``: every group's rows are a
+    multiple of it (a recipe's alignment, ``harness.recipes.RecipeKind.align``; ``rows`` is)."""
     dtype = DTYPES[dtype_name]
     e = example
     s = (seed, e.salt)
@@ -111,7 +121,8 @@ def make_inputs(seed: int, example: Example, dtype_name: str, world_size: int,
     mbs = range(microbatches)
     x = [[randn((e.rows, e.in_features), dtype, *s, "x", r, m) for m in mbs] for r in ranks]
     dy = [[randn((e.rows, e.out_features), dtype, *s, "dy", r, m) for m in mbs] for r in ranks]
-    splits = [[draw_splits(e.rows, groups, hash_seed(s), r, m) for m in mbs] for r in ranks]
+    splits = [[[n * unit for n in draw_splits(e.rows // unit, groups, hash_seed(s), r, m)] for m in mbs]
+              for r in ranks]
     return CellInputs(dtype, weights, biases, x, dy, splits,
                       make_norm(seed, example, dtype, norm, zero_centered))
 

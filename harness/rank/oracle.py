@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.rank.inputs import CellInputs, Norm
+from harness.rank import quantized
+from harness.rank.inputs import CellInputs, Norm, group_rows
 
 F64 = torch.float64
 
@@ -84,14 +85,6 @@ def _normalize_backward(n: _Normalized, dh: torch.Tensor, dh_mag: torch.Tensor,
     return dx * n.rstd, mag * n.rstd
 
 
-def _group_rows(splits: list[int]) -> list[slice]:
-    out, start = [], 0
-    for s in splits:
-        out.append(slice(start, start + s))
-        start += s
-    return out
-
-
 @dataclass
 class WgradTerm:
     """One rank's wgrad GEMM (or bias reduction) of one microbatch for one group member, exact
@@ -104,40 +97,63 @@ class WgradTerm:
 
 class _GemmInputs:
     """What the GEMMs of (rank, microbatch) receive: ``x``, or the normalization's ``h`` (each
-    (rank, microbatch) normalized once: outputs and gradients share it)."""
+    (rank, microbatch) normalized once: outputs and gradients share it), and ``dy``; under a
+    recipe each group's rows of both as TE quantized them (``harness.rank.quantized``)."""
 
-    def __init__(self, inputs: CellInputs) -> None:
+    def __init__(self, inputs: CellInputs, quant: quantized.Quantizer | None = None) -> None:
         self.inputs = inputs
+        self.quant = quant or quantized.Quantizer()
         self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, _Normalized | None]] = {}
+        self._dy: dict[tuple[int, int], torch.Tensor] = {}
 
     def __call__(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
         if (r, m) not in self._done:
             x = self.inputs.x[r][m].to(F64)
             if self.inputs.norm is None:
+                x = self._per_group(self.quant.x, r, m, x)
                 self._done[r, m] = x, x.abs(), None
             else:
                 normed = _normalize(x, self.inputs.norm)
                 self._done[r, m] = normed.h, normed.magnitude, normed
         return self._done[r, m]
 
+    def dy(self, r: int, m: int) -> torch.Tensor:
+        """The output gradient the dgrad and wgrad GEMMs multiply (the bias gradient sums the
+        unquantized one)."""
+        if (r, m) not in self._dy:
+            self._dy[r, m] = self._per_group(self.quant.dy, r, m, self.inputs.dy[r][m].to(F64))
+        return self._dy[r, m]
 
-def operand_u(inputs: CellInputs) -> float:
-    """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u."""
-    return torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0
+    def _per_group(self, fn, r: int, m: int, t: torch.Tensor) -> torch.Tensor:
+        if not self.quant.quantized:
+            return t
+        out = t.clone()
+        for g, rows in enumerate(group_rows(self.inputs.splits[r][m])):
+            out[rows] = fn(r, m, g, t[rows])
+        return out
 
 
-def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None) -> list[list[list[WgradTerm]]]:
+def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
+    """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u;
+    a quantized GEMM's scale-inverses cost ``quantized.SCALE_U`` more (:func:`compute`)."""
+    scales = quantized.SCALE_U if recipe != "none" else 0.0
+    return (torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0) + scales
+
+
+def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
+                recipe: str = "none", distributed: bool = False) -> list[list[list[WgradTerm]]]:
     """``[rank][microbatch][member]``: each microbatch's weight gradient on each rank,
-    ``dy[rows]^T @ x[rows]`` over the rows routed to that member."""
-    gemm_input = gemm_input or _GemmInputs(inputs)
+    ``dy[rows]^T @ x[rows]`` over the rows routed to that member (under ``recipe``, of the
+    operands as TE quantized them)."""
+    gemm_input = gemm_input or _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, distributed=distributed))
     out = []
     for r in range(len(inputs.x)):
         per_rank = []
         for m in range(len(inputs.x[r])):
             x, x_mag, _ = gemm_input(r, m)
-            dy = inputs.dy[r][m].to(F64)
+            dy = gemm_input.dy(r, m)
             per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start)
-                             for rows in _group_rows(inputs.splits[r][m])])
+                             for rows in group_rows(inputs.splits[r][m])])
         out.append(per_rank)
     return out
 
@@ -151,12 +167,13 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
         for m in range(len(inputs.x[r])):
             dy = inputs.dy[r][m].to(F64)
             per_rank.append([WgradTerm(dy[rows].sum(0), dy[rows].abs().sum(0), rows.stop - rows.start)
-                             for rows in _group_rows(inputs.splits[r][m])])
+                             for rows in group_rows(inputs.splits[r][m])])
         out.append(per_rank)
     return out
 
 
-def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0)) -> RankOracle:
+def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
+            recipe: str = "none", distributed: bool = False) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
@@ -168,35 +185,53 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     that rounded ``h``): one more rounding, charged to the magnitude, behind every value
     computed from it. The input gradient goes back through the normalization from ``dh``,
     which the dgrad GEMM rounds to the cell's dtype before the normalization's backward.
+
+    Under a ``recipe`` the GEMMs multiply the operands as TE quantized them
+    (``harness.rank.quantized``): exact products of FP8 values and fp32 scale-inverses, so
+    the bound keeps its accumulation and output roundings, and the two fp32 roundings of
+    applying the scale-inverses to the accumulator (``quantized.SCALE_U``, charged as an
+    operand rounding). An fp32 cell's forward bias is rounded to bf16 first (TE: "cuBLAS
+    does not support FP8 GEMM with FP32 bias").
+
+    Raises:
+        NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``),
+            or one with a normalization (its quantized operand is the norm's rounded output,
+            not yet modelled).
     """
+    quant = quantized.for_recipe(recipe, inputs, tags, distributed)
+    if quant.quantized and inputs.norm is not None:
+        raise NotImplementedError("the oracle does not model a recipe with a normalization yet")
     W = [w.to(F64) for w in inputs.weights]
-    Wf = [w * tags[0] for w in W]
-    Wb = [w * tags[1] for w in W]
+    mbs = len(inputs.x[0])
+    # [microbatch][member]: under delayed scaling each microbatch's weight has its own scale
+    Wf = [[quant.weight(m, i, w * tags[0], backward=False) for i, w in enumerate(W)] for m in range(mbs)]
+    Wb = [[quant.weight(m, i, w * tags[1], backward=True) for i, w in enumerate(W)] for m in range(mbs)]
     B = [b.to(F64) for b in inputs.biases]
+    Bf = [b.to(torch.bfloat16).to(F64) for b in B] if quant.quantized and inputs.dtype == torch.float32 else B
     norm = inputs.norm
     world = len(inputs.x)
-    mbs = len(inputs.x[0])
     out_f, in_f = W[0].shape
-    op_u = operand_u(inputs)
-    gemm_input = _GemmInputs(inputs)
+    op_u = operand_u(inputs, recipe)
+    gemm_input = _GemmInputs(inputs, quant)
 
     outputs, dgrads = [], []
     for m in range(mbs):
         x, x_mag, normed = gemm_input(rank, m)
-        dy = inputs.dy[rank][m].to(F64)
+        dy = gemm_input.dy(rank, m)
         y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
         dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
-        for i, rows in enumerate(_group_rows(inputs.splits[rank][m])):
-            y[rows] = x[rows] @ Wf[i].t() + (B[i] if B else 0.0)
-            ya[rows] = x_mag[rows] @ Wf[i].abs().t() + (B[i].abs() if B else 0.0)
-            dx[rows] = dy[rows] @ Wb[i]
-            dxa[rows] = dy[rows].abs() @ Wb[i].abs()
+        for i, rows in enumerate(group_rows(inputs.splits[rank][m])):
+            y[rows] = x[rows] @ Wf[m][i].t() + (Bf[i] if B else 0.0)
+            ya[rows] = x_mag[rows] @ Wf[m][i].abs().t() + (Bf[i].abs() if B else 0.0)
+            dx[rows] = dy[rows] @ Wb[m][i]
+            dxa[rows] = dy[rows].abs() @ Wb[m][i].abs()
         outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u))
         if normed is not None:
             dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
         # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
         dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
-                                roundings=2 if normed is not None else 1))
+                                roundings=2 if normed is not None else 1,
+                                operand_u=quantized.SCALE_U if quant.quantized else 0.0))
 
     terms = wgrad_terms(inputs, gemm_input)
     wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(len(W))]
@@ -210,13 +245,13 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
         for m in range(mbs):
             _, _, normed = gemm_input(r, m)
             dy = inputs.dy[r][m].to(F64)
-            for i, rows in enumerate(_group_rows(inputs.splits[r][m])):
-                if B:
+            for i, rows in enumerate(group_rows(inputs.splits[r][m])):
+                if B:  # the bias gradient: the unquantized dy's column sums
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
             if normed is not None:
                 # dgamma = sum(dh * xhat), dbeta = sum(dh), from the dgrad GEMM's dh
-                dh, dh_mag = dy @ Wb[0], dy.abs() @ Wb[0].abs()
+                dh, dh_mag = dy @ Wb[m][0], dy.abs() @ Wb[m][0].abs()
                 nsum[0] += (dh * normed.xhat).sum(0)
                 nabs[0] += (dh_mag * normed.xhat.abs()).sum(0)
                 if nparams > 1:

@@ -143,8 +143,11 @@ def _cut(t: torch.Tensor, shard: tuple[int, int, int] | None) -> torch.Tensor:
 class Predictor:
     """A rank's defect models for one cell; computed only for the checks that fail."""
 
-    def __init__(self, inputs: CellInputs, rank: int, tags: tuple[float, float], dtype: str) -> None:
+    def __init__(self, inputs: CellInputs, rank: int, tags: tuple[float, float], dtype: str,
+                 recipe: str = "none", distributed: bool = False) -> None:
         self.inputs = inputs
+        self.recipe = recipe        #: the models apply to the operands as the recipe quantized them
+        self.distributed = distributed
         self.rank = rank
         self.tags = tags
         self.dtype = dtype          #: the cell's (activation) dtype
@@ -157,11 +160,11 @@ class Predictor:
 
     def terms(self) -> list[list[list[oracle.WgradTerm]]]:
         if self._terms is None:
-            self._terms = oracle.wgrad_terms(self.inputs)
+            self._terms = oracle.wgrad_terms(self.inputs, recipe=self.recipe)
         return self._terms
 
     def _rounded(self, r: int, m: int, i: int) -> Interval:
-        return gemm_output(self.terms()[r][m][i], self.dtype, oracle.operand_u(self.inputs))
+        return gemm_output(self.terms()[r][m][i], self.dtype, oracle.operand_u(self.inputs, self.recipe))
 
     def _averaged(self, per_rank: list[Interval]) -> Interval:
         """The consumer's end of step for a ``.grad``: summed over the ranks in the dtype (an
@@ -230,14 +233,20 @@ class Predictor:
     def input_grad(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
         """Microbatch ``mb``'s input gradient under ``dgrad_from_forward_copy`` and
         ``dgrad_from_stored_weight`` (distinguishable only for a weight whose copies carry a
-        factor, ``gtp_tagged``)."""
+        factor, ``gtp_tagged``), and for a distributed weight under delayed scaling
+        ``dgrad_weight_requantized``."""
         forward, backward = self.tags
         copies = {"dgrad_from_forward_copy": forward, "dgrad_from_stored_weight": 1.0}
         out: dict[str, float] = {}
         for name, tag in copies.items():
             if tag == backward or not isinstance(actual, torch.Tensor):
                 continue
-            ref = oracle.compute(self.inputs, self.rank, (forward, tag)).dgrads[mb]
+            ref = oracle.compute(self.inputs, self.rank, (forward, tag), self.recipe).dgrads[mb]
             if tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
+        if self.recipe == "delayed" and self.distributed and isinstance(actual, torch.Tensor):
+            ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, distributed=True).dgrads[mb]
+            if tuple(actual.shape) == tuple(ref.value.shape):
+                out["dgrad_weight_requantized"] = ratio_outside(actual, Interval(ref.value, ref.value),
+                                                                compare.bound(ref, precision))
         return out

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import torch
 
-from harness import modules, weights
-from harness.rank import compare, oracle, predict, rejection, te_path, twin
+from harness import modules, recipes, shape, weights
+from harness.rank import compare, lowp, oracle, predict, rejection, te_path, twin
 from harness.rank.consumer import Consumer
 from harness.rank.faults import BackendFault
 from harness.rank.attach import attach_weight
@@ -97,9 +97,9 @@ def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: Modul
 
 
 def fitted(example: Example, cell: Cell) -> Example:
-    """``example`` with the out_features the cell's module accepts (``ModuleKind.out_features``)."""
-    out = modules.KINDS[cell.module].out_features(example.out_features, cell.bias)
-    return example if out == example.out_features else dataclasses.replace(example, out_features=out)
+    """``example`` as the cell runs it (``harness.shape.fitted``: the module's out_features,
+    the recipe's alignment)."""
+    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms)
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -160,6 +160,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     evidence = getattr(backend, "path_evidence", None)
     if callable(evidence):
         backend.reset_path_evidence()
+    lowp.present(backend, cell.recipe)  # before use_path: its grouped-GEMM threshold follows the device
     use_path = getattr(backend, "use_path", None)
     if callable(use_path):
         use_path(modules.KINDS[cell.module].path)  # held for the whole cell, twin included
@@ -177,6 +178,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
     _judge_path(cell, result, dict(evidence()) if callable(evidence) else None)
+    result.recipe = lowp.describe(backend, cell.recipe)
     return result
 
 
@@ -252,7 +254,8 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
     kind = modules.KINDS[cell.module]
     with _owned("harness", "inputs", cell):
         inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
-                             cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma)
+                             cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma,
+                             unit=recipes.KINDS[cell.recipe].align)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
     try:
@@ -327,13 +330,16 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
               step: _Step, consumer: Consumer, gtp: GTPGroup | None = None,
               backend: ModuleType | None = None) -> None:
     dev = ctx.device
+    with _owned("backend", "forward", cell):
+        under_recipe = lowp.under_recipe(backend, cell.recipe, ctx.group)
     for mb in range(cell.microbatches):
         with _owned("harness", "inputs", cell):
             x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
             dy = inputs.dy[ctx.rank][mb].to(dev)
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
-            out = run_forward(cell.hooks, _call(module, cell, inputs.splits[ctx.rank][mb], backend, dev), x)
+            call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev))
+            out = run_forward(cell.hooks, call, x)
         with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):
@@ -385,10 +391,10 @@ def _judge_expected_error(cell: Cell, exc: BaseException, consumer: Consumer | N
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
-    orc = oracle.compute(inputs, ctx.rank, tags)
+    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
-    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype)
+    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype))

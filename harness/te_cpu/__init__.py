@@ -78,6 +78,8 @@ Linear = _te.Linear
 GroupedLinear = _te.GroupedLinear
 LayerNormLinear = _te.LayerNormLinear
 ops = _te.ops
+#: TE's own ``autocast``: a cell with a recipe runs its forward under it (``harness.rank.lowp``)
+autocast = _te.autocast
 TE_VERSION: str = TE_TREE.version if TE_TREE is not None else loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
 
@@ -104,6 +106,11 @@ def use_recipe(recipe: str) -> None:
     for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
     before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
     device.present(device.capability_for(recipe))
+
+
+def recipe_device(recipe: str) -> str:
+    """The compute capability presented while ``recipe`` runs, as ``sm_90`` (the run record)."""
+    return device.name(device.capability_for(recipe))
 
 
 def device_tensor(t: Any) -> Any:
@@ -152,6 +159,7 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "device_tensor",
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "recipe_device", "autocast",
+           "device_tensor",
            "harness_reads", "FP32_GEMM", "GROUPED_CUBLASLT", "KERNEL_EVIDENCE", "TE_VERSION", "TE_ORIGIN",
            "TE_TREE", "describe", *(("path_evidence", "reset_path_evidence") if KERNEL_EVIDENCE else ())]

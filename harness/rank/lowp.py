@@ -1,0 +1,96 @@
+"""The recipe a cell's forward runs under: TE's ``autocast`` with a TE recipe object built with
+its defaults (``harness.recipes``; docs/low-precision.md).
+
+The one home of the runner's low-precision wiring. The autocast wraps the module's call
+itself, inside whatever the hook mode puts around it, so a recomputed forward (hook mode
+``checkpoint``) runs under the same recipe as the original, as Megatron's recompute does.
+A backend runs recipes when it exposes TE's ``autocast`` (``transformer_engine.pytorch``,
+te-cpu); te-cpu also presents the device the recipe needs (``use_recipe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from harness import recipes
+
+__all__ = ["RecipeUnsupported", "present", "under_recipe", "describe"]
+
+
+class RecipeUnsupported(RuntimeError):
+    """The backend has no ``autocast``: it cannot run a cell with a recipe."""
+
+
+def present(backend: ModuleType, recipe: str) -> None:
+    """Make the backend present the device ``recipe`` needs for the cell (te-cpu's
+    ``use_recipe``; a real GPU is what it is). Called for every cell, ``none`` included, so a
+    cell after a Blackwell one sees Hopper again."""
+    use = getattr(backend, "use_recipe", None)
+    if callable(use):
+        use(recipe)
+
+
+def fresh_state() -> None:
+    """Forget TE's global FP8 state (``FP8GlobalStateManager.reset``) before a cell's step.
+
+    TE registers every module's delayed-scaling amaxes, with the process group of their
+    ``autocast``, in one process-wide buffer that it reduces at every ``autocast`` exit and
+    never prunes: in a rank that runs cell after cell, the modules of earlier cells (and
+    their groups, which span other ranks) would be reduced with this one's - a hang, and
+    another step than the cell names. A training process has one model; so does a cell."""
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager  # recipe cells only
+
+    FP8GlobalStateManager.reset()
+
+
+def recipe_object(recipe: str) -> Any:
+    """A fresh TE recipe object of the recipe's class, with TE's defaults."""
+    from transformer_engine.common import recipe as te_recipe  # only ranks running a recipe
+
+    return getattr(te_recipe, recipes.KINDS[recipe].te_class)()
+
+
+Wrap = Callable[[Callable[[torch.Tensor], torch.Tensor]], Callable[[torch.Tensor], torch.Tensor]]
+
+
+def under_recipe(backend: ModuleType, recipe: str, group: Any = None) -> Wrap:
+    """What wraps each microbatch's module call of a cell: the call under
+    ``autocast(enabled=True, recipe=..., amax_reduction_group=group)``, with one recipe object
+    for the whole cell (TE keys its amax buffers by the recipe; a new object per microbatch
+    would not be the one training loop the cell names); the call unchanged for ``none``.
+    ``group`` is the cell's process group: delayed scaling max-reduces its amaxes over it
+    (TE's default, the whole world, would span the other cells a packed launch runs).
+
+    Raises:
+        RecipeUnsupported: the backend has no ``autocast``.
+    """
+    if not recipes.KINDS[recipe].quantized:
+        return lambda call: call
+    autocast = getattr(backend, "autocast", None)
+    if not callable(autocast):
+        raise RecipeUnsupported(f"backend {getattr(backend, '__name__', backend)!r} has no autocast: "
+                                f"it cannot run recipe {recipe!r}")
+    fresh_state()
+    obj = recipe_object(recipe)
+
+    def wrap(call: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def quantized_call(x: torch.Tensor) -> torch.Tensor:
+            with autocast(enabled=True, recipe=obj, amax_reduction_group=group):
+                return call(x)
+        return quantized_call
+
+    return wrap
+
+
+def describe(backend: ModuleType, recipe: str) -> dict[str, Any] | None:
+    """What a rank result records of the recipe that ran (None for ``none``): the value, TE's
+    class and the compute capability the backend presented (``sm_90``), when it says."""
+    kind = recipes.KINDS[recipe]
+    if not kind.quantized:
+        return None
+    cap = getattr(backend, "recipe_device", None)
+    return {"recipe": recipe, "te_class": kind.te_class, "device": cap(recipe) if callable(cap) else None}

@@ -1,0 +1,89 @@
+"""The ``recipe`` axis: which of TE's low-precision recipes a cell runs under (pure data, no torch).
+
+``none`` is every cell the harness ran before the axis existed: no ``autocast``, GEMMs in the
+cell's dtype. The others run the step under TE's ``autocast`` with a TE recipe object built
+with its defaults (``harness.rank.lowp``); the oracle quantizes the operands TE quantizes, as
+the recipe says (``harness.rank.quantized``; docs/low-precision.md). NVFP4 is not a value:
+docs/low-precision.md says why it is not built.
+
+The matrix, the CLI and the reports import this module in the parent process, so it stays
+free of torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "unmodelled"]
+
+
+@dataclass(frozen=True)
+class RecipeKind:
+    """One value of the ``recipe`` axis.
+
+    Attributes:
+        name: the axis value; a cell id names it (``-r<name>``) unless it is ``none``.
+        summary: one line for ``list`` and the docs.
+        te_class: the class of ``transformer_engine.common.recipe`` built (defaults), or None.
+        forward, backward: the element formats of the forward operands (input, weight) and of
+            the gradient operand (the output gradient): ``e4m3`` / ``e5m2``, None for ``none``.
+        block: how a scale is shared: ``"tensor"`` (one fp32 scale per tensor), ``"mxfp8"``
+            (one E8M0 scale per 32 elements along the GEMM's K), ``"block"`` (one fp32 scale per
+            1x128 block of an input or gradient, per 128x128 tile of a weight).
+        align: every dimension a quantized GEMM sees is a multiple of this (TE: "FP8
+            execution requires ... the last dimension to be divisible by 16", the FP8 GEMM's
+            leading-dimension rule on the wgrad GEMM's K, which is the rows; MXFP8 "requires
+            tensor dims that are divisible by 32"): a cell's features and rows, and each
+            group's rows, are rounded up to it (``harness.shape.aligned``).
+    """
+
+    name: str
+    summary: str
+    te_class: str | None = None
+    forward: str | None = None
+    backward: str | None = None
+    block: str = "tensor"
+    align: int = 1
+
+    @property
+    def quantized(self) -> bool:
+        return self.te_class is not None
+
+
+_ALL = (
+    RecipeKind("none", "no recipe: GEMMs in the cell's dtype (every cell before the recipe axis)"),
+    RecipeKind("delayed", "DelayedScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, scales "
+               "from the amax history of earlier steps", "DelayedScaling", "e4m3", "e5m2", "tensor", 16),
+    RecipeKind("current", "Float8CurrentScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, "
+               "each tensor's scale from its own amax", "Float8CurrentScaling", "e4m3", "e5m2", "tensor", 16),
+    RecipeKind("mxfp8", "MXFP8BlockScaling: E4M3, one power-of-two (E8M0) scale per 32 elements "
+               "along K (Blackwell)", "MXFP8BlockScaling", "e4m3", "e4m3", "mxfp8", 32),
+    RecipeKind("blockwise", "Float8BlockScaling: E4M3, power-of-two fp32 scales per 1x128 block "
+               "(inputs, gradients) and 128x128 tile (weights)", "Float8BlockScaling", "e4m3", "e4m3",
+               "block", 16),
+)
+KINDS: dict[str, RecipeKind] = {k.name: k for k in _ALL}
+NAMES: tuple[str, ...] = tuple(KINDS)
+#: the values that quantize (every value but ``none``)
+QUANTIZED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.quantized)
+
+#: the recipes the quantization-aware oracle models (``harness.rank.quantized``), and the
+#: module values it models each on; a cell of any other recipe or module is refused before a
+#: launch (``unmodelled``): it could not be judged
+MODELLED: dict[str, tuple[str, ...]] = {
+    "none": (),  # every module
+    # GroupedLinear / ops.GroupedLinear: measured, not yet judged (docs/low-precision.md)
+    "current": ("linear",),
+    "delayed": ("linear",),
+}
+
+
+def unmodelled(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """The ``recipe/module`` pairs among ``(recipe, module)`` that the oracle cannot judge yet."""
+    out = []
+    for recipe, module in dict.fromkeys(pairs):
+        known = MODELLED.get(recipe)
+        if recipe != "none" and (known is None or module not in known):
+            out.append(f"{recipe}/{module}")
+    return out
