@@ -6,9 +6,9 @@ twice on the same numbers: once in the cell and once in its hook-free twin, whic
 match it bit for bit. The twin's launches were half of such a cell's time.
 
 How: a launch's effect is a function of what it is given - the kernel, the grid, the
-scalar and constexpr arguments, and every byte of the storage of each tensor argument (the
-kernel reads and writes through those pointers only). The first launch with given inputs
-runs in the interpreter as before, and the storages' bytes after it are kept; a later
+scalar and constexpr arguments, and every byte each tensor argument spans (the kernel
+reads and writes through those pointers only, within those tensors). The first launch with
+given inputs runs in the interpreter as before, and those bytes after it are kept; a later
 launch with byte-identical inputs gets those bytes written back instead of a second
 interpretation, which computes exactly the same bytes (the interpreter runs the programs
 one after another: its atomics and reductions are deterministic). A launch whose grid is a
@@ -111,19 +111,33 @@ def install() -> bool:
 
 
 def _storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, torch.Tensor] | None:
-    """Each distinct CPU storage the tensor arguments point into (by address, in order of
-    first use), as bytes; None when an argument is neither a CPU tensor nor a plain scalar
-    (that launch is not remembered)."""
-    out: dict[int, torch.Tensor] = {}
+    """Per distinct CPU storage the tensor arguments point into (by address, in order of
+    first use), the bytes those arguments span in it - from the lowest byte any of them
+    reaches to the highest - as a view; None when an argument is neither a CPU tensor nor a
+    plain scalar (that launch is not remembered).
+
+    Only the spans: a tensor may be a view of a larger storage whose other bytes are
+    unused (TE's group offsets are 5 of 17 allocated int64) or belong to other tensors. A
+    kernel reads and writes through the pointers it is given within the tensors it is
+    given; the spans are that memory, and what the memo keys on and writes back."""
+    spans: dict[int, tuple[torch.UntypedStorage, int, int]] = {}
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             if a.device.type != "cpu":
                 return None
             storage = a.untyped_storage()
-            out.setdefault(storage.data_ptr(), torch.empty(0, dtype=torch.uint8).set_(storage))
+            size = a.element_size()
+            lo = a.storage_offset() * size
+            hi = lo + (1 + sum((n - 1) * st for n, st in zip(a.shape, a.stride()) if n > 0)) * size \
+                if a.numel() else lo
+            ptr = storage.data_ptr()
+            if ptr in spans:
+                _, lo0, hi0 = spans[ptr]
+                lo, hi = min(lo, lo0), max(hi, hi0)
+            spans[ptr] = (storage, lo, hi)
         elif not isinstance(a, _SCALARS) and type(a).__name__ != "constexpr":
             return None
-    return out
+    return {ptr: torch.empty(0, dtype=torch.uint8).set_(storage)[lo:hi] for ptr, (storage, lo, hi) in spans.items()}
 
 
 def _cache_path(key: str) -> Path | None:
@@ -214,7 +228,7 @@ def _key(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stor
     for a in (*args, *sorted(kwargs.items())):
         h.update(_describe(a, order).encode())
     for raw in storages.values():
-        h.update(f"{raw.numel()}:".encode())
+        h.update(f"{raw.storage_offset()}+{raw.numel()}:".encode())
         h.update(raw.numpy().tobytes())
     return h.hexdigest()
 
