@@ -36,6 +36,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -105,15 +106,17 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"applied 34/34 hunk(s) of {PATCH}" in proc.stdout, proc.stdout
 
+    # each tree is a copy of the patched one (its repository and patch-te's byte-compiled
+    # modules: only the files a tree changes compile again in its ranks), changed and committed
     broken = base / "broken"
-    _git(base, "clone", "-q", str(fixed), str(broken))
+    shutil.copytree(fixed, broken)
     reverse = base / "grouped-preference.patch"
     reverse.write_text(_hunk(PATCH.read_text(), GROUPED, GROUPED_PREFERENCE))
     _git(broken, "apply", "-R", str(reverse))
     _git(broken, "commit", "-qam", "the fix without GroupedLinear's backward preference")
 
     planted = base / "planted"
-    _git(base, "clone", "-q", str(fixed), str(planted))
+    shutil.copytree(fixed, planted)
     _git(planted, "checkout", "-q", "HEAD~1")  # the wheel as installed, unpatched
     text = (planted / LINEAR).read_text()
     for anchor, plant in PLANTS:
@@ -123,7 +126,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _git(planted, "commit", "-qam", "two planted regressions")
 
     broken_check = base / "broken-check"
-    _git(base, "clone", "-q", str(fixed), str(broken_check))
+    shutil.copytree(fixed, broken_check)
     text = (broken_check / LINEAR).read_text()
     assert text.count(REJECTION) == 1
     (broken_check / LINEAR).write_text(text.replace(REJECTION, BROKEN_CHECK + REJECTION))
