@@ -269,19 +269,26 @@ def test_a_remembered_kernel_launch_equals_a_fresh_one(tmp_path_factory):
 def test_the_launch_cache_key_holds_the_kernels_source_files(tmp_path):
     """Across processes a launch is keyed by the bytes of the kernel's source file and of the
     helpers it reaches: a tree whose kernel file differs (here only in a helper's constant,
-    the kernel's own bytecode unchanged) is another key."""
+    the kernel's own bytecode unchanged) is another key - also when the helper is reached
+    through another ``@jit`` function of the kernel's own file (``.fn``: triton's JITFunction)."""
     import importlib.util
 
     launch_memo = load_kernels("launch_memo")
+    chained = ("from jit import Jit\nimport helpers\n\n"
+               "def _inner(x):\n    return x * helpers.SCALE\n\ninner = Jit(_inner)\n\n"
+               "def _middle(x):\n    return inner.fn(x)\n\nmiddle = Jit(_middle)\n\n"
+               "def kernel(x):\n    return middle.fn(x)\n")
+    direct = "import helpers\n\ndef kernel(x):\n    return x * helpers.SCALE\n"
 
-    def kernel_of(folder: str, scale: int):
+    def kernel_of(folder: str, source: str, scale: int):
         root = tmp_path / folder
         root.mkdir()
         (root / "helpers.py").write_text(f"SCALE = {scale}\n")
-        (root / "kernels.py").write_text("import helpers\n\ndef kernel(x):\n    return x * helpers.SCALE\n")
+        (root / "jit.py").write_text("class Jit:\n    def __init__(self, fn):\n        self.fn = fn\n")
+        (root / "kernels.py").write_text(source)
         sys.path.insert(0, str(root))
         try:
-            for name in ("helpers", "kernels"):
+            for name in ("helpers", "jit", "kernels"):
                 sys.modules.pop(name, None)
             spec = importlib.util.spec_from_file_location("kernels", root / "kernels.py")
             module = importlib.util.module_from_spec(spec)
@@ -289,10 +296,11 @@ def test_the_launch_cache_key_holds_the_kernels_source_files(tmp_path):
             return module.kernel
         finally:
             sys.path.remove(str(root))
-            sys.modules.pop("helpers", None)
+            for name in ("helpers", "jit"):
+                sys.modules.pop(name, None)
 
-    one, same, other = kernel_of("a", 2), kernel_of("b", 2), kernel_of("c", 3)
-    assert one.__code__.co_code == other.__code__.co_code
     identity = launch_memo._code_identity
-    assert identity(one) == identity(same) != identity(other)
-
+    for i, source in enumerate((direct, chained)):
+        one, same, other = (kernel_of(f"{i}{s}", source, scale) for s, scale in (("a", 2), ("b", 2), ("c", 3)))
+        assert one.__code__.co_code == other.__code__.co_code
+        assert identity(one) == identity(same) != identity(other), source

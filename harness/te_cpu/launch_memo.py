@@ -171,51 +171,50 @@ def _write(key: str, kept: list[torch.Tensor]) -> None:
 _CODE_IDS: dict[int, str] = {}
 
 
-@dataclass(frozen=True)
-class _ModuleFile:
-    path: str
-
-
 def _code_identity(fn: Any) -> str:
     """What makes a kernel's code this code in any process: the bytes of the source file of
-    the kernel and of each ``@jit`` helper it reaches outside triton (by the names its code
-    uses), and the versions of triton and numpy that interpret it."""
+    the kernel, of each ``@jit`` helper it reaches outside triton (by the names its code and
+    its helpers' code use, helper by helper), and of each module it reaches a helper through
+    (``module.helper``); and the versions of triton and numpy that interpret it."""
     found = _CODE_IDS.get(id(fn))
     if found is not None:
         return found
-    h = hashlib.sha256()
-    for name in ("triton", "numpy"):
-        h.update(f"{name}={getattr(sys.modules.get(name), '__version__', None)};".encode())
-    seen: set[str] = set()
+    sources: dict[str, bytes] = {}  # file -> its bytes, in the order reached
+    visited: set[int] = set()
     stack = [fn]
     while stack:
         f = stack.pop()
-        if isinstance(f, _ModuleFile):
-            if f.path not in seen:
-                seen.add(f.path)
-                h.update(Path(f.path).read_bytes())
-            continue
         f = getattr(f, "fn", f)  # a JITFunction holds the Python function
         code = getattr(f, "__code__", None)
-        source = getattr(code, "co_filename", None)
-        if code is None or source in seen:
+        if code is None or id(f) in visited:
             continue
-        seen.add(source)
-        try:
-            h.update(Path(source).read_bytes())
-        except OSError:
-            h.update(repr(code.co_code).encode())
+        visited.add(id(f))
+        sources.setdefault(code.co_filename, _file_bytes(code.co_filename, code.co_code))
         scope = getattr(f, "__globals__", {})
         for name in code.co_names:
             ref = scope.get(name)
-            if isinstance(ref, types.ModuleType):  # a helper reached as module.helper: its module's file
-                if not ref.__name__.startswith(("triton", "numpy", "torch")) and getattr(ref, "__file__", None):
-                    stack.append(_ModuleFile(ref.__file__))
+            if isinstance(ref, types.ModuleType):
+                path = getattr(ref, "__file__", None)
+                if path and not ref.__name__.startswith(("triton", "numpy", "torch")):
+                    sources.setdefault(path, _file_bytes(path, b""))
             elif callable(getattr(ref, "fn", None)) and not (getattr(ref, "__module__", "") or "").startswith("triton"):
                 stack.append(ref)
+    h = hashlib.sha256()
+    for name in ("triton", "numpy"):
+        h.update(f"{name}={getattr(sys.modules.get(name), '__version__', None)};".encode())
+    for data in sources.values():
+        h.update(hashlib.sha256(data).digest())
     found = h.hexdigest()
     _CODE_IDS[id(fn)] = found
     return found
+
+
+def _file_bytes(path: str, otherwise: bytes) -> bytes:
+    """A source file's bytes; ``otherwise`` (the code's bytecode) when it cannot be read."""
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return otherwise
 
 
 def _key(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], storages: dict[int, torch.Tensor]) -> str:
