@@ -32,7 +32,9 @@ def _given(config: pytest.Config, *flags: str) -> bool:
 #: the same TE cells run in several of the suite's sweeps (the installed wheel's, each
 #: patched tree's), and TE's bias-gradient kernel, interpreted on CPU, was most of their
 #: time. The controller makes the folder before xdist starts its workers, which inherit it
-#: with every sweep and rank they start; it goes with the run.
+#: with every sweep and rank they start; it goes with the run. The name is
+#: ``launch_memo.CACHE_ENV``, spelled out: importing that module here would run
+#: ``harness.te_cpu``'s package import (TE on CPU, torch patched) in pytest's own process.
 _LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
 
 

@@ -299,6 +299,8 @@ def test_the_launch_cache_key_holds_the_kernels_source_files(tmp_path):
             for name in ("helpers", "jit"):
                 sys.modules.pop(name, None)
 
+    import conftest  # the suite's cache folder is set under the memo's own variable name
+    assert conftest._LAUNCH_CACHE == launch_memo.CACHE_ENV
     identity = launch_memo._code_identity
     for i, source in enumerate((direct, chained)):
         one, same, other = (kernel_of(f"{i}{s}", source, scale) for s, scale in (("a", 2), ("b", 2), ("c", 3)))
