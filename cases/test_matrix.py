@@ -286,13 +286,23 @@ def test_full_size_is_product_minus_invalid():
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
     expected = sum(valid(dict(zip(AXIS_NAMES, combo)))
                    for combo in itertools.product(*domains.values()))
-    assert len(full) == expected == 62640
+    none = [c for c in full if c.recipe == "none"]
+    assert len(none) == expected == 62640
     assert all(valid(c.serialize()) for c in full)
-    assert len(select("full", {"weight": ["distributed", "plain"]})) == 34800
+    assert len(select("full", {"weight": ["distributed", "plain"], "recipe": ["none"]})) == 34800
+    # and every judged recipe on the modules it is judged on: each a copy of those modules'
+    # cells, delayed without hooks=checkpoint (one hook mode of five not built)
+    lowp = [c for c in full if c.recipe != "none"]
+    assert {(c.recipe, c.module) for c in lowp} == {(r, m) for r in recipes.JUDGED if r != "none"
+                                                    for m in recipes.MODELLED[r]} == {("current", "linear"), ("delayed", "linear")}
+    linear = sum(c.module == "linear" for c in none)
+    assert sum(c.recipe == "current" for c in lowp) == linear == 6480
+    assert sum(c.recipe == "delayed" for c in lowp) == linear * 4 // 5
+    assert len(full) == 62640 + 6480 + 5184
 
 
 def test_ci_default_coverage_and_size():
-    ci = select("ci")  # (how fast: benchmarks/bench_timings.py)
+    ci = [c for c in select("ci") if c.recipe == "none"]  # (how fast: benchmarks/bench_timings.py)
     # within ~1.35x of the 325 cells before LayerNormLinear (its two modules share a slot)
     assert 325 <= len(ci) <= 440
     assert len({c.id for c in ci}) == len(ci)
@@ -316,7 +326,7 @@ def test_ci_is_deterministic_and_ordered():
 
 def test_ci_world_size_override_adds_ws8():
     domains = {**DEFAULTS, "world_size": (1, 2, 4, 8)}
-    ci = select("ci", {"world_size": [1, 2, 4, 8]})
+    ci = [c for c in select("ci", {"world_size": [1, 2, 4, 8]}) if c.recipe == "none"]
     assert any(c.world_size == 8 for c in ci) and 300 <= len(ci) <= 580
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
@@ -337,7 +347,10 @@ def small_domain(name, values):
 @given(st.fixed_dictionaries({}, optional={n: small_domain(n, v) for n, v in DEFAULTS.items()}))
 def test_ci_coverage_under_random_overrides(overrides):
     domains = {**DEFAULTS, **{k: tuple(v) for k, v in overrides.items()}}
-    ci = select("ci", overrides)
+    everything = select("ci", overrides)
+    if "recipe" not in overrides:  # the judged recipes join, each on its modules
+        assert_recipe_pairs(everything, domains)
+    ci = [c for c in everything if c.recipe == "none"]
     if not ci:  # only when no module has a selected dtype, or nothing is valid with an autograd-only consumer
         from harness.modules import KINDS
 
@@ -352,7 +365,23 @@ def test_ci_coverage_under_random_overrides(overrides):
             assert v in domains[n] or (n == "num_gemms" and c.module in SINGLE and v == 1)
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
-    assert select("ci", overrides) == ci
+    assert select("ci", overrides) == everything
+
+
+def assert_recipe_pairs(cells, domains):
+    """Each judged recipe's cells cover every pair of values of its domain: the modules it is
+    judged on, every hook mode but ``checkpoint`` under ``delayed`` (not built)."""
+    for r in recipes.JUDGED[1:]:
+        mods = tuple(m for m in domains["module"] if m in recipes.MODELLED[r])
+        mine = [c for c in cells if c.recipe == r]
+        assert {c.module for c in mine} <= set(mods)
+        d = {**domains, "recipe": (r,), "module": mods,
+             "hooks": tuple(h for h in domains["hooks"] if not (r == "delayed" and h == "checkpoint"))}
+        if not mods or not d["hooks"] or not mine:
+            assert not mine or mods
+            continue
+        assert_pairwise(mine, d)
+    assert {c.recipe for c in cells} <= set(recipes.JUDGED)
 
 
 def test_full_under_overrides_adds_linear_num_gemms_1():
@@ -483,7 +512,8 @@ def test_megatron_ci_size():
     """``sweep --preset ci --weights megatron``: ws 2 and 4 only, hooks x fused x module each, plus the
     hooked no-input-gradient and delayed-wgrad interactions (n) and (d)."""
     ci = select("ci", {"weight": ["megatron"]})
-    assert {c.world_size for c in ci} == {2, 4} and 60 <= len(ci) <= 120
+    assert {c.world_size for c in ci} == {2, 4}
+    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 30
 
 
 def test_seed_preset_is_the_production_combination():
@@ -501,18 +531,38 @@ def test_seed_preset_is_the_production_combination():
     assert {c.world_size for c in mcore} == {1, 2, 4}
 
 
-# --- the recipe axis (opt-in) -----------------------------------------------------------
+# --- the recipe axis ----------------------------------------------------------------------
 
-#: select("ci") before the recipe axis existed: the axis must not move a single cell
+#: select("ci") before the recipe axis existed: the axis must not move a single one of its cells
 CI_BEFORE_RECIPES = (437, "151c2aab01cbad5070468a953e42f9ed4f2ace6d6535e371031e9b9e839438fb")
 
 
-def test_presets_select_what_they_did_before_the_recipe_axis():
+def test_presets_keep_their_cells_and_add_the_judged_recipes():
+    """``ci`` and ``full`` add the recipes the oracle judges, on the modules it judges them on;
+    their cells without a recipe are those before the axis; smoke and seed stay without."""
     ci = select("ci")
-    assert (len(ci), matrix.ids_digest(ci)) == CI_BEFORE_RECIPES
-    assert DEFAULTS["recipe"] == ("none",)
-    for preset in matrix.PRESETS:
+    none = [c for c in ci if c.recipe == "none"]
+    assert (len(none), matrix.ids_digest(none)) == CI_BEFORE_RECIPES
+    assert (len(select("ci", {"recipe": ["none"]})), matrix.ids_digest(select("ci", {"recipe": ["none"]}))) == CI_BEFORE_RECIPES
+    assert recipes.JUDGED == ("none", "delayed", "current")
+    assert {c.recipe for c in ci} == set(recipes.JUDGED) == {c.recipe for c in select("full")}
+    assert {c.module for c in ci if c.recipe != "none"} == {"linear"}
+    for preset in ("smoke", "seed"):
         assert {c.recipe for c in select(preset)} == {"none"}, preset
+
+
+def test_ci_recipe_cells_are_all_pairs_on_the_judged_modules():
+    """Each judged recipe's ci cells: every pair of values (hooks x weight, weight x world
+    size, ...) on ``linear``, and each distributed weight of full coverage hooks-off with an
+    input gradient (the hook-free form of the recipe's weight handling); about a fifth of ci."""
+    ci = select("ci")
+    assert_recipe_pairs(ci, DEFAULTS)
+    lowp = [c for c in ci if c.recipe != "none"]
+    assert 60 <= len(lowp) <= 110
+    for r in ("current", "delayed"):
+        for w in ("distributed",):
+            assert any(c.recipe == r and c.weight == w and c.hooks == "off" and c.input_grad
+                       and not c.delay_wgrad for c in lowp), (r, w)
 
 
 def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
@@ -541,4 +591,5 @@ def test_ci_under_one_recipe_is_its_covering_design():
     domains = {**DEFAULTS, "recipe": ("current",), "module": tuple(m for m in DEFAULTS["module"] if m not in TENSOR)}
     assert_pairwise(cells, domains)
     both = select("ci", {"recipe": ["none", "current"]})
-    assert set(select("ci")) <= set(both) and {c.recipe for c in both} == {"none", "current"}
+    assert {c for c in select("ci") if c.recipe == "none"} <= set(both)
+    assert {c.recipe for c in both} == {"none", "current"}

@@ -83,7 +83,7 @@ _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "fused": (True, False), "dtype": _CHOICES["dtype"], "world_size": (1, 2, 4),
     "consumer": _CHOICES["consumer"], "microbatches": (1, 2), "num_gemms": (1, 4),
     "bias": (True, False), "input_grad": (True, False), "delay_wgrad": (False, True),
-    # opt-in (``--recipes``): every preset selects exactly the cells it did before the axis
+    # ``ci`` and ``full`` add the recipes the oracle judges (``select``); smoke and seed: none
     "recipe": ("none",),
 }
 AXIS_NAMES: tuple[str, ...] = tuple(_DEFAULTS)
@@ -487,48 +487,36 @@ def _module_slots(domain: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(v) for v in slots.values()]
 
 
-def _ci(domains: Domains) -> list[Cell]:
+def _ci(domains: Domains, judged_only: bool = False) -> list[Cell]:
     """The ``ci`` preset: the covering design (:func:`_covering`) of the cells without a
-    recipe, and a small set of cells for each other recipe selected (:func:`_recipe_cells`);
+    recipe, and an all-pairs design for each other recipe selected (:func:`_recipe_cells`);
     when ``none`` is not selected, the covering design of each selected recipe."""
     recipes_ = domains["recipe"]
     if "none" not in recipes_:
         return list(dict.fromkeys(c for r in recipes_ for c in _covering({**domains, "recipe": (r,)})))
     cells = _covering({**domains, "recipe": ("none",)})
     lowp = [r for r in recipes_ if r != "none"]
-    return list(dict.fromkeys(cells + _recipe_cells(domains, lowp)))
+    return list(dict.fromkeys(cells + _recipe_cells(domains, lowp, judged_only)))
 
 
-def _recipe_cells(domains: Domains, lowp: list[str]) -> list[Cell]:
-    """Each low-precision recipe once with each TE class (a slot of :func:`_module_slots`; the
-    values of one class take turns), the other axes rotating over the cells in a Latin-square
-    fashion: hook modes (each recipe meets four of them, each class four), the weights of
-    ``full`` and ``hooks`` coverage (each recipe meets every one), world sizes, fused and
-    the 16-bit dtypes; the rest most demanding (two microbatches: TE's FP8 weight caching
-    across ``is_first_microbatch``). A fixed value the other fixed values or the domains
-    rule out is let go, last named first (world size, dtype, fused, hooks, weight)."""
-    tiers = _weight_tiers(domains["weight"])
-    slots = _module_slots(domains["module"])
-    wts = list(tiers["full"] + tiers["hooks"]) or list(domains["weight"])
-    hooks, fused, sizes = domains["hooks"], domains["fused"], domains["world_size"]
-    halves = [d for d in ("bf16", "fp16") if d in domains["dtype"]] or list(domains["dtype"])
-    cells: dict[Cell, None] = {}
-    k = 0
-    for ri, r in enumerate(lowp):
-        for slot in slots:
-            fixed = {"recipe": r, "weight": wts[k % len(wts)], "hooks": hooks[k % len(hooks)],
-                     "fused": fused[(k // 2) % len(fused)], "dtype": halves[(k // 4 + k) % len(halves)],
-                     "world_size": sizes[(k // len(wts)) % len(sizes)]}
-            k += 1
-            for keep in range(len(fixed), 0, -1):
-                kept = dict(list(fixed.items())[:keep])
-                # the class's values take turns over the recipes (LayerNorm / RMSNorm)
-                found = [c for i in range(len(slot))
-                         if (c := _complete({"module": slot[(ri + i) % len(slot)], **kept}, domains)) is not None]
-                if found:
-                    cells.setdefault(found[0])
-                    break
-    return list(cells)
+def _recipe_cells(domains: Domains, lowp: list[str], judged_only: bool) -> list[Cell]:
+    """For each low-precision recipe, an all-pairs design (:func:`_all_pairs`) of its cells:
+    every value of every axis meets every value of every other axis under that recipe, on the
+    module values the oracle judges it on (``judged_only``: the recipe axis took its default;
+    a recipe the user names keeps every module, and the CLI refuses what cannot be judged).
+    It starts from one hooks-off cell per distributed weight of full coverage and module (an
+    input gradient, no delayed wgrad: the hook-free form of a recipe's weight handling)."""
+    out: dict[Cell, None] = {}
+    for r in lowp:
+        mods = tuple(m for m in domains["module"] if not judged_only or recipes.judged(r, m))
+        if not mods:
+            continue
+        d = {**domains, "recipe": (r,), "module": mods}
+        seed = [c for m in mods for w in _weight_tiers(d["weight"])["full"] if weights.KINDS[w].distributed
+                if (c := _complete({"module": m, "weight": w, "hooks": "off", "input_grad": True,
+                                    "delay_wgrad": False}, d)) is not None]
+        out.update(dict.fromkeys(_all_pairs(d, seed)))
+    return list(out)
 
 
 def _covering(domains: Domains) -> list[Cell]:
@@ -584,8 +572,14 @@ def _covering(domains: Domains) -> list[Cell]:
             if cell is not None:
                 cells.setdefault(cell)
 
-    # (a) AETG-style greedy: start each new cell from the first uncovered pair, then give
-    # every other axis the feasible value that covers the most still-uncovered pairs.
+    return _all_pairs(domains, list(cells))
+
+
+def _all_pairs(domains: Domains, seed: list[Cell]) -> list[Cell]:
+    """``seed`` and then cells until every feasible pair of axis values is in one: AETG-style
+    greedy - start each new cell from the first uncovered pair, then give every other axis
+    the feasible value that covers the most still-uncovered pairs."""
+    cells: dict[Cell, None] = dict.fromkeys(seed)
     uncovered = {((a, va), (b, vb))
                  for (a, b) in itertools.combinations(AXIS_NAMES, 2)
                  for va in domains[a] for vb in domains[b]
@@ -692,11 +686,18 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     if preset in ("full", "seed") and "weight" not in (overrides or {}):
         default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
         overrides = {**(overrides or {}), "weight": default}
+    judged_only = preset in ("ci", "full") and "recipe" not in (overrides or {})
+    if judged_only:
+        overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
     domains = _domains(overrides)
     if preset == "full":
         cells = product(Axis(n, v) for n, v in domains.items())
+        if judged_only:
+            cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
+    elif preset == "ci":
+        cells = _ci(domains, judged_only)
     else:
-        cells = {"ci": _ci, "smoke": _smoke, "seed": _seed}[preset](domains)
+        cells = {"smoke": _smoke, "seed": _seed}[preset](domains)
     if pred is not None:
         cells = [c for c in cells if pred(c)]
     return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "unmodelled"]
+__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "JUDGED", "judged", "unmodelled"]
 
 
 @dataclass(frozen=True)
@@ -79,11 +79,21 @@ MODELLED: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the recipe axis's default in the ``ci`` and ``full`` presets: ``none`` and every recipe the
+#: oracle judges on some module (each on those modules only; ``harness.matrix.select``)
+JUDGED: tuple[str, ...] = tuple(n for n in NAMES if n == "none" or MODELLED.get(n))
+
+
+def judged(recipe: str, module: str) -> bool:
+    """Whether the oracle judges ``module`` under ``recipe`` (every module without one)."""
+    return recipe == "none" or module in MODELLED.get(recipe, ())
+
+
 def unmodelled(pairs: Iterable[tuple[str, str]]) -> list[str]:
     """The ``recipe/module`` pairs among ``(recipe, module)`` that the oracle cannot judge yet."""
     out = []
     for recipe, module in dict.fromkeys(pairs):
         known = MODELLED.get(recipe)
-        if recipe != "none" and (known is None or module not in known):
+        if not judged(recipe, module):
             out.append(f"{recipe}/{module}")
     return out

@@ -34,24 +34,30 @@ def present(backend: ModuleType, recipe: str) -> None:
         use(recipe)
 
 
-def fresh_state() -> None:
-    """Forget TE's global FP8 state (``FP8GlobalStateManager.reset``) before a cell's step.
+def fresh_state(backend: ModuleType) -> None:
+    """Forget TE's global FP8 state (``FP8GlobalStateManager.reset``) before a cell's step
+    (a backend with its own ``recipe`` namespace, the reference, keeps its FP8 state on each
+    module: a cell's modules are new).
 
     TE registers every module's delayed-scaling amaxes, with the process group of their
     ``autocast``, in one process-wide buffer that it reduces at every ``autocast`` exit and
     never prunes: in a rank that runs cell after cell, the modules of earlier cells (and
     their groups, which span other ranks) would be reduced with this one's - a hang, and
     another step than the cell names. A training process has one model; so does a cell."""
+    if getattr(backend, "recipe", None) is not None:
+        return
     from transformer_engine.pytorch.quantization import FP8GlobalStateManager  # recipe cells only
 
     FP8GlobalStateManager.reset()
 
 
-def recipe_object(recipe: str) -> Any:
-    """A fresh TE recipe object of the recipe's class, with TE's defaults."""
-    from transformer_engine.common import recipe as te_recipe  # only ranks running a recipe
-
-    return getattr(te_recipe, recipes.KINDS[recipe].te_class)()
+def recipe_object(backend: ModuleType, recipe: str) -> Any:
+    """A fresh recipe object of the recipe's TE class, with TE's defaults: from the backend's
+    ``recipe`` namespace when it has one (the reference, which needs no TE), else TE's."""
+    namespace = getattr(backend, "recipe", None)
+    if namespace is None:
+        from transformer_engine.common import recipe as namespace  # only ranks running a recipe
+    return getattr(namespace, recipes.KINDS[recipe].te_class)()
 
 
 Wrap = Callable[[Callable[[torch.Tensor], torch.Tensor]], Callable[[torch.Tensor], torch.Tensor]]
@@ -74,8 +80,8 @@ def under_recipe(backend: ModuleType, recipe: str, group: Any = None) -> Wrap:
     if not callable(autocast):
         raise RecipeUnsupported(f"backend {getattr(backend, '__name__', backend)!r} has no autocast: "
                                 f"it cannot run recipe {recipe!r}")
-    fresh_state()
-    obj = recipe_object(recipe)
+    fresh_state(backend)
+    obj = recipe_object(backend, recipe)
 
     def wrap(call: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
         def quantized_call(x: torch.Tensor) -> torch.Tensor:

@@ -16,11 +16,18 @@ from typing import Any, Sequence
 
 import torch
 
-from harness.reference import _dw, _norm
+from harness.reference import _dw, _fp8, _norm
+
+#: a GEMM operand: a tensor, or under a recipe its FP8 codes and scale (``_fp8.Quantized``,
+#: whose ``@`` is the quantized GEMM, its result the scaled fp32 accumulator)
+Operand = Any
 
 
-def wgrad_gemm(grad_out: torch.Tensor, inp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``dW = dY^T X`` with the product formed in ``dtype`` (exact for bf16/fp16 -> fp32)."""
+def wgrad_gemm(grad_out: Operand, inp: Operand, dtype: torch.dtype) -> torch.Tensor:
+    """``dW = dY^T X`` with the product formed in ``dtype`` (exact for bf16/fp16 -> fp32);
+    quantized operands: the FP8 GEMM's fp32 result, rounded to ``dtype``."""
+    if isinstance(grad_out, _fp8.Quantized):
+        return (grad_out.t() @ inp).to(dtype)
     return grad_out.t().to(dtype) @ inp.to(dtype)
 
 
@@ -37,6 +44,8 @@ class GemmCall:
     distributed: bool
     n: int
     has_bias: bool
+    #: the recipe's state and the forward's scales, under ``autocast`` (``_fp8``); else None
+    fp8: "_fp8.CallScaling | None" = None
 
 
 class ReferenceImpl:
@@ -192,9 +201,18 @@ class GroupGemm(torch.autograd.Function):
         biases = params[call.n:] if call.has_bias else ()
         gemm_weights = impl.forward_weights(call, weights)
         xs = torch.split(inp, call.m_splits)
-        outs = [impl.fprop(x, w) for x, w in zip(xs, gemm_weights)]
-        if call.has_bias:
-            outs = [o + b for o, b in zip(outs, biases)]
+        fp8 = call.fp8
+        if fp8 is None:
+            outs = [impl.fprop(x, w) for x, w in zip(xs, gemm_weights)]
+            if call.has_bias:
+                outs = [o + b for o, b in zip(outs, biases)]
+        else:
+            outs = [impl.fprop(fp8.forward_x(i, x), fp8.forward_w(i, w))
+                    for i, (x, w) in enumerate(zip(xs, gemm_weights))]
+            if call.has_bias:  # in fp32; an fp32 layer's bias as bf16 (FP8 GEMMs take no fp32 bias)
+                bias_dtype = torch.bfloat16 if inp.dtype == torch.float32 else inp.dtype
+                outs = [o + b.to(bias_dtype).float() for o, b in zip(outs, biases)]
+            outs = [o.to(inp.dtype) for o in outs]
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         impl.save(ctx, call, inp, weights, gemm_weights)
         ctx.call = call
@@ -212,10 +230,19 @@ class GroupGemm(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         gos = torch.split(grad_out, call.m_splits)
         xs = torch.split(inp, call.m_splits)
+        fp8 = call.fp8
+        # the GEMMs' operands: under a recipe, quantized (backward with the forward's scales)
+        g_ops: Sequence[Operand] = gos
+        x_ops: Sequence[Operand] = xs
+        w_ops: Sequence[Operand] = gemm_weights
+        if fp8 is not None:
+            g_ops = [fp8.grad(i, go) for i, go in enumerate(gos)]
+            x_ops = [fp8.saved_x(i, x) for i, x in enumerate(xs)]
+            w_ops = [fp8.saved_w(i, w) for i, w in enumerate(gemm_weights)]
 
         dgrad = None
         if ctx.needs_input_grad[0]:
-            parts = [impl.dgrad(go, w) for go, w in zip(gos, gemm_weights)]
+            parts = [impl.dgrad(go, w).to(grad_out.dtype) for go, w in zip(g_ops, w_ops)]
             dgrad = torch.cat(parts) if len(parts) > 1 else parts[0]
 
         n = call.n
@@ -231,31 +258,37 @@ class GroupGemm(torch.autograd.Function):
         if need_w and call.delay:
             origins = impl.origin_weights(ctx, call, weights, distributed)
             call.module._wgrad_store.put(
-                _delayed_wgrad(call, weights, origins, distributed, gos, xs, compute_dtype,
-                               delayed_bias)
+                _delayed_wgrad(call, weights, origins, distributed, g_ops, x_ops, compute_dtype,
+                               gos if delayed_bias else None)
             )
         elif need_w:
             origins = impl.origin_weights(ctx, call, weights, distributed)
-            w_grads = list(impl.weight_grads(call, weights, origins, distributed, gos, xs,
+            w_grads = list(impl.weight_grads(call, weights, origins, distributed, g_ops, x_ops,
                                              compute_dtype))
+        if fp8 is not None:
+            fp8.backward_done()
         return (dgrad, None, *w_grads, *b_grads)
 
 
+def _detached(ops: Sequence[Operand]) -> list[Operand]:
+    return [o.detach() if isinstance(o, torch.Tensor) else o for o in ops]
+
+
 def _delayed_wgrad(call: GemmCall, weights: Sequence[Any], origins: Sequence[Any],
-                   distributed: bool,
-                   gos: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
-                   compute_dtype: torch.dtype, delayed_bias: bool):
-    """The queued half of a delayed backward: compute, deliver, then fire hooks."""
-    gos = [g.detach() for g in gos]
-    xs = [x.detach() for x in xs]
+                   distributed: bool, gos: Sequence[Operand], xs: Sequence[Operand],
+                   compute_dtype: torch.dtype, bias_gos: Sequence[torch.Tensor] | None):
+    """The queued half of a delayed backward: compute, deliver, then fire hooks
+    (``bias_gos``: the unquantized output gradients when the bias gradients are delayed too)."""
+    gos, xs = _detached(gos), _detached(xs)
+    bias_gos = _detached(bias_gos) if bias_gos is not None else None
 
     def compute() -> None:
         grads = call.impl.weight_grads(call, weights, origins, distributed, gos, xs, compute_dtype)
         if not call.fused:
             for p, g in zip(origins, grads):
                 _accumulate_grad(p, g)
-        if delayed_bias:
-            for i, go in enumerate(gos):
+        if bias_gos is not None:
+            for i, go in enumerate(bias_gos):
                 _accumulate_grad(getattr(call.module, f"bias{i}"), call.impl.bgrad(go))
         call.impl.fire_wgrad_hooks(call.module, call)
 

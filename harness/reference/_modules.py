@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from harness.reference import _fp8
 from harness.reference._core import GemmCall, GroupGemm, ReferenceImpl
 from harness.reference._norm import NormCall, Normalize
 from harness.reference._wgrad import DelayedWgradMixin
@@ -77,6 +78,7 @@ class _GroupModule(DelayedWgradMixin, torch.nn.Module):
             module=self, impl=self._impl, m_splits=m_splits, fused=self.fuse_wgrad_accumulation,
             delay=self.delay_wgrad_compute, delay_bias=self._delay_bias,
             distributed=distributed, n=len(weights), has_bias=bool(biases),
+            fp8=_fp8.for_forward(self, len(weights)),
         )
         return GroupGemm.apply(inp, call, *weights, *biases)
 

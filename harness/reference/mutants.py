@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from harness.fault_classes import CATALOG, GEMM_MODULES, MODULE_CLASSES, NORM, FaultClass, evidence_found  # noqa: F401
-from harness.reference import _dw, _modules, _norm, ops, prefix
+from harness.reference import _dw, _fp8, _modules, _norm, ops, prefix, recipe
 from harness.reference._core import GemmCall, ReferenceImpl
 from harness.reference.ops import OpsImpl
 
@@ -337,7 +337,9 @@ def _backend(name: str, description: str, linear: type, grouped: type, ops_group
              layernorm: type) -> types.ModuleType:
     backend = types.ModuleType(f"{__name__}:{name}", description)
     backend.__file__ = __file__  # its code is the reference's (harness.rank.rejection.source_roots)
-    backend.__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops"]
+    backend.__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "autocast", "recipe"]
+    backend.autocast = _fp8.autocast
+    backend.recipe = recipe
     backend.Linear = linear
     backend.GroupedLinear = grouped
     backend.LayerNormLinear = layernorm

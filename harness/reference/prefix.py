@@ -17,10 +17,11 @@ from typing import Any, Sequence
 
 import torch
 
-from harness.reference import _modules, ops
+from harness.reference import _modules, ops, recipe
 from harness.reference._core import GemmCall, ReferenceImpl
+from harness.reference._fp8 import autocast
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops"]
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "autocast", "recipe"]
 
 
 class PrefixImpl(ReferenceImpl):

@@ -1,0 +1,40 @@
+"""The recipes the reference runs, under the names and defaults of
+``transformer_engine.common.recipe`` (so ``autocast(recipe=...)`` takes TE's objects or these).
+
+Only the attributes the reference reads are defined; a TE recipe object works as well (the
+reference looks at its class name and these attributes). docs/low-precision.md lists the
+recipes and their defaults.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Format", "DelayedScaling", "Float8CurrentScaling"]
+
+
+class Format(enum.Enum):
+    """FP8 element formats of the forward and the gradient operands (TE's ``Format``)."""
+
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+    HYBRID = "hybrid"  # E4M3 forward, E5M2 gradients
+
+
+@dataclass
+class DelayedScaling:
+    """Per-tensor scales from the amax history of earlier steps (TE's defaults)."""
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    reduce_amax: bool = True
+
+
+@dataclass
+class Float8CurrentScaling:
+    """Per-tensor scales from each tensor's own amax (TE's defaults)."""
+
+    fp8_format: Format = Format.HYBRID
