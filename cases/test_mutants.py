@@ -24,10 +24,11 @@ import types
 
 import pytest
 
-from harness import matrix, modules, weights
+from harness import matrix, modules, recipes, weights
 from harness.reference import _core, _modules, mutants, ops
 from harness.reference import Linear as RefLinear
 from harness.rank.runner import RankContext, run_cell
+from harness.shape import Example, fitted
 
 GOOD = ("pass", "xfail")
 
@@ -59,7 +60,7 @@ def test_mutant_killed_about_its_fault(name):
     # Cells of modules the mutant leaves alone run the reference's own classes (checked
     # below), so only the others can die; the first kill with evidence settles it.
     killed = []
-    for cell in (c for c in CELLS if c.module in m.modules):
+    for cell in (c for c in CELLS if m.applies(c.module, c.recipe)):
         result = run_cell(m.backend, cell, RankContext())
         if result.status in GOOD:
             continue
@@ -74,27 +75,35 @@ def test_mutant_killed_about_its_fault(name):
 
 def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
     """The faults that hand autograd a full-shape gradient die at ws=1 exactly in the cells
-    whose weight pads (a ws=1 shard is then not the whole weight) - and, for the local wgrad
+    whose weight pads its rows (a ws=1 shard is then not the whole weight) - and, for the local wgrad
     handed to autograd, where finalize is asynchronous (nothing has marked the weight yet, so
     the DDP hook adds it to main_grad) - and survive the others."""
     for name in ("full-shape-dummy", "unfused-finalize-dropped"):
         m = mutants.MUTANTS[name]
-        results = _run(m.backend, [c for c in CELLS if c.module in m.modules])
+        results = _run(m.backend, [c for c in CELLS if m.applies(c.module, c.recipe)])
         died = {c.id for c, r in results.items() if r.status not in GOOD}
         kinds = {c.id: weights.KINDS[c.weight] for c in results}
+
+        def padded(c: matrix.Cell) -> bool:
+            """The ws=1 shard holds padding rows (under a recipe every feature count is a
+            multiple of 16 already: Megatron's alignment pads nothing there)."""
+            rows = fitted(Example(), c.module, c.bias, c.recipe, c.num_gemms).out_features
+            return weights.shard_rows(rows, 1, kinds[c.id].pad_multiple)[0] != rows
+
         if name == "full-shape-dummy":
             want = {c.id for c in results if c.fused and c.expect == "pass"
-                    and c.distributed and kinds[c.id].pad_multiple > 1}
+                    and c.distributed and padded(c)}
         else:
             want = {c.id for c in results if not c.fused and c.expect == "pass" and c.distributed
-                    and (kinds[c.id].pad_multiple > 1 or kinds[c.id].chained)}
+                    and (padded(c) or kinds[c.id].chained)}
         assert died == want and died, (name, sorted(died ^ want)[:4])
 
 
 def test_catalog_matches_bugs_md():
     """docs/fault-classes.md's ten classes in order, then the four only a Megatron-like implementer exposes,
-    then the one only an exact check catches, four subtle numeric faults and the three of
-    GroupedLinear's grouped-tensor path and LayerNormLinear's normalization."""
+    then the one only an exact check catches, four subtle numeric faults, the four of
+    GroupedLinear's grouped-tensor path and LayerNormLinear's normalization, and the five of
+    the FP8 path (cells under a recipe only)."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
         "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
@@ -103,12 +112,14 @@ def test_catalog_matches_bugs_md():
         "requires-grad-from-copies", "main-grad-rebound", "wgrad-rounded-through-bf16",
         "main-grad-accumulated-in-bf16", "dgrad-with-bf16-weight", "tf32-declared-ieee",
         "grouped-tensor-path-no-dw", "norm-dgamma-dropped", "norm-dbeta-on-gamma",
-        "norm-zero-centered-ignored-in-backward",
+        "norm-zero-centered-ignored-in-backward", "fp8-per-shard-amax", "fp8-stale-weight-workspace",
+        "fp8-e4m3-gradient", "fp8-dgrad-weight-unquantized", "fp8-dgrad-weight-requantized",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description
         assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
         assert set(m.modules) <= set(modules.NAMES)
+        assert m.recipes is None or (m.name.startswith("fp8-") and set(m.recipes) <= set(recipes.QUANTIZED))
         for attr in ("Linear", "GroupedLinear", "LayerNormLinear"):
             assert isinstance(getattr(m.backend, attr), type)
         assert isinstance(m.backend.ops.GroupedLinear, type)

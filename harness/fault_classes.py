@@ -49,6 +49,8 @@ class FaultClass:
             contract observes (at ws=1 a shard is the full weight - unless the weight pads
             to an alignment, as Megatron's does).
         evidence: what a kill about this fault looks like (module docstring).
+        recipes: the cell ``recipe`` values the fault can show under (None: every one); a
+            fault of the FP8 path changes nothing in a cell without a recipe.
     """
 
     name: str
@@ -56,6 +58,11 @@ class FaultClass:
     modules: tuple[str, ...] = GEMM_MODULES
     min_world_size: int = 1
     evidence: tuple[str, ...] = ()
+    recipes: tuple[str, ...] | None = None
+
+    def applies(self, module: str, recipe: str) -> bool:
+        """Whether a cell of ``module`` under ``recipe`` runs this fault's code."""
+        return module in self.modules and (self.recipes is None or recipe in self.recipes)
 
 
 _ALL = (
@@ -165,6 +172,28 @@ _ALL = (
                "instead of 1 + gamma",
                modules=("layernorm_linear",), evidence=("check:mb*.input_grad",)),
     
+    # the FP8 path (cells under a recipe): the reference quantizes the Linear's GEMM operands
+    FaultClass("fp8-per-shard-amax",
+               "a distributed weight's FP8 scale (current scaling) is taken from this rank's shard, "
+               "not from the whole gathered weight",
+               modules=("linear",), min_world_size=2, recipes=("current",),
+               evidence=("check:mb*.output",)),
+    FaultClass("fp8-stale-weight-workspace",
+               "the FP8 weight the first microbatch quantized is multiplied again by later "
+               "microbatches (delayed scaling: with the first microbatch's scale)",
+               modules=("linear",), recipes=("delayed",), evidence=("check:mb*.output",)),
+    FaultClass("fp8-e4m3-gradient",
+               "the output gradient is quantized to E4M3, not HYBRID's E5M2",
+               modules=("linear",), recipes=("current", "delayed"),
+               evidence=("check:mb*.input_grad", "check:weight*.main_grad", "check:weight*.grad")),
+    FaultClass("fp8-dgrad-weight-unquantized",
+               "a distributed weight's dgrad multiplies the re-gathered high-precision weight: "
+               "the backward re-quantization is missing",
+               modules=("linear",), recipes=("current", "delayed"), evidence=("check:mb*.input_grad",)),
+    FaultClass("fp8-dgrad-weight-requantized",
+               "delayed scaling: a distributed weight's dgrad re-quantizes the re-gathered weight "
+               "with the scale updated after the forward, not the forward's",
+               modules=("linear",), recipes=("delayed",), evidence=("check:mb*.input_grad",)),
 )
 CATALOG: dict[str, FaultClass] = {f.name: f for f in _ALL}
 

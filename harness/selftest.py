@@ -2,8 +2,9 @@
 
 A harness earns trust by going red on every known fault class and never on correct code.
 All backends share one packed launch (``harness.launcher.packing``: the process groups do not depend
-on the backend). A mutant only runs the cells of the modules it changes: for the other modules its
-classes *are* the reference's, so their verdicts are the clean run's by construction.
+on the backend). A mutant only runs the cells of the modules it changes (and, for a fault of the FP8 path, of
+the recipes it can show under): for the others its classes *are* the reference's, so their
+verdicts are the clean run's by construction.
 
 A mutant counts as killed only when a failing check is evidence of its own fault (its
 ``evidence`` patterns: a check name or the text of the expected exception); a kill by an
@@ -172,7 +173,7 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     tasks = [Task(CLEAN, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
     for name, m in fault_classes.CATALOG.items():
-        mine = [c for c in cells if c.module in m.modules]
+        mine = [c for c in cells if m.applies(c.module, c.recipe)]
         cover = first_round(mine)
         tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in cover[:FIRST_CELLS]]
         covered = set(cover)

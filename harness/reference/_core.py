@@ -64,6 +64,21 @@ class ReferenceImpl:
     def bgrad(self, grad_out: torch.Tensor) -> torch.Tensor:
         return grad_out.sum(0)
 
+    # ---- low precision: what each GEMM operand is quantized from, and how (``_fp8``) ----
+    def fp8_weight_forward(self, call: "GemmCall", i: int, weight: Any,
+                           gemm_weight: torch.Tensor) -> Operand:
+        """The forward's weight operand: the whole (gathered) weight, quantized."""
+        return call.fp8.forward_w(i, gemm_weight)
+
+    def fp8_grad(self, call: "GemmCall", i: int, grad_out: torch.Tensor) -> Operand:
+        """The output gradient operand, in the recipe's gradient format."""
+        return call.fp8.grad(i, grad_out)
+
+    def fp8_weight_backward(self, call: "GemmCall", i: int, weight: Any,
+                            gemm_weight: torch.Tensor) -> Operand:
+        """The dgrad's weight operand: the weight backward holds, quantized as the forward's."""
+        return call.fp8.saved_w(i, gemm_weight)
+
     def norm_forward(self, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None,
                      call: "_norm.NormCall") -> torch.Tensor:
         return _norm.forward(x, gamma, beta, call)
@@ -207,7 +222,7 @@ class GroupGemm(torch.autograd.Function):
             if call.has_bias:
                 outs = [o + b for o, b in zip(outs, biases)]
         else:
-            outs = [impl.fprop(fp8.forward_x(i, x), fp8.forward_w(i, w))
+            outs = [impl.fprop(fp8.forward_x(i, x), impl.fp8_weight_forward(call, i, weights[i], w))
                     for i, (x, w) in enumerate(zip(xs, gemm_weights))]
             if call.has_bias:  # in fp32; an fp32 layer's bias as bf16 (FP8 GEMMs take no fp32 bias)
                 bias_dtype = torch.bfloat16 if inp.dtype == torch.float32 else inp.dtype
@@ -236,9 +251,9 @@ class GroupGemm(torch.autograd.Function):
         x_ops: Sequence[Operand] = xs
         w_ops: Sequence[Operand] = gemm_weights
         if fp8 is not None:
-            g_ops = [fp8.grad(i, go) for i, go in enumerate(gos)]
+            g_ops = [impl.fp8_grad(call, i, go) for i, go in enumerate(gos)]
             x_ops = [fp8.saved_x(i, x) for i, x in enumerate(xs)]
-            w_ops = [fp8.saved_w(i, w) for i, w in enumerate(gemm_weights)]
+            w_ops = [impl.fp8_weight_backward(call, i, weights[i], w) for i, w in enumerate(gemm_weights)]
 
         dgrad = None
         if ctx.needs_input_grad[0]:

@@ -61,6 +61,14 @@ class Quantized:
     scale_inv: float
     dtype: torch.dtype
 
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
     def t(self) -> "Quantized":
         return Quantized(self.codes.t(), self.scale_inv, self.dtype)
 
@@ -205,8 +213,10 @@ class CallScaling:
         self.sx[i] = self.state.x[i].next_scale(x)
         return quantize(x, self.sx[i], self.state.x[i].fmt)
 
-    def forward_w(self, i: int, w: torch.Tensor) -> Quantized:
-        self.sw[i] = self.state.w[i].next_scale(w)
+    def forward_w(self, i: int, w: torch.Tensor, amax_of: torch.Tensor | None = None) -> Quantized:
+        """The forward's weight; its scale (current) or recorded amax (delayed) from
+        ``amax_of`` when given (the whole weight is the correct source: ``w``)."""
+        self.sw[i] = self.state.w[i].next_scale(w if amax_of is None else amax_of)
         return quantize(w, self.sw[i], self.state.w[i].fmt)
 
     def saved_x(self, i: int, x: torch.Tensor) -> Quantized:
@@ -219,8 +229,13 @@ class CallScaling:
         scale = _scale_from(_amax(w), slot.fmt, 0, 1.0) if slot.kind == "current" else self.sw[i]
         return quantize(w, scale, slot.fmt)
 
-    def grad(self, i: int, dy: torch.Tensor) -> Quantized:
-        return quantize(dy, self.state.dy[i].next_scale(dy), self.state.dy[i].fmt)
+    def grad(self, i: int, dy: torch.Tensor, fmt: str | None = None) -> Quantized:
+        """The output gradient in the gradient format (``fmt``: another, for a planted fault)."""
+        slot = self.state.dy[i]
+        scale = slot.next_scale(dy)
+        if fmt is not None and slot.kind == "current":
+            scale = _scale_from(_amax(dy), fmt, 0, 1.0)
+        return quantize(dy, scale, fmt or slot.fmt)
 
     def backward_done(self) -> None:
         """The end of this module's backward: delayed scaling steps the gradient slots."""

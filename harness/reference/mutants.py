@@ -385,6 +385,58 @@ class Mutant:
         return getattr(self.fault, name)
 
 
+# ---- low precision: faults of the FP8 path (cells under a recipe; harness.reference._fp8) ----
+
+class _Fp8PerShardAmax:
+    """A distributed weight's forward scale (current) or recorded amax (delayed) taken from
+    this rank's shard, not from the whole gathered weight."""
+
+    def fp8_weight_forward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
+        if not call.distributed:
+            return super().fp8_weight_forward(call, i, weight, gemm_weight)
+        return call.fp8.forward_w(i, gemm_weight, amax_of=weight.detach())  # Fault: the shard's amax
+
+
+class _Fp8StaleWeightWorkspace:
+    """The FP8 weight quantized by the first microbatch is kept on the module and multiplied
+    again by every later forward (a weight workspace never refreshed)."""
+
+    def fp8_weight_forward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
+        cache = call.module.__dict__.setdefault("_stale_fp8_weights", {})
+        if i in cache:  # Fault: reused, whatever the scale or the weight is now
+            return cache[i]
+        cache[i] = super().fp8_weight_forward(call, i, weight, gemm_weight)
+        return cache[i]
+
+
+class _Fp8E4m3Gradient:
+    """The output gradient quantized to E4M3 (the forward format) instead of E5M2."""
+
+    def fp8_grad(self, call: GemmCall, i: int, grad_out: torch.Tensor) -> Any:
+        return call.fp8.grad(i, grad_out, fmt="e4m3")  # Fault: HYBRID's gradients are E5M2
+
+
+class _Fp8DgradWeightUnquantized:
+    """A distributed weight's dgrad multiplies the re-gathered high-precision weight next to
+    the FP8 gradient: the backward re-quantization is missing."""
+
+    def fp8_weight_backward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
+        if not call.distributed:
+            return super().fp8_weight_backward(call, i, weight, gemm_weight)
+        return _fp8.Quantized(gemm_weight.detach().float(), 1.0, gemm_weight.dtype)  # Fault
+
+
+class _Fp8DgradWeightRequantized:
+    """Delayed scaling: a distributed weight's re-gathered weight is quantized with the
+    scale as updated after the forward (and its amax recorded), not the forward's scale."""
+
+    def fp8_weight_backward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
+        if not call.distributed:
+            return super().fp8_weight_backward(call, i, weight, gemm_weight)
+        slot = call.fp8.state.w[i]
+        return _fp8.quantize(gemm_weight, slot.next_scale(gemm_weight), slot.fmt)  # Fault
+
+
 #: the fault class -> the mixin planting it (``hooks-strip-subclass`` is the pre-fix backend itself)
 IMPLEMENTATIONS: dict[str, type] = {
     "wgrad-compute-dtype": _WgradComputeDtype,
@@ -409,6 +461,11 @@ IMPLEMENTATIONS: dict[str, type] = {
     "norm-dgamma-dropped": _NormDgammaDropped,
     "norm-dbeta-on-gamma": _NormDbetaOnGamma,
     "norm-zero-centered-ignored-in-backward": _NormZeroCenteredIgnoredInBackward,
+    "fp8-per-shard-amax": _Fp8PerShardAmax,
+    "fp8-stale-weight-workspace": _Fp8StaleWeightWorkspace,
+    "fp8-e4m3-gradient": _Fp8E4m3Gradient,
+    "fp8-dgrad-weight-unquantized": _Fp8DgradWeightUnquantized,
+    "fp8-dgrad-weight-requantized": _Fp8DgradWeightRequantized,
 }
 
 
