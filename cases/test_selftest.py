@@ -112,14 +112,17 @@ def test_ci_selftest_kills_every_mutant_without_a_false_alarm(ci_selftest):
 
 def test_selftest_multirank(ci_selftest):
     """Through the CLI over ranks: the faults that only exist at world size >= 2 die there,
-    and the measured detection threshold of every dtype and tensor kind is bracketed by two
-    measured values, printed and recorded."""
+    and the measured detection threshold of every recipe, dtype and tensor kind is bracketed
+    by two measured values, printed and recorded."""
     proc, report, _ = ci_selftest
     verdicts = {m["name"]: m["verdict"] for m in report["mutants"]}
     assert verdicts["full-shape-dummy"] == "killed" and verdicts["unfused-finalize-dropped"] == "killed"
-    rows = {(r["dtype"], r["kind"]): r for r in report["sensitivity"]}
-    assert set(rows) == {(d, k) for d in ("fp32", "bf16", "fp16")
-                         for k in ("output", "input_grad", "weight_grad", "bias_grad")}, sorted(rows)
+    rows = {(r["recipe"], r["dtype"], r["kind"]): r for r in report["sensitivity"]}
+    # a row per recipe of ci (its bias gradient is the unquantized one: no row under a recipe)
+    assert set(rows) == {("none", d, k) for d in ("fp32", "bf16", "fp16")
+                         for k in ("output", "input_grad", "weight_grad", "bias_grad")} | {
+        (r, d, k) for r in ("delayed", "current") for d in ("fp32", "bf16", "fp16")
+        for k in ("output", "input_grad", "weight_grad")}, sorted(rows)
     for r in rows.values():
         assert r["smallest_caught"] in r["tried"], r
         assert r["largest_missed"] is None or r["largest_missed"] == r["smallest_caught"] / 2, r

@@ -23,10 +23,12 @@ CELL = matrix.Cell.from_id("grouped_linear-plain-hooks_off-fused-bf16-ws1-ddp-mb
 
 
 def test_spec_round_trips_and_bad_specs_are_refused():
-    spec = "fp32.weight_grad=16,bf16.output=4"
-    assert perturb.parse(spec) == {("fp32", "weight_grad"): 16.0, ("bf16", "output"): 4.0}
-    assert perturb.format_spec(perturb.parse(spec)) == "bf16.output=4,fp32.weight_grad=16"
-    for bad in ("bf16.output", "fp8.output=2", "bf16.loss=2", "bf16.output=0", "output=2"):
+    spec = "fp32.weight_grad=16,bf16.output=4,current.bf16.input_grad=2"
+    assert perturb.parse(spec) == {("none", "fp32", "weight_grad"): 16.0, ("none", "bf16", "output"): 4.0,
+                                   ("current", "bf16", "input_grad"): 2.0}
+    assert perturb.format_spec(perturb.parse(spec)) == "current.bf16.input_grad=2,bf16.output=4,fp32.weight_grad=16"
+    for bad in ("bf16.output", "fp8.output=2", "bf16.loss=2", "bf16.output=0", "output=2",
+                "nvfp4.bf16.output=2", "current.bf16.output.x=2"):
         with pytest.raises(ValueError, match="bad perturbation"):
             perturb.parse(bad)
 
@@ -40,6 +42,19 @@ def test_a_planted_kind_fails_its_checks_and_leaves_the_others_bitwise(kind):
     before = {c.name: c.max_abs for c in clean.comparisons if tensor_kind(c.name) not in (None, kind)}
     after = {c.name: c.max_abs for c in planted.comparisons if tensor_kind(c.name) not in (None, kind)}
     assert before == after
+
+
+RECIPE_CELL = matrix.Cell.from_id("linear-distributed-hooks_off-fused-bf16-ws1-ddp-mb2-g1-bias-igrad-nodelay-rcurrent")
+
+
+@pytest.mark.parametrize("kind", ["output", "input_grad", "weight_grad"])
+def test_a_planted_kind_under_a_recipe_fails_its_checks_there_only(kind):
+    """Under a recipe the entry names the recipe: it fails that kind's checks and no other;
+    the same entry without the recipe (cells without one) leaves the recipe cell passing."""
+    planted = run_cell(perturb.get(f"current.bf16.{kind}=1024"), RECIPE_CELL, RankContext())
+    failed = {tensor_kind(c.name) for c in planted.comparisons if not c.ok}
+    assert failed == {kind}, [(c.name, c.ratio) for c in planted.comparisons if not c.ok]
+    assert run_cell(perturb.get(f"bf16.{kind}=1024,delayed.bf16.{kind}=1024"), RECIPE_CELL, RankContext()).status == "pass"
 
 
 def test_another_dtype_is_untouched():
@@ -63,8 +78,8 @@ def _bisect(cells: list[matrix.Cell], caught_from: dict[str, float]) -> sensitiv
         round_k = perturb.parse(search.backend().removeprefix(sensitivity.BACKEND_PREFIX))
         results = {}
         for t in tasks:
-            failed = {kind for (d, kind), k in round_k.items()
-                      if d == t.cell.dtype and k >= caught_from.get(kind, float("inf"))}
+            failed = {kind for (r, d, kind), k in round_k.items()
+                      if (r, d) == (t.cell.recipe, t.cell.dtype) and k >= caught_from.get(kind, float("inf"))}
             results[t.key] = _result(t.cell, failed)
         search.observe(results)
         tasks = search.tasks()
@@ -72,7 +87,7 @@ def _bisect(cells: list[matrix.Cell], caught_from: dict[str, float]) -> sensitiv
 
 
 def test_search_brackets_the_threshold_with_two_measured_values():
-    cells = [c for c in matrix.select("ci") if c.dtype == "bf16" and c.hooks == "off"][:6]
+    cells = [c for c in matrix.select("ci", {"recipe": ["none"]}) if c.dtype == "bf16" and c.hooks == "off"][:6]
     search = _bisect(cells, {"output": 8, "input_grad": 1, "weight_grad": 1024, "bias_grad": 64})
     rows = {r.kind: r for r in search.thresholds([])}
     assert (rows["output"].largest_missed, rows["output"].smallest_caught) == (4, 8)
@@ -85,7 +100,7 @@ def test_search_brackets_the_threshold_with_two_measured_values():
 
 
 def test_a_kind_nothing_catches_fails_the_selftest():
-    cells = [c for c in matrix.select("ci") if c.dtype == "bf16" and c.hooks == "off"][:3]
+    cells = [c for c in matrix.select("ci", {"recipe": ["none"]}) if c.dtype == "bf16" and c.hooks == "off"][:3]
     search = _bisect(cells, {"output": 2, "input_grad": 2, "weight_grad": 2})   # bias: never
     rows = search.thresholds([])
     blind = [r.kind for r in rows if r.smallest_caught is None]
@@ -98,14 +113,19 @@ def test_a_kind_nothing_catches_fails_the_selftest():
 def test_hooked_cells_only_where_no_hooks_off_cell_has_the_kind_and_never_raising_ones():
     search = sensitivity.Search(matrix.select("ci"))
     assert search.cells and all(c.expect != "error" for c in search.cells)
-    for (dtype, kind), cells in search.cells_for.items():
+    for (recipe, dtype, kind), cells in search.cells_for.items():
         hooked = {c.hooks != "off" for c in cells}
-        assert len(hooked) == 1, (dtype, kind)
+        assert len(hooked) == 1 and {(c.recipe, c.dtype) for c in cells} == {(recipe, dtype)}, (recipe, dtype, kind)
         if hooked == {True}:   # ci: fp32 input gradients only under hooks
-            assert not any(c.hooks == "off" and c.dtype == dtype and (kind != "input_grad" or c.input_grad)
+            assert not any(c.hooks == "off" and c.dtype == dtype and c.recipe == recipe
+                           and (kind != "input_grad" or c.input_grad)
                            and (kind != "bias_grad" or c.bias) and c.expect != "error"
                            for c in matrix.select("ci"))
-    assert ("fp32", "input_grad") in search.cells_for
+    assert ("none", "fp32", "input_grad") in search.cells_for
+    # under a recipe: no bias_grad row (the bias gradient is the unquantized one)
+    assert {k for k in search.cells_for if k[0] != "none"} == {
+        (r, d, k) for r in ("delayed", "current") for d in ("fp32", "bf16", "fp16")
+        for k in ("output", "input_grad", "weight_grad")}
 
 
 def test_margins_cover_every_example(tmp_path, capsys):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from harness import modules
+from harness import modules, recipes
 from harness.launcher import warm
 from harness.backends import RECIPE_API, BackendInfo, probe_backend
 from harness.exitcodes import UsageError
@@ -94,7 +94,8 @@ def check_recipes(info: BackendInfo, selected: Iterable[str]) -> None:
     Raises:
         UsageError: naming the recipes and the way out.
     """
-    quantized = [r for r in dict.fromkeys(selected) if r != "none"]
+    chosen = set(selected)
+    quantized = [r for r in recipes.NAMES if r in chosen and r != "none"]  # in the axis's order
     if quantized and info.apis is not None and RECIPE_API not in info.apis:
         raise UsageError(f"backend {info.spec!r} has no {RECIPE_API}: it cannot run the recipes "
                          f"{', '.join(quantized)}; select --recipes none or another backend")

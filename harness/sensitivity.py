@@ -3,9 +3,9 @@
 Every planted fault of the mutants is caught by an exact check or far above its bound; that
 says nothing of how *small* an error the harness sees. ``harness.reference.perturb`` plants
 a relative error ``k * u`` in one tensor kind; this module bisects ``k`` over a ladder of
-powers of two, per cell dtype and tensor kind, with every kind of a round in one backend
-(the kinds do not feed each other). ``k`` is caught when any cell of that dtype fails a
-value check of that kind; the answer is the smallest ladder value caught and the largest
+powers of two, per recipe, cell dtype and tensor kind, with every kind of a round in one
+backend (the kinds do not feed each other). ``k`` is caught when any cell of that recipe and
+dtype fails a value check of that kind; the answer is the smallest ladder value caught and the largest
 missed, both measured. Cells with a saved-tensor hook are left out where a hooks-off
 cell has the kind: their twin check proves their values bitwise equal to the hooks-off
 cell's, so they catch exactly what it catches; a kind that only hooked cells of a dtype have
@@ -21,9 +21,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from harness.launcher.launch import Task
 from harness.matrix import Cell
 from harness.record import CellResult, tensor_kind
-from harness.perturbation import KINDS, format_spec
+from harness.perturbation import KINDS, RECIPE_NAMES as RECIPES, format_spec
 
 BACKEND_PREFIX = "harness.reference.perturb:"
+#: a searched row: (recipe, cell dtype, tensor kind)
+Key = tuple[str, str, str]
 #: k in units of u: 1, 2, 4, ..., 1024
 LADDER: tuple[float, ...] = tuple(2.0**j for j in range(11))
 
@@ -45,6 +47,7 @@ class Threshold:
 
     dtype: str
     kind: str
+    recipe: str = "none"
     smallest_caught: float | None = None     # None: not caught at the top of the ladder
     largest_missed: float | None = None      # None: caught at the bottom
     catching_cell: str | None = None
@@ -71,26 +74,25 @@ class Search:
     """Bisection of ``k`` for every (dtype, kind) the cells have, one backend per round."""
 
     def __init__(self, cells: Sequence[Cell]) -> None:
-        # cells without a recipe: a planted ``k * u`` is relative to the dtype a GEMM result
-        # is produced in, and a quantized GEMM produces fp32 before the cell's rounding - its
-        # own rows (per recipe) are not measured yet (docs/low-precision.md)
-        runnable = [c for c in cells if c.expect != "error" and c.recipe == "none"]
-        #: the cells each (dtype, kind) is searched on: the hooks-off ones, or the hooked
-        #: ones where a selection has no hooks-off cell with that kind
-        self.cells_for: dict[tuple[str, str], list[Cell]] = {}
+        runnable = [c for c in cells if c.expect != "error"]
+        #: the cells each (recipe, dtype, kind) is searched on: the hooks-off ones, or the
+        #: hooked ones where a selection has no hooks-off cell with that kind. A recipe has no
+        #: bias_grad row: the bias gradient sums the unquantized gradient, as without one.
+        self.cells_for: dict[Key, list[Cell]] = {}
         for hooked in (False, True):
-            found: dict[tuple[str, str], list[Cell]] = {}
+            found: dict[Key, list[Cell]] = {}
             for c in runnable:
                 if (c.hooks != "off") != hooked:
                     continue
                 for kind in KINDS:
-                    if (kind != "input_grad" or c.input_grad) and (kind != "bias_grad" or c.bias):
-                        found.setdefault((c.dtype, kind), []).append(c)
+                    if (kind != "input_grad" or c.input_grad) and (kind != "bias_grad" or c.bias) \
+                            and (kind != "bias_grad" or c.recipe == "none"):
+                        found.setdefault((c.recipe, c.dtype, kind), []).append(c)
             for key, found_cells in found.items():
                 self.cells_for.setdefault(key, found_cells)
         self.brackets = {key: _Bracket() for key in self.cells_for}
-        self.tried: dict[tuple[str, str], list[float]] = {key: [] for key in self.cells_for}
-        self._round: dict[tuple[str, str], float] = {}
+        self.tried: dict[Key, list[float]] = {key: [] for key in self.cells_for}
+        self._round: dict[Key, float] = {}
         self.anomalies: list[str] = []
 
     @property
@@ -120,13 +122,13 @@ class Search:
     def observe(self, results: Mapping[tuple[str, str], CellResult]) -> None:
         """Narrow each bracket of the round from the round's verdicts ((backend, id) -> result)."""
         backend = self.backend()
-        caught: dict[tuple[str, str], str] = {}
+        caught: dict[Key, str] = {}
         for key in self._round:
             for c in self.cells_for[key]:
                 res = results.get((backend, c.id))
                 if res is None:
                     continue
-                if any(tensor_kind(check.name) == key[1] and not check.ok
+                if any(tensor_kind(check.name) == key[2] and not check.ok
                        for rank in res.ranks for check in rank.comparisons):
                     caught[key] = c.id
                     break
@@ -144,29 +146,34 @@ class Search:
         self._round = {}
 
     def thresholds(self, clean: Iterable[CellResult]) -> list[Threshold]:
-        """One row per (dtype, kind) searched, its worst clean ratio over the same cells the
-        search plants in (those without a recipe)."""
-        ratios = worst_ratios(r for r in clean if r.axes.get("recipe", "none") == "none")
+        """One row per (recipe, dtype, kind) searched - the cells without a recipe first - and
+        its worst clean ratio over the cells of that recipe."""
+        clean = list(clean)
+        ratios = {r: worst_ratios(x for x in clean if x.axes.get("recipe", "none") == r)
+                  for r in {key[0] for key in self.brackets}}
+        order = {r: i for i, r in enumerate(RECIPES)}
         rows = []
-        for (d, kind), b in sorted(self.brackets.items(), key=lambda kv: (kv[0][0], KINDS.index(kv[0][1]))):
+        for (r, d, kind), b in sorted(self.brackets.items(),
+                                      key=lambda kv: (order[kv[0][0]], kv[0][1], KINDS.index(kv[0][2]))):
             rows.append(Threshold(
-                d, kind,
+                d, kind, r,
                 smallest_caught=LADDER[b.hi] if b.hi < len(LADDER) else None,
                 largest_missed=LADDER[b.lo] if b.lo >= 0 else None,
-                catching_cell=b.cell, worst_clean_ratio=ratios.get((d, kind)),
-                tried=list(self.tried[(d, kind)])))
+                catching_cell=b.cell, worst_clean_ratio=ratios[r].get((d, kind)),
+                tried=list(self.tried[(r, d, kind)])))
         return rows
 
 
 def table(rows: Sequence[Threshold]) -> str:
     """The sensitivity table as printed by ``selftest``."""
-    lines = [f"{'dtype':6} {'tensor kind':12} {'smallest k caught':>17} {'largest k missed':>16} "
+    lines = [f"{'recipe':8} {'dtype':6} {'tensor kind':12} {'smallest k caught':>17} {'largest k missed':>16} "
              f"{'worst clean ratio':>17}  caught first in"]
     for r in rows:
         caught = f"{r.smallest_caught:g}" if r.smallest_caught else f"> {LADDER[-1]:g}"
         missed = f"{r.largest_missed:g}" if r.largest_missed else f"< {LADDER[0]:g}"
         ratio = f"{r.worst_clean_ratio:.3g}" if r.worst_clean_ratio is not None else "-"
-        lines.append(f"{r.dtype:6} {r.kind:12} {caught:>17} {missed:>16} {ratio:>17}  {r.catching_cell or '-'}")
+        lines.append(f"{r.recipe:8} {r.dtype:6} {r.kind:12} {caught:>17} {missed:>16} {ratio:>17}  "
+                     f"{r.catching_cell or '-'}")
     return "\n".join(lines)
 
 

@@ -308,7 +308,8 @@ def _selftest(selftest: dict[str, Any]) -> str:
 
 
 def _sensitivity(rows: list[dict[str, Any]]) -> str:
-    """The measured detection threshold (``harness.sensitivity``): one row per dtype and kind."""
+    """The measured detection threshold (``harness.sensitivity``): one row per recipe, dtype
+    and kind (a record written before the recipe column: ``none``)."""
     if not rows:
         return ""
 
@@ -319,13 +320,14 @@ def _sensitivity(rows: list[dict[str, Any]]) -> str:
         return f"{value:.3g}" if isinstance(value, (int, float)) else "-"
 
     body = "".join(
-        f'<tr><td class="mono">{_e(r.get("dtype"))}</td><td class="mono">{_e(r.get("kind"))}</td>'
+        f'<tr><td class="mono">{_e(r.get("recipe") or "none")}</td>'
+        f'<td class="mono">{_e(r.get("dtype"))}</td><td class="mono">{_e(r.get("kind"))}</td>'
         f'<td class="num {"" if r.get("smallest_caught") else "t-fail"}">{k(r.get("smallest_caught"), "never")}</td>'
         f'<td class="num">{k(r.get("largest_missed"), "-")}</td>'
         f'<td class="num">{_ratio(r.get("worst_clean_ratio"))}</td>'
         f'<td class="idcell">{_e(r.get("catching_cell") or "")}</td></tr>' for r in rows)
     return ('<h3>Sensitivity: the smallest relative error k·u caught per tensor kind</h3>'
-            '<table class="plain" style="width:100%"><tr><th>dtype</th><th>tensor kind</th>'
+            '<table class="plain" style="width:100%"><tr><th>recipe</th><th>dtype</th><th>tensor kind</th>'
             '<th class="num">smallest k caught</th><th class="num">largest k missed</th>'
             f'<th class="num">worst clean ratio</th><th>caught first in</th></tr>{body}</table>')
 

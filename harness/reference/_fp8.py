@@ -55,11 +55,13 @@ class Quantized:
 
     ``a @ b`` multiplies the codes in fp32 and applies both scale-inverses to the accumulator
     (their fp32 product, then one fp32 multiply); ``dtype`` is the dtype the operand had
-    before quantization (the cell's), which a planted perturbation reads."""
+    before quantization (the cell's) and ``recipe`` the recipe that quantized it, which a
+    planted perturbation reads."""
 
     codes: torch.Tensor
     scale_inv: float
     dtype: torch.dtype
+    recipe: str = "none"
 
     @property
     def shape(self) -> torch.Size:
@@ -70,18 +72,18 @@ class Quantized:
         return self.codes.device
 
     def t(self) -> "Quantized":
-        return Quantized(self.codes.t(), self.scale_inv, self.dtype)
+        return Quantized(self.codes.t(), self.scale_inv, self.dtype, self.recipe)
 
     def __matmul__(self, other: "Quantized") -> torch.Tensor:
         alpha = _f32(self.scale_inv) * _f32(other.scale_inv)
         return (self.codes @ other.codes) * alpha
 
 
-def quantize(t: torch.Tensor, scale: float, fmt: str) -> Quantized:
+def quantize(t: torch.Tensor, scale: float, fmt: str, recipe: str = "none") -> Quantized:
     """``fp32(t * scale)`` rounded to nearest even in ``fmt``, saturating (NaN stays NaN)."""
     dtype, fmax = _FORMATS[fmt]
     codes = (t.detach().to(_F32) * _f32(scale)).clamp(-fmax, fmax).to(dtype).to(_F32)
-    return Quantized(codes, float(_f32(1.0) / _f32(scale)), t.dtype)
+    return Quantized(codes, float(_f32(1.0) / _f32(scale)), t.dtype, recipe)
 
 
 def _amax(t: torch.Tensor) -> float:
@@ -211,23 +213,23 @@ class CallScaling:
 
     def forward_x(self, i: int, x: torch.Tensor) -> Quantized:
         self.sx[i] = self.state.x[i].next_scale(x)
-        return quantize(x, self.sx[i], self.state.x[i].fmt)
+        return quantize(x, self.sx[i], self.state.x[i].fmt, self.state.kind)
 
     def forward_w(self, i: int, w: torch.Tensor, amax_of: torch.Tensor | None = None) -> Quantized:
         """The forward's weight; its scale (current) or recorded amax (delayed) from
         ``amax_of`` when given (the whole weight is the correct source: ``w``)."""
         self.sw[i] = self.state.w[i].next_scale(w if amax_of is None else amax_of)
-        return quantize(w, self.sw[i], self.state.w[i].fmt)
+        return quantize(w, self.sw[i], self.state.w[i].fmt, self.state.kind)
 
     def saved_x(self, i: int, x: torch.Tensor) -> Quantized:
-        return quantize(x, self.sx[i], self.state.x[i].fmt)
+        return quantize(x, self.sx[i], self.state.x[i].fmt, self.state.kind)
 
     def saved_w(self, i: int, w: torch.Tensor) -> Quantized:
         """The weight backward multiplies (kept, or re-gathered): current scaling quantizes
         it as any tensor, from its own amax; delayed scaling with the forward's scale."""
         slot = self.state.w[i]
         scale = _scale_from(_amax(w), slot.fmt, 0, 1.0) if slot.kind == "current" else self.sw[i]
-        return quantize(w, scale, slot.fmt)
+        return quantize(w, scale, slot.fmt, self.state.kind)
 
     def grad(self, i: int, dy: torch.Tensor, fmt: str | None = None) -> Quantized:
         """The output gradient in the gradient format (``fmt``: another, for a planted fault)."""
@@ -235,7 +237,7 @@ class CallScaling:
         scale = slot.next_scale(dy)
         if fmt is not None and slot.kind == "current":
             scale = _scale_from(_amax(dy), fmt, 0, 1.0)
-        return quantize(dy, scale, fmt or slot.fmt)
+        return quantize(dy, scale, fmt or slot.fmt, self.state.kind)
 
     def backward_done(self) -> None:
         """The end of this module's backward: delayed scaling steps the gradient slots."""

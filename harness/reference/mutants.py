@@ -423,7 +423,7 @@ class _Fp8DgradWeightUnquantized:
     def fp8_weight_backward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
         if not call.distributed:
             return super().fp8_weight_backward(call, i, weight, gemm_weight)
-        return _fp8.Quantized(gemm_weight.detach().float(), 1.0, gemm_weight.dtype)  # Fault
+        return _fp8.Quantized(gemm_weight.detach().float(), 1.0, gemm_weight.dtype, call.fp8.state.kind)  # Fault
 
 
 class _Fp8DgradWeightRequantized:
@@ -434,7 +434,7 @@ class _Fp8DgradWeightRequantized:
         if not call.distributed:
             return super().fp8_weight_backward(call, i, weight, gemm_weight)
         slot = call.fp8.state.w[i]
-        return _fp8.quantize(gemm_weight, slot.next_scale(gemm_weight), slot.fmt)  # Fault
+        return _fp8.quantize(gemm_weight, slot.next_scale(gemm_weight), slot.fmt, slot.kind)  # Fault
 
 
 #: the fault class -> the mixin planting it (``hooks-strip-subclass`` is the pre-fix backend itself)

@@ -12,9 +12,11 @@ rounded back to that dtype, per cell dtype and tensor kind:
 - ``bias_grad``: the bias-gradient reduction (``bias*.main_grad`` / ``bias*.grad``).
 
 Each GEMM feeds only its own kind (the runner's upstream gradients are fixed inputs), so
-one run measures all four kinds at once. Select one as
-``harness.reference.perturb:<spec>``, e.g. ``harness.reference.perturb:bf16.output=4,fp32.weight_grad=16``
-(``harness.sensitivity`` searches ``k`` per dtype and kind).
+one run measures all four kinds at once. Under a recipe (a spec entry named
+``<recipe>.<dtype>.<kind>``) the quantized forward and dgrad GEMMs produce fp32 that the module
+then rounds to the cell's dtype: ``u`` is the cell dtype's there. Select one as
+``harness.reference.perturb:<spec>``, e.g. ``harness.reference.perturb:bf16.output=4,current.fp32.weight_grad=16``
+(``harness.sensitivity`` searches ``k`` per recipe, dtype and kind).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from harness.rank.compare import UNIT_ROUNDOFF
 from harness.rank.inputs import DTYPES
 from harness.perturbation import KINDS, format_spec, parse
+from harness.reference import _fp8
 from harness.reference.mutants import backend_from_fault
 
 __all__ = ["KINDS", "format_spec", "get", "parse"]
@@ -36,28 +39,36 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 class _Perturbed:
-    """Scales the result of each GEMM whose (cell dtype, kind) has a factor."""
+    """Scales the result of each GEMM whose (recipe, cell dtype, kind) has a factor."""
 
-    factors: dict[tuple[str, str], float] = {}
+    factors: dict[tuple[str, str, str], float] = {}
 
-    def _planted(self, value: torch.Tensor, cell_dtype: torch.dtype, kind: str) -> torch.Tensor:
-        k = self.factors.get((_NAMES.get(cell_dtype, ""), kind))
+    def _planted(self, value: torch.Tensor, operand: Any, kind: str) -> torch.Tensor:
+        """``value`` scaled by ``1 + k u``; ``operand`` (a GEMM input) says the cell's dtype and
+        recipe. ``u`` is that of the dtype the result is rounded to: its own, or - a quantized
+        forward or dgrad GEMM, whose fp32 result the module rounds to the cell's dtype next -
+        the cell's."""
+        quantized = isinstance(operand, _fp8.Quantized)
+        recipe = operand.recipe if quantized else "none"
+        k = self.factors.get((recipe, _NAMES.get(operand.dtype, ""), kind))
         if not k:
             return value
-        u = UNIT_ROUNDOFF[_NAMES[value.dtype]]
+        rounded_to = operand.dtype if quantized and kind in ("output", "input_grad") else value.dtype
+        u = UNIT_ROUNDOFF[_NAMES[rounded_to]]
         return (value.to(torch.float64) * (1.0 + k * u)).to(value.dtype)
 
-    def fprop(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return self._planted(super().fprop(x, weight), x.dtype, "output")
+    def fprop(self, x: Any, weight: Any) -> torch.Tensor:
+        return self._planted(super().fprop(x, weight), x, "output")
 
-    def dgrad(self, grad_out: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return self._planted(super().dgrad(grad_out, weight), grad_out.dtype, "input_grad")
+    def dgrad(self, grad_out: Any, weight: Any) -> torch.Tensor:
+        return self._planted(super().dgrad(grad_out, weight), grad_out, "input_grad")
 
-    def wgrad(self, grad_out: torch.Tensor, inp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self._planted(super().wgrad(grad_out, inp, dtype), grad_out.dtype, "weight_grad")
+    def wgrad(self, grad_out: Any, inp: Any, dtype: torch.dtype) -> torch.Tensor:
+        return self._planted(super().wgrad(grad_out, inp, dtype), grad_out, "weight_grad")
 
     def bgrad(self, grad_out: torch.Tensor) -> torch.Tensor:
-        return self._planted(super().bgrad(grad_out), grad_out.dtype, "bias_grad")
+        # the bias gradient sums the unquantized gradient under a recipe too: no row of its own
+        return self._planted(super().bgrad(grad_out), grad_out, "bias_grad")
 
 
 @functools.lru_cache(maxsize=None)
