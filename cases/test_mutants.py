@@ -203,3 +203,21 @@ def test_full_shape_dummy_is_killed_by_the_autograd_shape_check():
     assert shape[0].actual != shape[0].expected and shape[0].expected[0] % 16 == 0
     found = mutants.evidence_found(m, result.comparisons)
     assert found and found[0].startswith("autograd_grad_shape:")
+
+
+def test_fp8_scales_are_checked_exactly_after_the_step():
+    """Delayed scaling: the scales the module keeps after the step are the recipe's update of
+    the whole weight's and every rank's amaxes. A backward that quantizes the re-gathered
+    (backward, x4) copy with the layer's quantizer records that copy's amax, which the second
+    microbatch's update takes: the check fails there, and passes on the reference."""
+    cell = matrix.Cell.from_id("linear-gtp_tagged-hooks_off-fused-bf16-ws1-ddp-mb2-g1-bias-igrad-nodelay-rdelayed")
+    import harness.reference as reference
+
+    def scales(backend):
+        return next(c for c in run_cell(backend, cell, RankContext()).comparisons if c.name == "fp8_scales")
+
+    clean = scales(reference)
+    assert clean.ok and set(clean.actual) == {"input", "weight", "grad_output"}
+    bad = scales(mutants.MUTANTS["fp8-dgrad-weight-requantized"].backend)
+    assert not bad.ok and bad.actual["weight"] != bad.expected["weight"], bad.message
+    assert bad.actual["input"] == bad.expected["input"]

@@ -33,7 +33,7 @@ Schema (``schema = 1``), all plain JSON:
 
 ``Check``
     name (path such as ``mb0.output`` or ``weight1.main_grad``), kind ("tensor" | "count" |
-    "flag" | "dtype" | "exception"), ok, message (assert_close-style text when not ok),
+    "flag" | "dtype" | "exception" | "scale": a recipe's scales), ok, message (assert_close-style text when not ok),
     and for tensors: numel, mismatched, max_abs, max_rel, ratio (max error/bound),
     bound_at_worst, index (of the worst element), and when it fails, models (its ratio under
     each defect model of ``harness.defects`` that applies, optional); for counts/flags/dtypes:

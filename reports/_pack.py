@@ -66,7 +66,7 @@ from harness.status import vocabulary
 
 from ._common import STATUSES
 
-KINDS: tuple[str, ...] = ("tensor", "count", "flag", "dtype", "exception", "twin", "shape")
+KINDS: tuple[str, ...] = ("tensor", "count", "flag", "dtype", "exception", "twin", "shape", "scale")
 #: thinning levels for cells that met their expectation, least lossy first.
 LEVELS: tuple[str, ...] = ("full", "fold", "top8", "top3", "none")
 #: statuses whose per-check detail may be thinned; everything else is kept whole.

@@ -18,7 +18,7 @@ import torch
 
 from harness import recipes
 
-__all__ = ["RecipeUnsupported", "present", "under_recipe", "describe"]
+__all__ = ["RecipeUnsupported", "present", "under_recipe", "describe", "scales_after"]
 
 
 class RecipeUnsupported(RuntimeError):
@@ -90,6 +90,19 @@ def under_recipe(backend: ModuleType, recipe: str, group: Any = None) -> Wrap:
         return quantized_call
 
     return wrap
+
+
+def scales_after(module: torch.nn.Module) -> dict[str, list[float]] | None:
+    """A ``Linear``'s delayed-scaling scales after the step - ``{"input", "weight",
+    "grad_output"}``, one per GEMM - as the backend keeps them: TE's ``fp8_meta`` (forward
+    input and weight, the output gradient; TE's tensor indices), or the reference's
+    ``fp8_scales()``; None when the module keeps none (no delayed-scaling state)."""
+    meta = getattr(module, "fp8_meta", None)
+    if isinstance(meta, dict) and "scaling_fwd" in meta and "scaling_bwd" in meta:
+        fwd, bwd = meta["scaling_fwd"].scale, meta["scaling_bwd"].scale
+        return {"input": [float(fwd[0])], "weight": [float(fwd[1])], "grad_output": [float(bwd[0])]}
+    own = getattr(module, "fp8_scales", None)
+    return own() if callable(own) else None
 
 
 def describe(backend: ModuleType, recipe: str) -> dict[str, Any] | None:

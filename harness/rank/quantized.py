@@ -166,6 +166,8 @@ class DelayedScaling(Quantizer):
         self.swb: dict[tuple[int, int], float] = {}
         s_x, s_w, s_dy = [1.0] * groups, [1.0] * groups, [1.0] * groups
         m_x, m_w, m_dy = [0.0] * groups, [0.0] * groups, [0.0] * groups
+        #: the scales after the cell's last update, per operand and member (``scales_after``)
+        self.after: dict[str, list[float]] = {"input": s_x, "weight": s_w, "grad_output": s_dy}
         for m in range(mbs):
             rows = [group_rows(inputs.splits[r][m]) for r in range(world)]
             for g in range(groups):

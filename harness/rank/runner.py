@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from harness import modules, recipes, shape, weights
-from harness.rank import compare, lowp, oracle, predict, rejection, te_path, twin
+from harness.rank import compare, lowp, oracle, predict, quantized, rejection, te_path, twin
 from harness.rank.consumer import Consumer
 from harness.rank.faults import BackendFault
 from harness.rank.attach import attach_weight
@@ -449,6 +449,11 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
                                         cell.microbatches if cell.delay_wgrad else 0))
     if cell.delay_wgrad:
         checks.extend(_delay_checks(module, consumer))
+    if cell.recipe == "delayed" and cell.module == "linear":
+        # the recipe's state after the step: each scale from the amaxes of the whole weight and
+        # of every rank's input and gradient, stepped once per forward and per backward - exactly
+        expected = quantized.for_recipe(cell.recipe, inputs, tags).after
+        checks.append(compare.compare_value("fp8_scales", "scale", lowp.scales_after(module), expected))
     if gtp is not None:
         checks.extend(_protocol_checks(cell, gtp))
         # §2: gathered weights are transient; none may outlive the forward that made them

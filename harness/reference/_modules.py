@@ -66,6 +66,16 @@ class _GroupModule(DelayedWgradMixin, torch.nn.Module):
             self.register_parameter(name, p)
         self._mark_delayed_params()
 
+    def fp8_scales(self) -> dict[str, list[float]] | None:
+        """The delayed-scaling scales of the last recipe this module ran under, per operand
+        and member (what the runner's ``fp8_scales`` check reads); None without one."""
+        states = self.__dict__.get("_fp8_states") or {}
+        if not states:
+            return None
+        state = list(states.values())[-1][1]
+        return {"input": [s.scale for s in state.x], "weight": [s.scale for s in state.w],
+                "grad_output": [s.scale for s in state.dy]}
+
     def _delayed_param_names(self) -> tuple[str, ...]:
         return self._weight_names + (self._bias_names if self._delay_bias else ())
 
