@@ -427,3 +427,29 @@ def test_delay_with_distributed_weight_raises_before_anything(kind, fused, in_pr
         g2, mg2, f2 = after[name]
         assert grad is None and g2 is None and f2 is flag and torch.equal(mg2, main_grad), name
     assert x.grad is None
+
+
+def test_reference_autocast_steps_delayed_scales_and_nests_as_te():
+    """The reference's own ``autocast``: after a delayed-scaling step each scale is
+    ``fp8_max / amax`` of what was quantized (the first step multiplies at scale 1); nested,
+    the innermost recipe applies (a current-scaling step keeps no delayed state)."""
+    import harness.reference as ref
+    from harness.reference.recipe import DelayedScaling, Float8CurrentScaling
+
+    torch.manual_seed(0)
+    m = ref.Linear(32, 32, params_dtype=torch.bfloat16)
+    x = torch.randn(16, 32, dtype=torch.bfloat16, requires_grad=True)
+    with ref.autocast(recipe=DelayedScaling()):
+        with ref.autocast(recipe=Float8CurrentScaling()):
+            m(x).sum().backward()
+    assert [type(r).__name__ for r, _ in m._fp8_states.values()] == ["Float8CurrentScaling"]
+    def scale(fmax: float, t: torch.Tensor) -> float:
+        return float(torch.tensor(fmax, dtype=torch.float32) / t.detach().abs().float().max())
+
+    with ref.autocast(recipe=DelayedScaling()):
+        y = m(x)
+    # the forward amaxes are stepped at autocast's exit, the gradient's at the end of backward
+    forward = {"input": [scale(448.0, x)], "weight": [scale(448.0, m.weight)]}
+    assert m.fp8_scales() == {**forward, "grad_output": [1.0]}
+    y.sum().backward()
+    assert m.fp8_scales() == {**forward, "grad_output": [57344.0]}  # dy = ones: amax 1

@@ -183,8 +183,9 @@ _REGIONS: list[_Region] = []
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Any = None,
              amax_reduction_group: Any = None, _graph: bool = False) -> Iterator[None]:
     """TE's ``autocast``: the reference modules called inside run their GEMMs in FP8 under
-    ``recipe`` (default: ``DelayedScaling()``). At the outermost exit, with gradients
-    enabled, delayed scaling reduces and steps the forward amaxes of every module that ran."""
+    ``recipe`` (default: ``DelayedScaling()``; nested, the innermost applies). At the
+    outermost exit, with gradients enabled, delayed scaling reduces and steps the forward
+    amaxes of every module that ran."""
     if not enabled:
         yield
         return
@@ -251,12 +252,12 @@ def for_forward(module: torch.nn.Module, n: int) -> CallScaling | None:
     keys its amax buffers by the recipe)."""
     if not _REGIONS:
         return None
-    region = _REGIONS[0]
+    inner, outer = _REGIONS[-1], _REGIONS[0]  # nested: the innermost recipe applies (TE's rule)
     states: dict[int, tuple[Any, ModuleScaling]] = module.__dict__.setdefault("_fp8_states", {})
-    key = id(region.recipe)
-    if key not in states or states[key][0] is not region.recipe:
-        states[key] = (region.recipe, _new_state(region.recipe, n, region.group))
+    key = id(inner.recipe)
+    if key not in states or states[key][0] is not inner.recipe:
+        states[key] = (inner.recipe, _new_state(inner.recipe, n, inner.group))
     state = states[key][1]
-    state.group = region.group
-    region.ran[id(state)] = state
+    state.group = inner.group
+    outer.ran[id(state)] = state  # its forward amaxes are stepped at the outermost exit
     return CallScaling(state, [1.0] * n, [1.0] * n)
