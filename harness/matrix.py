@@ -714,6 +714,9 @@ def values_help(axis_name: str) -> str:
         return ", ".join(map(str, _DEFAULTS[axis_name])) + " (any int >= 1)"
     if axis_name == "weight":
         return ", ".join(weights.NAMES)
+    if axis_name == "recipe":  # the presets' default differs from the other axes'
+        judged = "; ".join(f"{r} on {', '.join(recipes.MODELLED[r])}" for r in recipes.JUDGED if r != "none")
+        return f"{', '.join(_CHOICES[axis_name])} (ci and full default: none and the judged {judged})"
     return ", ".join(_CHOICES[axis_name])
 
 
