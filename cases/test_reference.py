@@ -453,3 +453,28 @@ def test_reference_autocast_steps_delayed_scales_and_nests_as_te():
     assert m.fp8_scales() == {**forward, "grad_output": [1.0]}
     y.sum().backward()
     assert m.fp8_scales() == {**forward, "grad_output": [57344.0]}  # dy = ones: amax 1
+
+
+def test_a_recipe_cell_that_never_quantizes_is_red():
+    """The hollow case of a recipe cell: a backend whose ``autocast`` does nothing runs every
+    GEMM unquantized - each recipe cell fails against the quantization-aware oracle (and a
+    delayed one has no scales to show), while the real reference passes the same cells."""
+    import contextlib
+    import types
+
+    import harness.reference as ref
+    from harness import matrix
+    from harness.rank.runner import RankContext, run_cell
+
+    hollow = types.ModuleType("hollow_autocast")
+    hollow.__dict__.update({k: getattr(ref, k) for k in ref.__all__})
+    hollow.autocast = lambda **kw: contextlib.nullcontext()
+    ws1 = [c for c in matrix.select("ci") if c.world_size == 1 and c.expect == "pass"]
+    cells = [c for r in ("current", "delayed") for c in [c for c in ws1 if c.recipe == r][:3]]
+    assert len(cells) == 6
+    for c in cells:
+        assert run_cell(ref, c, RankContext()).status == "pass", c.id
+        failed = {k.name for k in run_cell(hollow, c, RankContext()).comparisons if not k.ok}
+        assert any(n.startswith("mb") for n in failed), (c.id, failed)
+        if c.recipe == "delayed":
+            assert "fp8_scales" in failed, c.id

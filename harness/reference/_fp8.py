@@ -228,17 +228,16 @@ class CallScaling:
     def saved_w(self, i: int, w: torch.Tensor) -> Quantized:
         """The weight backward multiplies (kept, or re-gathered): current scaling quantizes
         it as any tensor, from its own amax; delayed scaling with the forward's scale."""
-        slot = self.state.w[i]
-        scale = _scale_from(_amax(w), slot.fmt, 0, 1.0) if slot.kind == "current" else self.sw[i]
+        slot = self.state.w[i]  # a current-scaling slot records nothing: next_scale is the rule
+        scale = slot.next_scale(w) if slot.kind == "current" else self.sw[i]
         return quantize(w, scale, slot.fmt, self.state.kind)
 
     def grad(self, i: int, dy: torch.Tensor, fmt: str | None = None) -> Quantized:
         """The output gradient in the gradient format (``fmt``: another, for a planted fault)."""
         slot = self.state.dy[i]
-        scale = slot.next_scale(dy)
-        if fmt is not None and slot.kind == "current":
-            scale = _scale_from(_amax(dy), fmt, 0, 1.0)
-        return quantize(dy, scale, fmt or slot.fmt, self.state.kind)
+        if fmt is not None and slot.kind == "current":  # current scaling: from that format's max
+            return quantize(dy, _scale_from(_amax(dy), fmt, 0, 1.0), fmt, self.state.kind)
+        return quantize(dy, slot.next_scale(dy), fmt or slot.fmt, self.state.kind)
 
     def backward_done(self) -> None:
         """The end of this module's backward: delayed scaling steps the gradient slots."""
