@@ -293,12 +293,16 @@ def test_full_size_is_product_minus_invalid():
     # and every judged recipe on the modules it is judged on: each a copy of those modules'
     # cells, delayed without hooks=checkpoint (one hook mode of five not built)
     lowp = [c for c in full if c.recipe != "none"]
+    judged = {"linear", "grouped_linear", "ops_grouped_linear"}
     assert {(c.recipe, c.module) for c in lowp} == {(r, m) for r in recipes.JUDGED if r != "none"
-                                                    for m in recipes.MODELLED[r]} == {("current", "linear"), ("delayed", "linear")}
-    linear = sum(c.module == "linear" for c in none)
-    assert sum(c.recipe == "current" for c in lowp) == linear == 6480
-    assert sum(c.recipe == "delayed" for c in lowp) == linear * 4 // 5
-    assert len(full) == 62640 + 6480 + 5184
+                                                    for m in recipes.MODELLED[r]} == {
+        (r, m) for r in ("current", "delayed") for m in judged}
+    for module, count in (("linear", 6480), ("grouped_linear", 12960), ("ops_grouped_linear", 12960)):
+        twins = sum(c.module == module for c in none)
+        assert sum(c.recipe == "current" and c.module == module for c in lowp) == twins == count, module
+        assert sum(c.recipe == "delayed" and c.module == module for c in lowp) == twins * 4 // 5, module
+    assert len(full) == 62640 + 32400 + 25920 == 120960
+
 
 
 def test_ci_default_coverage_and_size():
@@ -513,7 +517,7 @@ def test_megatron_ci_size():
     hooked no-input-gradient and delayed-wgrad interactions (n) and (d)."""
     ci = select("ci", {"weight": ["megatron"]})
     assert {c.world_size for c in ci} == {2, 4}
-    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 30
+    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 40
 
 
 def test_seed_preset_is_the_production_combination():
@@ -546,7 +550,7 @@ def test_presets_keep_their_cells_and_add_the_judged_recipes():
     assert (len(select("ci", {"recipe": ["none"]})), matrix.ids_digest(select("ci", {"recipe": ["none"]}))) == CI_BEFORE_RECIPES
     assert recipes.JUDGED == ("none", "delayed", "current")
     assert {c.recipe for c in ci} == set(recipes.JUDGED) == {c.recipe for c in select("full")}
-    assert {c.module for c in ci if c.recipe != "none"} == {"linear"}
+    assert {c.module for c in ci if c.recipe != "none"} == {"linear", "grouped_linear", "ops_grouped_linear"}
     for preset in ("smoke", "seed"):
         assert {c.recipe for c in select(preset)} == {"none"}, preset
 

@@ -53,8 +53,9 @@ GROUPED = "transformer_engine/pytorch/module/grouped_linear.py"
 HOOK_ENTRIES = ["hooks-strip-distributed-weight", "hooks-strip-distributed-weight-layernorm"]
 #: what the patch leaves alone (a Python fix cannot reach them, or they are not DW handling)
 UNADDRESSED = ["backward-dw-assigns-grad", "grouped-tensor-delayed-bias-marked-but-not-delayed",
-               # where an FP8 delayed bias gradient is computed - not distributed-weight handling
-               "fp8-delayed-bias-grad-in-main-backward"]
+               # where an FP8 delayed bias gradient is computed, and which dtype an fp32 layer's
+               # bias enters an FP8 GEMM in - not distributed-weight handling
+               "fp8-delayed-bias-grad-in-main-backward", "ops-grouped-fp8-gemm-fp32-bias"]
 #: the hunk of the patch that makes _GroupedLinear.backward (split-quantize path) prefer ctx's weights
 GROUPED_PREFERENCE = "decide from the parameter objects kept on ctx"
 GROUPED_HOOKED = ["--preset", "ci", "--modules", "grouped_linear", "--weights", "distributed",
@@ -106,7 +107,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fixed = base / "fixed"
     proc = harness("patch-te", str(fixed))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"applied 35/35 hunk(s) of {PATCH}" in proc.stdout, proc.stdout
+    assert f"applied 39/39 hunk(s) of {PATCH}" in proc.stdout, proc.stdout
 
     # each tree is a copy of the patched one (its repository and patch-te's byte-compiled
     # modules: only the files a tree changes compile again in its ranks), changed and committed
@@ -307,7 +308,12 @@ def test_patched_tree_with_megatrons_weight_fixes_the_parameter_order(trees, tmp
     assert proc.returncode == 0, out[-6000:]
     assert "review GREEN: 1 of 1 required entries fixed here, 0 regression(s)" in out, out[-4000:]
     assert _verdicts(proc.stdout)[ORDER_ENTRY] == "fixed here"
-    assert len(record["cells"]) >= 10 and set(_statuses(record).values()) == {"pass"}
+    # every cell passes but an fp32 one under a recipe, known by the bias entry the patch leaves
+    statuses = _statuses(record)
+    assert len(record["cells"]) >= 10 and set(statuses.values()) <= {"pass", "known"}
+    for cell in record["cells"]:
+        if statuses[cell["id"]] == "known":
+            assert cell["known"] == ["ops-grouped-fp8-gemm-fp32-bias"], cell["id"]
     repro = reproduction.run(tmp_path, tree=trees["fixed"])
     assert repro.returncode == 0, repro.stderr[-3000:]
     assert repro.stdout.splitlines() == reproduction.ORDERS

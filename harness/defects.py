@@ -60,6 +60,16 @@ _MODELS = (
           "quantized again with the weight's scale as updated after this microbatch's forward, not the "
           "weight the forward quantized",
           ("mb*.input_grad",)),
+    Model("dgrad_weight_unquantized",
+          "under a recipe the input gradient multiplies the backward-materialized weight as it is, in "
+          "the cell's dtype, beside the quantized output gradient (no re-quantization of the re-gathered "
+          "weight)",
+          ("mb*.input_grad",)),
+    Model("fp8_bias_unrounded",
+          "under a recipe an fp32 layer's forward bias is added in fp32 to the quantized GEMM's "
+          "result, not rounded to bf16 first (TE's Linear rounds it: cuBLAS takes no fp32 bias in "
+          "an FP8 GEMM)",
+          ("mb*.output",)),
 )
 #: every model a ledger may name
 MODELS: dict[str, Model] = {m.name: m for m in _MODELS}

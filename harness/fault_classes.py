@@ -21,6 +21,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from harness import recipes
+
 __all__ = ["CATALOG", "FaultClass", "GEMM_MODULES", "GENERIC_TEXTS", "MODULE_CLASSES", "NORM", "evidence_found"]
 
 #: where the GEMM path's faults are planted: the three modules that path was written for.
@@ -64,6 +66,9 @@ class FaultClass:
         """Whether a cell of ``module`` under ``recipe`` runs this fault's code."""
         return module in self.modules and (self.recipes is None or recipe in self.recipes)
 
+
+#: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
+_FP8_MODULES = tuple(m for m in recipes.MODELLED["current"] if m in recipes.MODELLED["delayed"])
 
 _ALL = (
     FaultClass("hooks-strip-subclass",
@@ -172,28 +177,29 @@ _ALL = (
                "instead of 1 + gamma",
                modules=("layernorm_linear",), evidence=("check:mb*.input_grad",)),
     
-    # the FP8 path (cells under a recipe): the reference quantizes the Linear's GEMM operands
+    # the FP8 path (cells under a recipe): the reference quantizes every GEMM's operands, so
+    # each runs on the modules the oracle judges under its recipes (_FP8_MODULES)
     FaultClass("fp8-per-shard-amax",
                "a distributed weight's FP8 scale (current scaling) is taken from this rank's shard, "
                "not from the whole gathered weight",
-               modules=("linear",), min_world_size=2, recipes=("current",),
+               modules=_FP8_MODULES, min_world_size=2, recipes=("current",),
                evidence=("check:mb*.output",)),
     FaultClass("fp8-stale-weight-workspace",
                "the FP8 weight the first microbatch quantized is multiplied again by later "
                "microbatches (delayed scaling: with the first microbatch's scale)",
-               modules=("linear",), recipes=("delayed",), evidence=("check:mb*.output",)),
+               modules=_FP8_MODULES, recipes=("delayed",), evidence=("check:mb*.output",)),
     FaultClass("fp8-e4m3-gradient",
                "the output gradient is quantized to E4M3, not HYBRID's E5M2",
-               modules=("linear",), recipes=("current", "delayed"),
+               modules=_FP8_MODULES, recipes=("current", "delayed"),
                evidence=("check:mb*.input_grad", "check:weight*.main_grad", "check:weight*.grad")),
     FaultClass("fp8-dgrad-weight-unquantized",
                "a distributed weight's dgrad multiplies the re-gathered high-precision weight: "
                "the backward re-quantization is missing",
-               modules=("linear",), recipes=("current", "delayed"), evidence=("check:mb*.input_grad",)),
+               modules=_FP8_MODULES, recipes=("current", "delayed"), evidence=("check:mb*.input_grad",)),
     FaultClass("fp8-dgrad-weight-requantized",
                "delayed scaling: a distributed weight's dgrad re-quantizes the re-gathered weight "
                "with the scale updated after the forward, not the forward's",
-               modules=("linear",), recipes=("delayed",), evidence=("check:mb*.input_grad",)),
+               modules=_FP8_MODULES, recipes=("delayed",), evidence=("check:mb*.input_grad",)),
 )
 CATALOG: dict[str, FaultClass] = {f.name: f for f in _ALL}
 

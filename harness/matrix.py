@@ -505,7 +505,9 @@ def _recipe_cells(domains: Domains, lowp: list[str], judged_only: bool) -> list[
     module values the oracle judges it on (``judged_only``: the recipe axis took its default;
     a recipe the user names keeps every module, and the CLI refuses what cannot be judged).
     It starts from one hooks-off cell per distributed weight of full coverage and module (an
-    input gradient, no delayed wgrad: the hook-free form of a recipe's weight handling)."""
+    input gradient, no delayed wgrad: the hook-free form of a recipe's weight handling), and
+    one plain-weight cell with a delayed wgrad and a bias per module (where a recipe computes
+    the bias gradient: the FP8 interaction the TE ledger names beyond pairs)."""
     out: dict[Cell, None] = {}
     for r in lowp:
         mods = tuple(m for m in domains["module"] if not judged_only or recipes.judged(r, m))
@@ -515,6 +517,8 @@ def _recipe_cells(domains: Domains, lowp: list[str], judged_only: bool) -> list[
         seed = [c for m in mods for w in _weight_tiers(d["weight"])["full"] if weights.KINDS[w].distributed
                 if (c := _complete({"module": m, "weight": w, "hooks": "off", "input_grad": True,
                                     "delay_wgrad": False}, d)) is not None]
+        seed += [c for m in mods if (c := _complete({"module": m, "weight": "plain", "hooks": "off",
+                                                     "delay_wgrad": True, "bias": True}, d)) is not None]
         out.update(dict.fromkeys(_all_pairs(d, seed)))
     return list(out)
 

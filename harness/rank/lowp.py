@@ -93,14 +93,28 @@ def under_recipe(backend: ModuleType, recipe: str, group: Any = None) -> Wrap:
 
 
 def scales_after(module: torch.nn.Module) -> dict[str, list[float]] | None:
-    """A ``Linear``'s delayed-scaling scales after the step - ``{"input", "weight",
-    "grad_output"}``, one per GEMM - as the backend keeps them: TE's ``fp8_meta`` (forward
-    input and weight, the output gradient; TE's tensor indices), or the reference's
-    ``fp8_scales()``; None when the module keeps none (no delayed-scaling state)."""
+    """A module's delayed-scaling scales after the step - ``{"input", "weight",
+    "grad_output"}``, one per GEMM (group member) - as the backend keeps them: TE's
+    ``fp8_meta`` (``Linear``: forward input and weight, the output gradient; ``GroupedLinear``:
+    the same per member, at its ``_offsets`` strided by ``_num_fp8_tensors_per_gemm``), an
+    op's recipe state (``ops.GroupedLinear``: input ``2i``, weight ``2i + 1``, gradient ``i``),
+    or the reference's ``fp8_scales()``; None when the module keeps none."""
     meta = getattr(module, "fp8_meta", None)
     if isinstance(meta, dict) and "scaling_fwd" in meta and "scaling_bwd" in meta:
         fwd, bwd = meta["scaling_fwd"].scale, meta["scaling_bwd"].scale
-        return {"input": [float(fwd[0])], "weight": [float(fwd[1])], "grad_output": [float(bwd[0])]}
+        offsets = getattr(module, "_offsets", None)
+        if offsets is None:
+            return {"input": [float(fwd[0])], "weight": [float(fwd[1])], "grad_output": [float(bwd[0])]}
+        stride, n = module._num_fp8_tensors_per_gemm, module.num_gemms
+        return {"input": [float(fwd[offsets["input"] + i * stride["fwd"]]) for i in range(n)],
+                "weight": [float(fwd[offsets["weight"] + i * stride["fwd"]]) for i in range(n)],
+                "grad_output": [float(bwd[offsets["grad_output"] + i * stride["bwd"]]) for i in range(n)]}
+    metas = getattr(module, "_fp8_metas", None)
+    if isinstance(metas, dict) and metas.get("forward") and metas.get("backward"):
+        fwd, bwd = (metas[m][k].scale for m, k in (("forward", "scaling_fwd"), ("backward", "scaling_bwd")))
+        n = len(bwd)
+        return {"input": [float(fwd[2 * i]) for i in range(n)], "weight": [float(fwd[2 * i + 1]) for i in range(n)],
+                "grad_output": [float(bwd[i]) for i in range(n)]}
     own = getattr(module, "fp8_scales", None)
     return own() if callable(own) else None
 

@@ -173,7 +173,8 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
 
 
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
-            recipe: str = "none", distributed: bool = False) -> RankOracle:
+            recipe: str = "none", distributed: bool = False,
+            unquantized_dgrad_weight: bool = False, fp8_bias_in_bf16: bool = True) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
@@ -193,12 +194,19 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     operand rounding). An fp32 cell's forward bias is rounded to bf16 first (TE: "cuBLAS
     does not support FP8 GEMM with FP32 bias").
 
+    ``distributed`` and ``unquantized_dgrad_weight`` are defect models' views of the dgrad
+    weight under a recipe (``quantized.for_recipe``, ``quantized.UnquantizedDgradWeight``),
+    ``fp8_bias_in_bf16=False`` one of an fp32 cell's forward bias (added unrounded); never
+    the oracle's.
+
     Raises:
         NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``),
             or one with a normalization (its quantized operand is the norm's rounded output,
             not yet modelled).
     """
     quant = quantized.for_recipe(recipe, inputs, tags, distributed)
+    if unquantized_dgrad_weight and quant.quantized:
+        quant = quantized.UnquantizedDgradWeight(quant)
     if quant.quantized and inputs.norm is not None:
         raise NotImplementedError("the oracle does not model a recipe with a normalization yet")
     W = [w.to(F64) for w in inputs.weights]
@@ -207,7 +215,8 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     Wf = [[quant.weight(m, i, w * tags[0], backward=False) for i, w in enumerate(W)] for m in range(mbs)]
     Wb = [[quant.weight(m, i, w * tags[1], backward=True) for i, w in enumerate(W)] for m in range(mbs)]
     B = [b.to(F64) for b in inputs.biases]
-    Bf = [b.to(torch.bfloat16).to(F64) for b in B] if quant.quantized and inputs.dtype == torch.float32 else B
+    to_bf16 = quant.quantized and inputs.dtype == torch.float32 and fp8_bias_in_bf16
+    Bf = [b.to(torch.bfloat16).to(F64) for b in B] if to_bf16 else B
     norm = inputs.norm
     world = len(inputs.x)
     out_f, in_f = W[0].shape

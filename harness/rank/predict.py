@@ -230,11 +230,21 @@ class Predictor:
         s = start.to(F64)
         return {"no_gradient": ratio_outside(actual, Interval(s, s), bound)}
 
+    def output(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
+        """Microbatch ``mb``'s output of an fp32 cell with a bias under a recipe, under
+        ``fp8_bias_unrounded`` (the bias added in fp32, not rounded to bf16 first)."""
+        if self.recipe == "none" or self.inputs.dtype != torch.float32 or not self.inputs.biases:
+            return {}
+        ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, fp8_bias_in_bf16=False).outputs[mb]
+        if not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(ref.value.shape):
+            return {}
+        return {"fp8_bias_unrounded": ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))}
+
     def input_grad(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
         """Microbatch ``mb``'s input gradient under ``dgrad_from_forward_copy`` and
         ``dgrad_from_stored_weight`` (distinguishable only for a weight whose copies carry a
-        factor, ``gtp_tagged``), and for a distributed weight under delayed scaling
-        ``dgrad_weight_requantized``."""
+        factor, ``gtp_tagged``), and for a distributed weight under a recipe
+        ``dgrad_weight_unquantized`` (delayed scaling: ``dgrad_weight_requantized`` too)."""
         forward, backward = self.tags
         copies = {"dgrad_from_forward_copy": forward, "dgrad_from_stored_weight": 1.0}
         out: dict[str, float] = {}
@@ -247,9 +257,12 @@ class Predictor:
             ref = oracle.compute(self.inputs, self.rank, (forward, tag), self.recipe, distributed=anew).dgrads[mb]
             if tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
-        if self.recipe == "delayed" and self.distributed and isinstance(actual, torch.Tensor):
-            ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, distributed=True).dgrads[mb]
-            if tuple(actual.shape) == tuple(ref.value.shape):
-                out["dgrad_weight_requantized"] = ratio_outside(actual, Interval(ref.value, ref.value),
-                                                                compare.bound(ref, precision))
+        if self.recipe != "none" and self.distributed and isinstance(actual, torch.Tensor):
+            views = {"dgrad_weight_unquantized": {"unquantized_dgrad_weight": True}}
+            if self.recipe == "delayed":
+                views["dgrad_weight_requantized"] = {"distributed": True}
+            for name, view in views.items():
+                ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, **view).dgrads[mb]
+                if tuple(actual.shape) == tuple(ref.value.shape):
+                    out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
         return out

@@ -36,7 +36,7 @@ FP32_MAX = torch.finfo(torch.float32).max
 #: larger than the magnitude (te-cpu's ``quant/qgemm.py``; cuBLASLt's scale modes likewise)
 SCALE_U = 2 * 2.0**-24
 
-__all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "for_recipe"]
+__all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "UnquantizedDgradWeight", "for_recipe"]
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,27 @@ class DelayedScaling(Quantizer):
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return dequantized(t, (self.swb if backward else self.swf)[m, g], self.fwd)
+
+
+class UnquantizedDgradWeight(Quantizer):
+    """``base`` with the input gradient multiplying the backward copy of the weight as it is,
+    in the cell's dtype, beside the quantized output gradient: a defect model's view (TE
+    2.20.2's ``GroupedLinear`` re-gathers a DistributedWeight and hands it to the dgrad GEMM
+    without the re-quantize ``Linear`` does), never the oracle's."""
+
+    quantized = True
+
+    def __init__(self, base: Quantizer) -> None:
+        self.base = base
+
+    def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self.base.x(r, m, g, t)
+
+    def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self.base.dy(r, m, g, t)
+
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+        return t if backward else self.base.weight(m, g, t, backward)
 
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),

@@ -397,7 +397,10 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
-        checks.append(compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype))
+        check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)
+        if not check.ok:
+            check.models = models.output(mb, step.outputs[mb], dtype) or None
+        checks.append(check)
         if cell.input_grad:
             check = compare.compare_tensor(f"mb{mb}.input_grad", step.dgrads[mb], orc.dgrads[mb], dtype)
             if not check.ok:
@@ -449,7 +452,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
                                         cell.microbatches if cell.delay_wgrad else 0))
     if cell.delay_wgrad:
         checks.extend(_delay_checks(module, consumer))
-    if cell.recipe == "delayed" and cell.module == "linear":
+    if cell.recipe == "delayed":
         # the recipe's state after the step: each scale from the amaxes of the whole weight and
         # of every rank's input and gradient, stepped once per forward and per backward - exactly
         expected = quantized.for_recipe(cell.recipe, inputs, tags).after
