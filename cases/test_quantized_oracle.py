@@ -80,7 +80,7 @@ def test_delayed_scaling_steps_as_te_cpus_update():
     cell_inputs = make_inputs(3, Example(32, 32, 16), "bf16", 2, 2, 1, False, unit=16)
     plain = quantized.for_recipe("delayed", cell_inputs)
     dist = quantized.for_recipe("delayed", cell_inputs, distributed=True)
-    assert plain.sx[0, 0] == plain.swf[0, 0] == plain.sdy[0, 0] == 1.0
+    assert plain.sx[0, 0] == (1.0, 1.0) and plain.swf[0, 0] == plain.sdy[0, 0] == 1.0
 
     def te_update(amaxes: list[float], fmax: float) -> float:
         hist, scale = torch.zeros(1024, 1), torch.ones(1)
@@ -92,7 +92,44 @@ def test_delayed_scaling_steps_as_te_cpus_update():
     amax_x = max(float(cell_inputs.x[r][0].abs().float().max()) for r in range(2))
     amax_dy = max(float(cell_inputs.dy[r][0].abs().float().max()) for r in range(2))
     amax_w = float(cell_inputs.weights[0].abs().float().max())
-    assert plain.sx[1, 0] == te_update([amax_x], 448.0)
+    assert plain.sx[1, 0] == (te_update([amax_x], 448.0),) * 2
     assert plain.sdy[1, 0] == te_update([amax_dy], 57344.0)
     assert plain.swf[1, 0] == te_update([amax_w], 448.0) == dist.swb[0, 0]
     assert plain.swb[0, 0] == 1.0 and plain.swb[1, 0] == plain.swf[1, 0]
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_a_normalized_input_is_quantized_within_its_box(norm, dtype, recipe):
+    """LayerNormLinear's normalized rows under a recipe: every chain a backend takes - the
+    normalization in fp32 (the reference's), rounded to the cell's dtype (current scaling:
+    TE's norm-then-quantize) or, under delayed scaling, also unrounded (TE's fused kernel) -
+    quantizes to a value within the oracle's centre +- slack; and the box is tight: few
+    elements may take another code, and the unquantized rows lie outside it."""
+    from harness.rank import oracle
+    from harness.rank.inputs import make_inputs
+    from harness.reference import _norm
+    from harness.shape import Example
+
+    fmt = quantized.FORMATS["e4m3"]
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    for seed in range(6):
+        inputs = make_inputs(seed, Example(32, 32, 16), dtype, 1, 1, 1, True, norm=norm, unit=16)
+        centre, _, _ = oracle.gemm_inputs(inputs, recipe)(0, 0)
+        slack = oracle.gemm_inputs(inputs, recipe).slack(0, 0)
+        n = inputs.norm
+        call = _norm.NormCall(None, n.kind, n.zero_centered, n.eps)
+        x = inputs.x[0][0]
+        h32 = _norm.forward(x.float(), n.gamma, n.beta, call)  # fp32 statistics and arithmetic
+        chains = [h32.to(torch_dtype)] + ([h32] if recipe == "delayed" else [])
+        for h in chains:
+            # current: the scale of the tensor's own amax; delayed, first microbatch: scale 1
+            scale = quantized.current_scale(h, fmt) if recipe == "current" else 1.0
+            q = quantized.dequantized(h.to(torch.float64), scale, fmt)
+            assert bool(((q - centre).abs() <= slack).all()), (seed, recipe, dtype)
+        # an element whose code may differ (slack of an FP8 step, 2^-4 relative) is rare; the
+        # rest carry at most the scale's own uncertainty (fp32: the amax's fp32 error)
+        assert float((slack > 2.0**-8 * centre.abs()).double().mean()) < 0.2, (seed, recipe, dtype)
+        unquantized = oracle._normalize(x.to(torch.float64), n).h
+        assert bool(((unquantized - centre).abs() > slack).any())

@@ -50,21 +50,21 @@ _MODELS = (
     Model("dgrad_from_forward_copy",
           "the input gradient is computed from the forward-materialized copy of the weight (no "
           "backward materialize)",
-          ("mb*.input_grad",)),
+          ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
     Model("dgrad_from_stored_weight",
           "the input gradient is computed from the module's stored weight (the unsharded parameter, at "
           "world size 1) instead of its backward-materialized copy",
-          ("mb*.input_grad",)),
+          ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
     Model("dgrad_weight_requantized",
           "under delayed scaling the input gradient multiplies the backward-materialized weight "
           "quantized again with the weight's scale as updated after this microbatch's forward, not the "
           "weight the forward quantized",
-          ("mb*.input_grad",)),
+          ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
     Model("dgrad_weight_unquantized",
           "under a recipe the input gradient multiplies the backward-materialized weight as it is, in "
           "the cell's dtype, beside the quantized output gradient (no re-quantization of the re-gathered "
-          "weight)",
-          ("mb*.input_grad",)),
+          "weight); a normalization's parameter gradients follow from that input gradient",
+          ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
     Model("fp8_bias_unrounded",
           "under a recipe an fp32 layer's forward bias is added in fp32 to the quantized GEMM's "
           "result, not rounded to bf16 first (TE's Linear rounds it: cuBLAS takes no fp32 bias in "

@@ -73,10 +73,9 @@ QUANTIZED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.quantized)
 #: launch (``unmodelled``): it could not be judged
 MODELLED: dict[str, tuple[str, ...]] = {
     "none": (),  # every module
-    # LayerNormLinear / RMSNorm: the normalization's output is quantized (docs/low-precision.md);
     # the grouped-tensor paths take no recipe (harness.matrix's constraints)
-    "current": ("linear", "grouped_linear", "ops_grouped_linear"),
-    "delayed": ("linear", "grouped_linear", "ops_grouped_linear"),
+    "current": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "delayed": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
 }
 
 

@@ -9,7 +9,8 @@ fp32 and round to the output dtype once)::
                              + roundings * eta(out)                  underflow (subnormals)
                              + u(acc) * sqrt(reduction) * magnitude  fp32 accumulation
                              + 2 * u(operand) * magnitude            TF32 operands only
-                             + u(in) * magnitude )                   an operand rounded first
+                             + u(in) * magnitude                     an operand rounded first
+                             + slack )                               an operand known within bounds
 
 ``magnitude`` is the oracle's computation on absolute values (``|A| @ |B|``, plus ``|start|``
 for a ``main_grad``): every intermediate value (a partial sum, a microbatch's wgrad before
@@ -24,7 +25,12 @@ u(fp32)``; an fp32 GEMM whose operands are rounded to TF32 (TE on CUDA, ``te-cpu
 ``FP32_GEMM = "tf32"``) errs by up to ``2 * u(tf32)`` per product on top. ``u(in)`` is the
 unit roundoff of a precision an operand was rounded to before the GEMM, when that differs
 from the value's own: ``LayerNormLinear`` rounds its normalized input to the cell's dtype,
-and its fp32 weight gradient of record is formed from that (``Reference.operand_u``). ``C = 2`` is the
+and its fp32 weight gradient of record is formed from that (``Reference.operand_u``). ``slack``
+is the absolute half-width, carried through the GEMM on absolute values, of an operand the
+oracle knows only within bounds: under a recipe, the quantized normalized input of
+``LayerNormLinear``, whose FP8 code may be either neighbour where the fp32 normalization, or
+its rounding to the cell's dtype, can land on either side of a rounding boundary
+(``Reference.slack``; docs/low-precision.md). ``C = 2`` is the
 safety margin; the self-test records the largest ratio error/bound seen per dtype and
 tensor kind, and the smallest planted relative error each catches (``harness.sensitivity``).
 
@@ -64,8 +70,9 @@ def bound(ref: Reference, precision: str, margin: float = MARGIN) -> torch.Tenso
     earlier = max(ref.roundings - 1, 0)
     per_magnitude = (u_out * earlier + u_acc * math.sqrt(max(ref.reduction, 1)) + 2.0 * u_op
                      + ref.operand_u)
+    slack = ref.slack if ref.slack is not None else 0.0
     return margin * (u_out * ref.value.abs() + per_magnitude * ref.magnitude
-                     + max(ref.roundings, 1) * UNDERFLOW[out])
+                     + max(ref.roundings, 1) * UNDERFLOW[out] + slack)
 
 
 def _fmt_index(idx: tuple[int, ...]) -> str:

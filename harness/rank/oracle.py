@@ -30,6 +30,10 @@ class Reference:
     #: value's (LayerNormLinear rounds its normalized input to the cell's dtype, also when the
     #: weight gradient is formed in fp32): it costs ``operand_u * magnitude``
     operand_u: float = 0.0
+    #: an absolute half-width the value is known within, on top of the roundings: a GEMM
+    #: operand the oracle knows only within an interval (LayerNormLinear's normalized rows
+    #: under a recipe, ``quantized.dequantized_box``), propagated through the GEMM
+    slack: torch.Tensor | None = None
 
 
 @dataclass
@@ -67,6 +71,28 @@ def _normalize(x: torch.Tensor, norm: Norm) -> _Normalized:
     return _Normalized(h, magnitude, xhat, rstd, scale)
 
 
+def _normalized_bounds(x: torch.Tensor, n: _Normalized, dtype: torch.dtype,
+                       rounded: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a backend's normalized rows lie, before a recipe quantizes them. TE computes them
+    in fp32 and hands the quantizer their rounding to the activation dtype (``rounded``:
+    current scaling's norm-then-quantize) or, under delayed scaling, its fused kernel's fp32
+    value - the reference hands the rounded one: ``None`` takes either. The fp32 error: the
+    mean's sum over the ``d`` features errs by up to ``(d - 1) u`` of the row's largest
+    ``|x|`` (carried by ``rstd``), the variance's by ``(d + 1) u`` (half of it reaching
+    ``rstd`` through the square root), the square root, the scale and the shift by a few
+    ``u`` more: charged ``(d + 8) u(fp32)`` of ``|x|_max rstd |gamma'|`` plus the element's
+    ``|xhat gamma'| + |beta|``. The rounding is monotone, so the rounded ends bound the
+    rounded value."""
+    d = x.shape[-1]
+    row = (x.abs().amax(-1, keepdim=True) * n.rstd) * n.scale.abs()
+    err = (d + 8) * 2.0**-24 * (n.magnitude + row)
+    lo, hi = n.h - err, n.h + err
+    lo_r, hi_r = lo.to(dtype).to(F64), hi.to(dtype).to(F64)
+    if rounded:
+        return lo_r, hi_r
+    return torch.minimum(lo, lo_r), torch.maximum(hi, hi_r)
+
+
 def _normalize_backward(n: _Normalized, dh: torch.Tensor, dh_mag: torch.Tensor,
                         layer_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The input gradient of a normalization, and its magnitude.
@@ -93,17 +119,21 @@ class WgradTerm:
     value: torch.Tensor
     magnitude: torch.Tensor
     rows: int                         # the GEMM's reduction length
+    slack: torch.Tensor | float = 0.0  # an operand known within an interval (``Reference.slack``)
 
 
 class _GemmInputs:
     """What the GEMMs of (rank, microbatch) receive: ``x``, or the normalization's ``h`` (each
     (rank, microbatch) normalized once: outputs and gradients share it), and ``dy``; under a
-    recipe each group's rows of both as TE quantized them (``harness.rank.quantized``)."""
+    recipe each group's rows of both as TE quantized them (``harness.rank.quantized``) - the
+    normalized rows known within bounds (:func:`_normalized_bounds`), so their quantized value
+    is a centre and a half-width (:meth:`slack`)."""
 
     def __init__(self, inputs: CellInputs, quant: quantized.Quantizer | None = None) -> None:
         self.inputs = inputs
         self.quant = quant or quantized.Quantizer()
         self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, _Normalized | None]] = {}
+        self._slack: dict[tuple[int, int], torch.Tensor] = {}
         self._dy: dict[tuple[int, int], torch.Tensor] = {}
 
     def __call__(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
@@ -112,10 +142,29 @@ class _GemmInputs:
             if self.inputs.norm is None:
                 x = self._per_group(self.quant.x, r, m, x)
                 self._done[r, m] = x, x.abs(), None
+            elif self.quant.quantized:
+                normed = _normalize(x, self.inputs.norm)
+                lo, hi = _normalized_bounds(x, normed, self.inputs.dtype, self.quant.norm_rounded)
+                centre, slack = torch.zeros_like(x), torch.zeros_like(x)
+                for g, rows in enumerate(group_rows(self.inputs.splits[r][m])):
+                    centre[rows], slack[rows] = self.quant.x_box(r, m, g, lo[rows], hi[rows])
+                self._done[r, m] = centre, centre.abs() + slack, normed
+                self._slack[r, m] = slack
             else:
                 normed = _normalize(x, self.inputs.norm)
                 self._done[r, m] = normed.h, normed.magnitude, normed
         return self._done[r, m]
+
+    def slack(self, r: int, m: int) -> torch.Tensor | None:
+        """The half-width of (rank, microbatch)'s GEMM input (None: known exactly)."""
+        self(r, m)
+        return self._slack.get((r, m))
+
+    def bounds(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalized rows' bounds, either chain (``quantized.Bounds``: delayed scaling's
+        amaxes)."""
+        x = self.inputs.x[r][m].to(F64)
+        return _normalized_bounds(x, _normalize(x, self.inputs.norm), self.inputs.dtype, None)
 
     def dy(self, r: int, m: int) -> torch.Tensor:
         """The output gradient the dgrad and wgrad GEMMs multiply (the bias gradient sums the
@@ -133,11 +182,22 @@ class _GemmInputs:
         return out
 
 
+def gemm_inputs(inputs: CellInputs, recipe: str = "none", tags: tuple[float, float] = (1.0, 1.0),
+                distributed: bool = False) -> _GemmInputs:
+    """The GEMM inputs of a cell under ``recipe`` (``quantized.for_recipe``; a normalized
+    input's bounds go to the quantizer too: delayed scaling records its amax)."""
+    bounds = _GemmInputs(inputs).bounds if inputs.norm is not None else None
+    return _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, tags, distributed, bounds))
+
+
 def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
     """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u;
-    a quantized GEMM's scale-inverses cost ``quantized.SCALE_U`` more (:func:`compute`)."""
-    scales = quantized.SCALE_U if recipe != "none" else 0.0
-    return (torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0) + scales
+    under a recipe the quantized operands are the oracle's own (a normalized one known within
+    bounds: ``Reference.slack``), and the GEMM's scale-inverses cost ``quantized.SCALE_U``
+    (:func:`compute`)."""
+    if recipe != "none":  # the quantized operand is modelled, a normalized one within bounds
+        return quantized.SCALE_U
+    return torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0
 
 
 def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
@@ -145,14 +205,15 @@ def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
     """``[rank][microbatch][member]``: each microbatch's weight gradient on each rank,
     ``dy[rows]^T @ x[rows]`` over the rows routed to that member (under ``recipe``, of the
     operands as TE quantized them)."""
-    gemm_input = gemm_input or _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, distributed=distributed))
+    gemm_input = gemm_input or gemm_inputs(inputs, recipe, distributed=distributed)
     out = []
     for r in range(len(inputs.x)):
         per_rank = []
         for m in range(len(inputs.x[r])):
             x, x_mag, _ = gemm_input(r, m)
-            dy = gemm_input.dy(r, m)
-            per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start)
+            dy, slack = gemm_input.dy(r, m), gemm_input.slack(r, m)
+            per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start,
+                                       dy[rows].abs().t() @ slack[rows] if slack is not None else 0.0)
                              for rows in group_rows(inputs.splits[r][m])])
         out.append(per_rank)
     return out
@@ -192,7 +253,9 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     the bound keeps its accumulation and output roundings, and the two fp32 roundings of
     applying the scale-inverses to the accumulator (``quantized.SCALE_U``, charged as an
     operand rounding). An fp32 cell's forward bias is rounded to bf16 first (TE: "cuBLAS
-    does not support FP8 GEMM with FP32 bias").
+    does not support FP8 GEMM with FP32 bias"). A normalization's output is quantized from
+    bounds (:func:`_normalized_bounds`): each element takes the centre of the codes it can
+    take, and the half-width goes through the GEMMs as ``Reference.slack``.
 
     ``distributed`` and ``unquantized_dgrad_weight`` are defect models' views of the dgrad
     weight under a recipe (``quantized.for_recipe``, ``quantized.UnquantizedDgradWeight``),
@@ -200,15 +263,12 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     the oracle's.
 
     Raises:
-        NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``),
-            or one with a normalization (its quantized operand is the norm's rounded output,
-            not yet modelled).
+        NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``).
     """
-    quant = quantized.for_recipe(recipe, inputs, tags, distributed)
+    gemm_input = gemm_inputs(inputs, recipe, tags, distributed)
+    quant = gemm_input.quant
     if unquantized_dgrad_weight and quant.quantized:
-        quant = quantized.UnquantizedDgradWeight(quant)
-    if quant.quantized and inputs.norm is not None:
-        raise NotImplementedError("the oracle does not model a recipe with a normalization yet")
+        quant = gemm_input.quant = quantized.UnquantizedDgradWeight(quant)
     W = [w.to(F64) for w in inputs.weights]
     mbs = len(inputs.x[0])
     # [microbatch][member]: under delayed scaling each microbatch's weight has its own scale
@@ -221,20 +281,22 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     world = len(inputs.x)
     out_f, in_f = W[0].shape
     op_u = operand_u(inputs, recipe)
-    gemm_input = _GemmInputs(inputs, quant)
 
     outputs, dgrads = [], []
     for m in range(mbs):
         x, x_mag, normed = gemm_input(rank, m)
-        dy = gemm_input.dy(rank, m)
+        dy, x_slack = gemm_input.dy(rank, m), gemm_input.slack(rank, m)
         y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
+        ys = torch.zeros_like(y) if x_slack is not None else None
         dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
         for i, rows in enumerate(group_rows(inputs.splits[rank][m])):
             y[rows] = x[rows] @ Wf[m][i].t() + (Bf[i] if B else 0.0)
             ya[rows] = x_mag[rows] @ Wf[m][i].abs().t() + (Bf[i].abs() if B else 0.0)
+            if ys is not None:
+                ys[rows] = x_slack[rows] @ Wf[m][i].abs().t()
             dx[rows] = dy[rows] @ Wb[m][i]
             dxa[rows] = dy[rows].abs() @ Wb[m][i].abs()
-        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u))
+        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u, slack=ys))
         if normed is not None:
             dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
         # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
@@ -245,6 +307,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     terms = wgrad_terms(inputs, gemm_input)
     wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(len(W))]
     wabs = [sum(t[i].magnitude for per_rank in terms for t in per_rank) for i in range(len(W))]
+    wslack = [sum(t[i].slack for per_rank in terms for t in per_rank) for i in range(len(W))]
     bsum = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     babs = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     nparams = len(norm.params) if norm is not None else 0
@@ -259,8 +322,10 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
                     bsum[i] += dy[rows].sum(0)
                     babs[i] += dy[rows].abs().sum(0)
             if normed is not None:
-                # dgamma = sum(dh * xhat), dbeta = sum(dh), from the dgrad GEMM's dh
-                dh, dh_mag = dy @ Wb[m][0], dy.abs() @ Wb[m][0].abs()
+                # dgamma = sum(dh * xhat), dbeta = sum(dh), from the dgrad GEMM's dh (under a
+                # recipe, of the quantized output gradient)
+                dyq = gemm_input.dy(r, m)
+                dh, dh_mag = dyq @ Wb[m][0], dyq.abs() @ Wb[m][0].abs()
                 nsum[0] += (dh * normed.xhat).sum(0)
                 nabs[0] += (dh_mag * normed.xhat.abs()).sum(0)
                 if nparams > 1:
@@ -268,8 +333,9 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
                     nabs[1] += dh_mag.sum(0)
     rows_total = inputs.x[0][0].shape[0]
     roundings = increment_roundings(mbs, world)
-    wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings, op_u)
-              for s, a in zip(wsum, wabs)]
+    wgrads = [Reference(s / world, a / world, rows_total * mbs, roundings, op_u,
+                        sl / world if isinstance(sl, torch.Tensor) else None)
+              for s, a, sl in zip(wsum, wabs, wslack)]
     bgrads = [Reference(s / world, a / world, rows_total * mbs, roundings) for s, a in zip(bsum, babs)]
     # dh is rounded once before the reduction: one more rounding than a bias gradient
     ngrads = [Reference(s / world, a / world, max(rows_total * mbs, out_f), roundings + 1)
@@ -296,14 +362,17 @@ def record_of(ref: Reference, start: torch.Tensor | None, shard: tuple[int, int,
         start: the ``main_grad`` start value in the record's shape (None: autograd ``.grad``).
         shard: ``(padded_rows, row0, rows)`` for a GTP weight; padding rows keep ``start``.
     """
-    value, magnitude = ref.value, ref.magnitude
+    value, magnitude, slack = ref.value, ref.magnitude, ref.slack
     if shard is not None:
         padded, row0, nrows = shard
-        pad = padded - value.shape[0]
-        value = torch.nn.functional.pad(value, (0, 0, 0, pad))[row0:row0 + nrows]
-        magnitude = torch.nn.functional.pad(magnitude, (0, 0, 0, pad))[row0:row0 + nrows]
+
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, 0, padded - t.shape[0]))[row0:row0 + nrows]
+
+        value, magnitude = cut(value), cut(magnitude)
+        slack = cut(slack) if slack is not None else None
     roundings = ref.roundings
     if start is not None:
         s = start.to(F64)
         value, magnitude, roundings = value + s, magnitude + s.abs(), roundings + 1
-    return Reference(value, magnitude, ref.reduction, roundings, ref.operand_u)
+    return Reference(value, magnitude, ref.reduction, roundings, ref.operand_u, slack)

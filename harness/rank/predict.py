@@ -67,8 +67,9 @@ def gemm_output(term: oracle.WgradTerm, dtype: str, operand_u: float) -> Interva
     """A wgrad GEMM's result rounded once to ``dtype``: fp32 accumulation errs by at most
     ``gamma(rows) * magnitude`` in any order (the products of 16-bit operands are exact in
     fp32); an operand rounded first (LayerNormLinear's h, ``operand_u``) by
-    ``2 * operand_u * magnitude`` (the bound's margin over it)."""
-    err = (_gamma(max(term.rows, 1), UNIT_ROUNDOFF["fp32"]) + 2.0 * operand_u) * term.magnitude
+    ``2 * operand_u * magnitude`` (the bound's margin over it); one known within bounds by
+    its ``slack``."""
+    err = (_gamma(max(term.rows, 1), UNIT_ROUNDOFF["fp32"]) + 2.0 * operand_u) * term.magnitude + term.slack
     return Interval(term.value - err, term.value + err).rounded(dtype)
 
 
@@ -240,29 +241,49 @@ class Predictor:
             return {}
         return {"fp8_bias_unrounded": ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))}
 
-    def input_grad(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
-        """Microbatch ``mb``'s input gradient under ``dgrad_from_forward_copy`` and
-        ``dgrad_from_stored_weight`` (distinguishable only for a weight whose copies carry a
-        factor, ``gtp_tagged``), and for a distributed weight under a recipe
+    def _dgrad_views(self) -> dict[str, dict[str, Any]]:
+        """The models of the weight a dgrad multiplies, as ``oracle.compute`` arguments:
+        ``dgrad_from_forward_copy`` and ``dgrad_from_stored_weight`` (distinguishable only for a
+        weight whose copies carry a factor, ``gtp_tagged``; no quantized copy of a
+        DistributedWeight is saved, so a stored weight is quantized anew - delayed scaling: with
+        the scale updated since), and for a distributed weight under a recipe
         ``dgrad_weight_unquantized`` (delayed scaling: ``dgrad_weight_requantized`` too)."""
         forward, backward = self.tags
-        copies = {"dgrad_from_forward_copy": forward, "dgrad_from_stored_weight": 1.0}
-        out: dict[str, float] = {}
-        for name, tag in copies.items():
-            if tag == backward or not isinstance(actual, torch.Tensor):
-                continue
-            # no quantized copy of a DistributedWeight is saved: a stored weight backward
-            # multiplies is quantized anew (delayed scaling: with the scale updated since)
-            anew = name == "dgrad_from_stored_weight" and self.distributed
-            ref = oracle.compute(self.inputs, self.rank, (forward, tag), self.recipe, distributed=anew).dgrads[mb]
-            if tuple(actual.shape) == tuple(ref.value.shape):
-                out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
-        if self.recipe != "none" and self.distributed and isinstance(actual, torch.Tensor):
-            views = {"dgrad_weight_unquantized": {"unquantized_dgrad_weight": True}}
+        views: dict[str, dict[str, Any]] = {}
+        for name, tag in {"dgrad_from_forward_copy": forward, "dgrad_from_stored_weight": 1.0}.items():
+            if tag != backward:
+                anew = name == "dgrad_from_stored_weight" and self.distributed
+                views[name] = {"tags": (forward, tag), "distributed": anew}
+        if self.recipe != "none" and self.distributed:
+            views["dgrad_weight_unquantized"] = {"unquantized_dgrad_weight": True}
             if self.recipe == "delayed":
                 views["dgrad_weight_requantized"] = {"distributed": True}
-            for name, view in views.items():
-                ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, **view).dgrads[mb]
-                if tuple(actual.shape) == tuple(ref.value.shape):
-                    out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
+        return views
+
+    def _view(self, view: dict[str, Any]) -> oracle.RankOracle:
+        args = {"tags": self.tags, **view}
+        return oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe, **args)
+
+    def norm_param(self, j: int, actual: Any, precision: str, start: torch.Tensor | None) -> dict[str, float]:
+        """The normalization's parameter ``j``'s gradient of record under each model of the
+        dgrad weight (its gradients come from the dgrad GEMM's output)."""
+        out: dict[str, float] = {}
+        if not isinstance(actual, torch.Tensor):
+            return out
+        for name, view in self._dgrad_views().items():
+            ref = oracle.record_of(self._view(view).norm_sums[j], start, None)
+            if tuple(actual.shape) == tuple(ref.value.shape):
+                out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
+        return out
+
+    def input_grad(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
+        """Microbatch ``mb``'s input gradient under each model of the dgrad weight
+        (:meth:`_dgrad_views`)."""
+        out: dict[str, float] = {}
+        if not isinstance(actual, torch.Tensor):
+            return out
+        for name, view in self._dgrad_views().items():
+            ref = self._view(view).dgrads[mb]
+            if tuple(actual.shape) == tuple(ref.value.shape):
+                out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
         return out

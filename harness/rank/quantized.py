@@ -22,6 +22,7 @@ checks the two agree code for code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,8 @@ FP32_MAX = torch.finfo(torch.float32).max
 #: product and that product's multiply, two fp32 roundings (``2 u(fp32)``) of a value no
 #: larger than the magnitude (te-cpu's ``quant/qgemm.py``; cuBLASLt's scale modes likewise)
 SCALE_U = 2 * 2.0**-24
+#: the bounds ``(lo, hi)`` of a GEMM input known only within them, per (rank, microbatch)
+Bounds = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 __all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "UnquantizedDgradWeight", "for_recipe"]
 
@@ -62,18 +65,46 @@ def cast(t: torch.Tensor, scale: float, fmt: Fp8) -> torch.Tensor:
     return v.clamp(-fmt.max, fmt.max).to(fmt.dtype).to(F64)
 
 
+def _amax(t: torch.Tensor) -> float:
+    """The largest ``|t|`` in fp32 (NaNs ignored, 0 for an empty tensor), as TE's amax kernel."""
+    a = t.detach().abs().to(torch.float32)
+    return float(torch.where(torch.isnan(a), 0.0, a).max()) if t.numel() else 0.0
+
+
 def _fp32(v: float) -> float:
     return float(torch.tensor(v, dtype=torch.float32))
 
 
 def current_scale(t: torch.Tensor, fmt: Fp8) -> float:
     """Current scaling's scale for ``t``: ``fp32(fp8_max / amax)`` (one fp32 division)."""
-    a = t.detach().abs().to(torch.float32)
-    amax = float(torch.where(torch.isnan(a), 0.0, a).max()) if t.numel() else 0.0  # NaNs ignored
+    return _scale_of_amax(_amax(t), fmt)
+
+
+def _scale_of_amax(amax: float, fmt: Fp8) -> float:
     if amax == 0.0 or amax != amax or amax == float("inf"):
         return 1.0
     scale = float(torch.tensor(fmt.max, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32))
     return FP32_MAX if scale == float("inf") else scale
+
+
+def amax_bounds(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
+    """The smallest and largest amax a tensor anywhere in the box ``[lo, hi]`` can have."""
+    least = torch.where(lo * hi > 0, torch.minimum(lo.abs(), hi.abs()), torch.zeros_like(lo))
+    return _amax(least), _amax(torch.maximum(lo.abs(), hi.abs()))
+
+
+def dequantized_box(lo: torch.Tensor, hi: torch.Tensor, scales: tuple[float, float],
+                    fmt: Fp8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The centre and half-width of every value the quantize-dequantize of an element in
+    ``[lo, hi]`` under any scale in ``scales`` (smallest, largest) can give. The cast is
+    monotone in ``x * scale``, so the codes are extremal at the box's corners; so is
+    ``code * scale_inv``."""
+    codes = [cast(t, s, fmt) for t in (lo, hi) for s in scales]
+    cmin, cmax = torch.stack(codes).min(0).values, torch.stack(codes).max(0).values
+    invs = [_fp32(1.0 / _fp32(s)) for s in scales]
+    vals = [c * inv for c in (cmin, cmax) for inv in invs]
+    vmin, vmax = torch.stack(vals).min(0).values, torch.stack(vals).max(0).values
+    return (vmin + vmax) / 2, (vmax - vmin) / 2
 
 
 def dequantized(t: torch.Tensor, scale: float, fmt: Fp8) -> torch.Tensor:
@@ -90,9 +121,18 @@ class Quantizer:
     """
 
     quantized = False
+    #: whether a normalized GEMM input reaches the quantizer rounded to the activation dtype
+    #: (True), or may reach it in fp32 too (None): ``oracle._normalized_bounds``
+    norm_rounded: bool | None = None
 
     def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return t
+
+    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The GEMM input known only within ``[lo, hi]`` (LayerNormLinear's normalized rows):
+        the centre and half-width of what its quantize-dequantize can give."""
+        raise NotImplementedError(f"{type(self).__name__} has no interval input")
 
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -104,9 +144,12 @@ class Quantizer:
 class CurrentScaling(Quantizer):
     """``Float8CurrentScaling`` (``HYBRID``): every operand scaled from its own amax. The
     weight a DistributedWeight re-gathers in backward is quantized again with the layer's
-    quantizer (TE's ``linear.py``), from its own amax: the forward operand again."""
+    quantizer (TE's ``linear.py``), from its own amax: the forward operand again. A
+    normalization's output is quantized after its rounding to the activation dtype (TE's
+    ``normalization.cpp``: no fused kernel for this quantizer)."""
 
     quantized = True
+    norm_rounded = True
 
     def __init__(self, fwd: Fp8, bwd: Fp8) -> None:
         self.fwd, self.bwd = fwd, bwd
@@ -114,17 +157,16 @@ class CurrentScaling(Quantizer):
     def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return dequantized(t, current_scale(t, self.fwd), self.fwd)
 
+    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        least, most = amax_bounds(lo, hi)  # the scale from the tensor's own amax, either end
+        return dequantized_box(lo, hi, (_scale_of_amax(most, self.fwd), _scale_of_amax(least, self.fwd)), self.fwd)
+
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return dequantized(t, current_scale(t, self.bwd), self.bwd)
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return dequantized(t, current_scale(t, self.fwd), self.fwd)
-
-
-def _amax(t: torch.Tensor) -> float:
-    """The largest ``|t|`` in fp32 (NaNs ignored, 0 for an empty tensor), as TE's amax kernel."""
-    a = t.detach().abs().to(torch.float32)
-    return float(torch.where(torch.isnan(a), 0.0, a).max()) if t.numel() else 0.0
 
 
 def _delayed_scale(amax: float, fmt: Fp8, previous: float) -> float:
@@ -156,25 +198,33 @@ class DelayedScaling(Quantizer):
     quantized = True
 
     def __init__(self, fwd: Fp8, bwd: Fp8, inputs: CellInputs, tags: tuple[float, float],
-                 distributed: bool) -> None:
+                 distributed: bool, x_bounds: Bounds | None = None) -> None:
         self.fwd, self.bwd = fwd, bwd
         groups, mbs, world = len(inputs.weights), len(inputs.x[0]), len(inputs.x)
         W = [w.to(F64) for w in inputs.weights]
-        self.sx: dict[tuple[int, int], float] = {}
+        #: the input's scales as a (from the largest amax, from the smallest) pair: an input
+        #: known within bounds (``x_bounds``) records an amax known within bounds
+        self.sx: dict[tuple[int, int], tuple[float, float]] = {}
         self.sdy: dict[tuple[int, int], float] = {}
         self.swf: dict[tuple[int, int], float] = {}
         self.swb: dict[tuple[int, int], float] = {}
-        s_x, s_w, s_dy = [1.0] * groups, [1.0] * groups, [1.0] * groups
-        m_x, m_w, m_dy = [0.0] * groups, [0.0] * groups, [0.0] * groups
-        #: the scales after the cell's last update, per operand and member (``scales_after``)
+        s_x, s_x2, s_w, s_dy = [1.0] * groups, [1.0] * groups, [1.0] * groups, [1.0] * groups
+        m_x, m_x2, m_w, m_dy = [0.0] * groups, [0.0] * groups, [0.0] * groups, [0.0] * groups
+        #: the scales after the cell's last update, per operand and member (``scales_after``);
+        #: ``after_input_bounds`` the input's other end (equal but for an interval input)
         self.after: dict[str, list[float]] = {"input": s_x, "weight": s_w, "grad_output": s_dy}
+        self.after_input_bounds = s_x2
         for m in range(mbs):
             rows = [group_rows(inputs.splits[r][m]) for r in range(world)]
+            boxes = [x_bounds(r, m) if x_bounds else (inputs.x[r][m], inputs.x[r][m]) for r in range(world)]
             for g in range(groups):
-                self.sx[m, g], self.swf[m, g] = s_x[g], s_w[g]
-                m_x[g] = max(m_x[g], *(_amax(inputs.x[r][m][rows[r][g]]) for r in range(world)))
+                self.sx[m, g], self.swf[m, g] = (s_x[g], s_x2[g]), s_w[g]
+                amaxes = [amax_bounds(lo[rows[r][g]], hi[rows[r][g]]) for r, (lo, hi) in enumerate(boxes)]
+                m_x[g] = max(m_x[g], *(most for _, most in amaxes))
+                m_x2[g] = max(m_x2[g], *(least for least, _ in amaxes))
                 m_w[g] = max(m_w[g], _amax(W[g] * tags[0]))
                 s_x[g] = _delayed_scale(m_x[g], fwd, s_x[g])
+                s_x2[g] = _delayed_scale(m_x2[g], fwd, s_x2[g])
                 s_w[g] = _delayed_scale(m_w[g], fwd, s_w[g])
             for g in range(groups):
                 self.sdy[m, g] = s_dy[g]
@@ -187,7 +237,11 @@ class DelayedScaling(Quantizer):
                 s_dy[g] = _delayed_scale(m_dy[g], bwd, s_dy[g])
 
     def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
-        return dequantized(t, self.sx[m, g], self.fwd)
+        return dequantized(t, self.sx[m, g][0], self.fwd)
+
+    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return dequantized_box(lo, hi, self.sx[m, g], self.fwd)
 
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return dequantized(t, self.sdy[m, g], self.bwd)
@@ -206,6 +260,11 @@ class UnquantizedDgradWeight(Quantizer):
 
     def __init__(self, base: Quantizer) -> None:
         self.base = base
+        self.norm_rounded = base.norm_rounded
+
+    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.x_box(r, m, g, lo, hi)
 
     def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self.base.x(r, m, g, t)
@@ -218,9 +277,10 @@ class UnquantizedDgradWeight(Quantizer):
 
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
-               distributed: bool = False) -> Quantizer:
-    """The cell's quantizer (``inputs``, ``tags`` and ``distributed``: what delayed scaling's
-    steps depend on; ``distributed`` models TE's re-quantized dgrad weight, a defect model's
+               distributed: bool = False, x_bounds: Bounds | None = None) -> Quantizer:
+    """The cell's quantizer (``inputs``, ``tags``, ``distributed`` and ``x_bounds`` - the GEMM
+    input's bounds per (rank, microbatch) when it is known only within them - : what delayed
+    scaling's steps depend on; ``distributed`` models TE's re-quantized dgrad weight, a defect model's
     view, never the oracle's: the oracle's dgrad weight is the forward's, as for a plain weight).
 
     Raises:
@@ -233,6 +293,6 @@ def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float,
     if recipe == "current":
         return CurrentScaling(FORMATS[kind.forward], FORMATS[kind.backward])
     if recipe == "delayed" and inputs is not None:
-        return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed)
+        return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed, x_bounds)
     raise NotImplementedError(f"the oracle does not model recipe {recipe!r} yet "
                               f"(it models {', '.join(recipes.MODELLED)})")

@@ -31,6 +31,7 @@ from harness.rank.compare import UNIT_ROUNDOFF
 from harness.rank.inputs import DTYPES
 from harness.perturbation import KINDS, format_spec, parse
 from harness.reference import _fp8
+from harness.fault_classes import GEMM_MODULES, NORM
 from harness.reference.mutants import backend_from_fault
 
 __all__ = ["KINDS", "format_spec", "get", "parse"]
@@ -76,4 +77,6 @@ def get(spec: str) -> types.ModuleType:
     """The backend planting ``spec`` (what ``harness.reference.perturb:<spec>`` loads)."""
     factors = parse(spec)
     fault: Any = type("Perturbation", (_Perturbed,), {"factors": factors, "__module__": __name__})
-    return backend_from_fault("perturbation", f"relative error k*u planted in: {format_spec(factors)}", fault)
+    # every module class: LayerNormLinear's GEMMs are planted too
+    return backend_from_fault("perturbation", f"relative error k*u planted in: {format_spec(factors)}", fault,
+                              modules=GEMM_MODULES + NORM)
