@@ -154,6 +154,7 @@ class Predictor:
         self.dtype = dtype          #: the cell's (activation) dtype
         self._terms: list[list[list[oracle.WgradTerm]]] | None = None
         self._bias_terms: list[list[list[oracle.WgradTerm]]] | None = None
+        self._views: dict[str, oracle.RankOracle] = {}
 
     @property
     def world(self) -> int:
@@ -260,9 +261,13 @@ class Predictor:
                 views["dgrad_weight_requantized"] = {"distributed": True}
         return views
 
-    def _view(self, view: dict[str, Any]) -> oracle.RankOracle:
-        args = {"tags": self.tags, **view}
-        return oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe, **args)
+    def _view(self, name: str, view: dict[str, Any]) -> oracle.RankOracle:
+        """The oracle under model ``name`` (computed once per cell: every microbatch's input
+        gradient and each normalization parameter read the same one)."""
+        if name not in self._views:
+            args = {"tags": self.tags, **view}
+            self._views[name] = oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe, **args)
+        return self._views[name]
 
     def norm_param(self, j: int, actual: Any, precision: str, start: torch.Tensor | None) -> dict[str, float]:
         """The normalization's parameter ``j``'s gradient of record under each model of the
@@ -271,7 +276,7 @@ class Predictor:
         if not isinstance(actual, torch.Tensor):
             return out
         for name, view in self._dgrad_views().items():
-            ref = oracle.record_of(self._view(view).norm_sums[j], start, None)
+            ref = oracle.record_of(self._view(name, view).norm_sums[j], start, None)
             if tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
         return out
@@ -283,7 +288,7 @@ class Predictor:
         if not isinstance(actual, torch.Tensor):
             return out
         for name, view in self._dgrad_views().items():
-            ref = self._view(view).dgrads[mb]
+            ref = self._view(name, view).dgrads[mb]
             if tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
         return out
