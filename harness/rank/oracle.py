@@ -43,6 +43,9 @@ class RankOracle:
     wgrad_sums: list[Reference]       # per weight: mean over ranks of the sum over microbatches
     bgrad_sums: list[Reference]       # per bias, likewise
     norm_sums: list[Reference]        # per normalization parameter (gamma, then beta), likewise
+    #: the quantization the GEMMs' operands went through (delayed scaling: its scales after
+    #: the step, which the runner's ``fp8_scales`` check reads)
+    quant: quantized.Quantizer
 
 
 @dataclass
@@ -340,7 +343,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     # dh is rounded once before the reduction: one more rounding than a bias gradient
     ngrads = [Reference(s / world, a / world, max(rows_total * mbs, out_f), roundings + 1)
               for s, a in zip(nsum, nabs)]
-    return RankOracle(outputs, dgrads, wgrads, bgrads, ngrads)
+    return RankOracle(outputs, dgrads, wgrads, bgrads, ngrads, quant)
 
 
 def increment_roundings(microbatches: int, world: int) -> int:

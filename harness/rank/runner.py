@@ -477,7 +477,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     if cell.recipe == "delayed":
         # the recipe's state after the step: each scale from the amaxes of the whole weight and
         # of every rank's input and gradient, stepped once per forward and per backward - exactly
-        checks.append(_scales_check(lowp.scales_after(module), oracle.gemm_inputs(inputs, cell.recipe, tags).quant))
+        checks.append(_scales_check(lowp.scales_after(module), orc.quant))
     if gtp is not None:
         checks.extend(_protocol_checks(cell, gtp))
         # §2: gathered weights are transient; none may outlive the forward that made them
