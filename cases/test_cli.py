@@ -77,10 +77,11 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
         # ci selects the judged recipes by default: a backend without autocast is told the way out
         "backend without autocast under a recipe": (
             ["sweep", "--preset", "ci", "--modules", "linear", "--backend", str(no_layernorm)],
-            "has no autocast: it cannot run the recipes delayed, current; select --recipes none or another backend"),
+            "has no autocast: it cannot run the recipes delayed, current, mxfp8, blockwise; select --recipes none "
+            "or another backend"),
         "recipe the oracle does not model": (
-            ["sweep", "--preset", "ci", "--recipes", "mxfp8", "--modules", "linear", "--backend", "te-cpu"],
-            "the oracle does not model mxfp8/linear yet"),
+            ["sweep", "--preset", "ci", "--recipes", "mxfp8", "--modules", "layernorm_linear", "--backend", "te-cpu"],
+            "the oracle does not model mxfp8/layernorm_linear yet"),
     }
 
 

@@ -16,6 +16,8 @@ from harness.rank import quantized
 formats = load("formats")
 scaling = load("scaling")
 per_tensor = load("per_tensor")
+mxfp8 = load("mxfp8")
+blockwise = load("blockwise")
 
 
 def _every_value(fmt: quantized.Fp8) -> torch.Tensor:
@@ -66,8 +68,9 @@ def test_without_a_recipe_nothing_is_quantized_and_unmodelled_recipes_raise():
     t = torch.randn(3, 4, dtype=torch.float64)
     assert not q.quantized and q.x(0, 0, 0, t) is t and q.weight(0, 0, t, True) is t
     assert quantized.for_recipe("current").quantized
-    with pytest.raises(NotImplementedError, match="does not model recipe 'mxfp8'"):
-        quantized.for_recipe("mxfp8")
+    assert isinstance(quantized.for_recipe("mxfp8"), quantized.BlockScaling)
+    with pytest.raises(NotImplementedError, match="does not model recipe 'delayed'"):
+        quantized.for_recipe("delayed")  # delayed scaling's steps need the cell's inputs
 
 
 def test_delayed_scaling_steps_as_te_cpus_update():
@@ -133,3 +136,99 @@ def test_a_normalized_input_is_quantized_within_its_box(norm, dtype, recipe):
         assert float((slack > 2.0**-8 * centre.abs()).double().mean()) < 0.2, (seed, recipe, dtype)
         unquantized = oracle._normalize(x.to(torch.float64), n).h
         assert bool(((unquantized - centre).abs() > slack).any())
+
+
+# ---- block recipes: the oracle's and the reference's block quantization against te-cpu's ----
+
+def _block_cases(dtype: torch.dtype) -> list[torch.Tensor]:
+    """2-D tensors whose blocks hit every branch of the scale rules: ordinary magnitudes, an
+    all-zero block, amaxes on and beside a power of two times the format's largest value,
+    magnitudes too small for a finite fp32 scale, and sizes that leave a short last block."""
+    g = torch.Generator().manual_seed(11)
+    out = [torch.randn(64, 96, generator=g) * s for s in (1e-3, 1.0, 7.0, 3e3)]
+    edge = torch.randn(64, 256, generator=g)
+    edge[:, :32] = 0.0                                           # an all-zero block
+    edge[0, 32], edge[1, 64], edge[2, 96] = 448.0, 896.0, 448.0 * (1 + 2.0**-7)
+    edge[3, 128:160] = 1e-39                                    # fp32 scale overflows
+    out.append(edge)
+    out.append(torch.randn(96, 160, generator=g) * torch.logspace(-4, 4, 160))  # mixed blocks
+    return [t.to(dtype) for t in out]
+
+
+def _te_cpu_blocks(t: torch.Tensor, rule: str, axis: int) -> torch.Tensor:
+    """te-cpu's quantize-dequantize of ``t`` (its kernels, float64 out)."""
+    fmt = formats.E4M3
+    x = t.to(torch.float32)
+    x = x.t().contiguous() if axis == 0 else x
+    if rule == "mxfp8":
+        data, exps = mxfp8.quantize_blocks(x, fmt)
+        out = mxfp8.decode_blocks(data, exps, fmt)
+    else:
+        q = type("Q", (), {"force_pow_2_scales": True, "amax_epsilon": 0.0})()
+        fn = blockwise.quantize_2d if rule == "2d" else blockwise.quantize_1d
+        data, inv = fn(x, fmt, q, t.dtype)
+        block = blockwise.BLOCK
+        rows = inv.repeat_interleave(block, 0)[:x.shape[0]] if rule == "2d" else inv
+        out = fmt.decode(data) * rows.repeat_interleave(block, 1)[:, :x.shape[1]]
+    out = out.to(torch.float64)
+    return out.t() if axis == 0 else out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rule,axis", [("mxfp8", 1), ("mxfp8", 0), ("1d", 1), ("1d", 0), ("2d", 1)])
+def test_block_quantization_gives_te_cpus_values(dtype, rule, axis):
+    """The oracle's (float64) and the reference's (fp32) block quantize-dequantize are
+    te-cpu's, value for value, along either axis (row-wise and column-wise data)."""
+    from harness.reference import _fp8
+
+    fmt = quantized.FORMATS["e4m3"]
+    for t in _block_cases(dtype):
+        if rule == "mxfp8" and t.shape[axis] % 32:
+            continue
+        theirs = _te_cpu_blocks(t, rule, axis)
+        if rule == "2d":
+            ours = quantized.tiled(t.to(torch.float64), 128, fmt, dtype)
+        else:
+            ours = quantized.blocked(t.to(torch.float64), axis, 32 if rule == "mxfp8" else 128, fmt,
+                                     "mxfp8" if rule == "mxfp8" else "block", dtype)
+        ref = _fp8.block_quantized(t.to(torch.float32), rule, axis, "e4m3", dtype).to(torch.float64)
+        assert torch.equal(ours, theirs), (rule, axis, (ours - theirs).abs().max())
+        assert torch.equal(ref, theirs), (rule, axis, (ref - theirs).abs().max())
+
+
+def test_block_scales_by_hand():
+    """One block worked by hand. MXFP8: amax 500, ``500 / 448`` rounds up to the scale-inverse
+    2: 500 -> 250 -> E4M3 256 -> 512; 1 -> 0.5 -> 1; 2^-11 -> 2^-12, under E4M3's smallest
+    subnormal (2^-9) -> 0. Block scaling: ``448 / 500`` rounds down to the scale 0.5: the same
+    values. An all-zero block stays zero; a block of amax 100: 400 is a tie between 384 and
+    416, to even: 96."""
+    fmt = quantized.FORMATS["e4m3"]
+    t = torch.zeros(1, 64, dtype=torch.float64)
+    t[0, :3] = torch.tensor([500.0, 1.0, 2.0**-11])
+    t[0, 32] = 100.0
+    want = torch.zeros(1, 64, dtype=torch.float64)
+    want[0, :2] = torch.tensor([512.0, 1.0])
+    want[0, 32] = 96.0
+    assert torch.equal(quantized.blocked(t, 1, 32, fmt, "mxfp8", torch.float32), want)
+    one_block = torch.zeros(1, 128, dtype=torch.float64)
+    one_block[0, :3] = t[0, :3]
+    want_b = torch.zeros(1, 128, dtype=torch.float64)
+    want_b[0, :2] = torch.tensor([512.0, 1.0])
+    assert torch.equal(quantized.blocked(one_block, 1, 128, fmt, "block", torch.float32), want_b)
+
+
+def test_block_recipes_quantize_each_gemm_along_its_k():
+    """The wgrad GEMM reads the input and the gradient blocked along the rows, the forward and
+    dgrad GEMMs along the features; MXFP8's weight along ``in`` forward and ``out`` for dgrad;
+    block scaling's weight in the same tiles both ways."""
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(64, 64, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 64, dtype=torch.float64)
+    mx = quantized.for_recipe("mxfp8")
+    assert mx.by_direction and mx.scale_u == 0.0
+    assert torch.equal(mx.x(0, 0, 0, t), quantized.blocked(t, 1, 32, mx.fmt, "mxfp8", torch.float32))
+    assert torch.equal(mx.x_wgrad(0, 0, 0, t), quantized.blocked(t, 0, 32, mx.fmt, "mxfp8", torch.float32))
+    assert not torch.equal(mx.x(0, 0, 0, t), mx.x_wgrad(0, 0, 0, t))
+    assert not torch.equal(mx.weight(0, 0, t, False), mx.weight(0, 0, t, True))
+    bw = quantized.for_recipe("blockwise")
+    assert torch.equal(bw.weight(0, 0, t, False), bw.weight(0, 0, t, True))
+    assert quantized.for_recipe("current").scale_u == quantized.SCALE_U

@@ -138,6 +138,7 @@ class _GemmInputs:
         self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, _Normalized | None]] = {}
         self._slack: dict[tuple[int, int], torch.Tensor] = {}
         self._dy: dict[tuple[int, int], torch.Tensor] = {}
+        self._wgrad: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     def __call__(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
         if (r, m) not in self._done:
@@ -170,11 +171,26 @@ class _GemmInputs:
         return _normalized_bounds(x, _normalize(x, self.inputs.norm), self.inputs.dtype, None)
 
     def dy(self, r: int, m: int) -> torch.Tensor:
-        """The output gradient the dgrad and wgrad GEMMs multiply (the bias gradient sums the
-        unquantized one)."""
+        """The output gradient the dgrad GEMM multiplies (and the wgrad GEMM, but under a
+        block recipe: :meth:`wgrad`; the bias gradient sums the unquantized one)."""
         if (r, m) not in self._dy:
             self._dy[r, m] = self._per_group(self.quant.dy, r, m, self.inputs.dy[r][m].to(F64))
         return self._dy[r, m]
+
+    def wgrad(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What the wgrad GEMM of (rank, microbatch) multiplies: ``(dy, x, |x|, x's slack)``.
+        The forward's and the dgrad's operands, but under a block recipe, which quantizes
+        both along the rows, the GEMM's K (each group's rows alone)."""
+        x, x_mag, _ = self(r, m)
+        if not self.quant.by_direction:
+            return self.dy(r, m), x, x_mag, self.slack(r, m)
+        if (r, m) not in self._wgrad:
+            if self.inputs.norm is not None:
+                raise NotImplementedError("a block recipe's wgrad of a normalized input is not modelled")
+            xw = self._per_group(self.quant.x_wgrad, r, m, self.inputs.x[r][m].to(F64))
+            dyw = self._per_group(self.quant.dy_wgrad, r, m, self.inputs.dy[r][m].to(F64))
+            self._wgrad[r, m] = dyw, xw, xw.abs(), None
+        return self._wgrad[r, m]
 
     def _per_group(self, fn, r: int, m: int, t: torch.Tensor) -> torch.Tensor:
         if not self.quant.quantized:
@@ -196,10 +212,10 @@ def gemm_inputs(inputs: CellInputs, recipe: str = "none", tags: tuple[float, flo
 def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
     """LayerNormLinear's GEMMs take h rounded to the cell's dtype: charged in that dtype's u;
     under a recipe the quantized operands are the oracle's own (a normalized one known within
-    bounds: ``Reference.slack``), and the GEMM's scale-inverses cost ``quantized.SCALE_U``
-    (:func:`compute`)."""
+    bounds: ``Reference.slack``), and the GEMM's scale-inverses cost ``quantized.scale_u``
+    (per-tensor scales; power-of-two block scales are exact: :func:`compute`)."""
     if recipe != "none":  # the quantized operand is modelled, a normalized one within bounds
-        return quantized.SCALE_U
+        return quantized.scale_u(recipe)
     return torch.finfo(inputs.dtype).eps / 2 if inputs.norm is not None else 0.0
 
 
@@ -213,8 +229,7 @@ def wgrad_terms(inputs: CellInputs, gemm_input: _GemmInputs | None = None,
     for r in range(len(inputs.x)):
         per_rank = []
         for m in range(len(inputs.x[r])):
-            x, x_mag, _ = gemm_input(r, m)
-            dy, slack = gemm_input.dy(r, m), gemm_input.slack(r, m)
+            dy, x, x_mag, slack = gemm_input.wgrad(r, m)
             per_rank.append([WgradTerm(dy[rows].t() @ x[rows], dy[rows].abs().t() @ x_mag[rows], rows.stop - rows.start,
                                        dy[rows].abs().t() @ slack[rows] if slack is not None else 0.0)
                              for rows in group_rows(inputs.splits[r][m])])
@@ -305,7 +320,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
         # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
         dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
                                 roundings=2 if normed is not None else 1,
-                                operand_u=quantized.SCALE_U if quant.quantized else 0.0))
+                                operand_u=quant.scale_u))
 
     terms = wgrad_terms(inputs, gemm_input)
     wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(len(W))]

@@ -39,7 +39,8 @@ SCALE_U = 2 * 2.0**-24
 #: the bounds ``(lo, hi)`` of a GEMM input known only within them, per (rank, microbatch)
 Bounds = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
-__all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "UnquantizedDgradWeight", "for_recipe"]
+__all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "BlockScaling", "UnquantizedDgradWeight",
+           "for_recipe"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,12 @@ class Quantizer:
     """
 
     quantized = False
+    #: the unit roundoff of applying the operands' scale-inverses to a GEMM's fp32 accumulator
+    #: (per-tensor scales: :data:`SCALE_U`; power-of-two block scales are exact: 0)
+    scale_u = 0.0
+    #: whether the wgrad GEMM reads the input and the gradient quantized otherwise than the
+    #: forward and dgrad GEMMs (a block recipe blocks them along the GEMM's K)
+    by_direction = False
     #: whether a normalized GEMM input reaches the quantizer rounded to the activation dtype
     #: (True), or may reach it in fp32 too (None): ``oracle._normalized_bounds``
     norm_rounded: bool | None = None
@@ -137,6 +144,14 @@ class Quantizer:
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return t
 
+    def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        """The input as the wgrad GEMM reads it (a block recipe blocks it along the rows)."""
+        return self.x(r, m, g, t)
+
+    def dy_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        """The output gradient as the wgrad GEMM reads it."""
+        return self.dy(r, m, g, t)
+
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return t
 
@@ -149,6 +164,7 @@ class CurrentScaling(Quantizer):
     ``normalization.cpp``: no fused kernel for this quantizer)."""
 
     quantized = True
+    scale_u = SCALE_U
     norm_rounded = True
 
     def __init__(self, fwd: Fp8, bwd: Fp8) -> None:
@@ -196,6 +212,7 @@ class DelayedScaling(Quantizer):
     """
 
     quantized = True
+    scale_u = SCALE_U
 
     def __init__(self, fwd: Fp8, bwd: Fp8, inputs: CellInputs, tags: tuple[float, float],
                  distributed: bool, x_bounds: Bounds | None = None) -> None:
@@ -250,6 +267,118 @@ class DelayedScaling(Quantizer):
         return dequantized(t, (self.swb if backward else self.swf)[m, g], self.fwd)
 
 
+def _pow2_up(v: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two at least ``v`` (positive), elementwise: ``v = m 2^e`` with
+    ``m`` in ``[0.5, 1)`` is ``2^(e - 1)`` when ``m`` is 0.5, else ``2^e``."""
+    m, e = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), torch.where(m == 0.5, e - 1, e))
+
+
+def _pow2_down(v: torch.Tensor) -> torch.Tensor:
+    """The largest power of two at most ``v`` (positive): the fp32 mantissa bits cleared."""
+    _, e = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), e - 1)
+
+
+def _block_amax(blocks: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    a = blocks.abs().to(torch.float32)
+    return torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(dim=dims).to(F64)
+
+
+def mxfp8_scale_inv(amax: torch.Tensor, fmt: Fp8) -> torch.Tensor:
+    """MXFP8's block scale-inverse (the E8M0 value) from the block's fp32 amax: the smallest
+    power of two at least ``fp32(amax * fp32(1 / fp8_max))``, within E8M0's ``2^-127 ..
+    2^127`` (an all-zero block: ``2^-127``; its codes are 0 whatever the scale)."""
+    rcp = torch.tensor(1.0 / fmt.max, dtype=torch.float32)
+    v = (amax.to(torch.float32) * rcp).to(F64)
+    up = torch.where(v > 0, _pow2_up(torch.where(v > 0, v, torch.ones_like(v))), torch.full_like(v, 2.0**-127))
+    return up.clamp(2.0**-127, 2.0**127)
+
+
+def block_scale(amax: torch.Tensor, fmt: Fp8, input_dtype: torch.dtype) -> torch.Tensor:
+    """``Float8BlockScaling``'s block scale (TE's defaults: power-of-two scales, no epsilon):
+    ``fp32(fp8_max / amax)``, an infinite one replaced by the input dtype's largest value,
+    rounded down to a power of two; amax 0, inf or NaN: 1."""
+    a = amax.to(torch.float32)
+    s = torch.full_like(a, fmt.max) / a
+    s = torch.where(torch.isinf(s), torch.full_like(s, torch.finfo(input_dtype).max), s).to(F64)
+    usable = (a > 0) & torch.isfinite(a)
+    return torch.where(usable, _pow2_down(torch.where(usable, s, torch.ones_like(s))), torch.ones_like(s))
+
+
+def blocked(t: torch.Tensor, axis: int, size: int, fmt: Fp8, rule: str, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` (2-D) quantize-dequantized in blocks of ``size`` consecutive elements along
+    ``axis`` (the GEMM's K; the last block may be short), each block with its own scale:
+    ``rule`` ``"mxfp8"`` (:func:`mxfp8_scale_inv`) or ``"block"`` (:func:`block_scale`;
+    ``dtype`` is the tensor's before quantization, the cell's). Every scale is a power of two: exact, so only the FP8 cast rounds."""
+    v = t.movedim(axis, -1)
+    n = v.shape[-1]
+    nb = -(-n // size)
+    padded = torch.nn.functional.pad(v.to(F64), (0, nb * size - n)).reshape(*v.shape[:-1], nb, size)
+    amax = _block_amax(padded, (-1,))
+    scale = 1.0 / mxfp8_scale_inv(amax, fmt) if rule == "mxfp8" else block_scale(amax, fmt, dtype)
+    out = cast(padded, scale.unsqueeze(-1), fmt) / scale.unsqueeze(-1)
+    return out.reshape(*v.shape[:-1], nb * size)[..., :n].movedim(-1, axis)
+
+
+def tiled(t: torch.Tensor, size: int, fmt: Fp8, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` (2-D) quantize-dequantized in ``size x size`` tiles, one power-of-two scale each
+    (:func:`block_scale`): ``Float8BlockScaling``'s weights, the same tiles whichever way a
+    GEMM reads them."""
+    r, c = t.shape
+    br, bc = -(-r // size), -(-c // size)
+    padded = torch.nn.functional.pad(t.to(F64), (0, bc * size - c, 0, br * size - r))
+    tiles = padded.reshape(br, size, bc, size)
+    scale = block_scale(_block_amax(tiles, (1, 3)), fmt, dtype)[:, None, :, None]
+    return (cast(tiles, scale, fmt) / scale).reshape(br * size, bc * size)[:r, :c]
+
+
+class BlockScaling(Quantizer):
+    """``MXFP8BlockScaling`` and ``Float8BlockScaling`` (TE's defaults: E4M3 everywhere): every
+    block of a GEMM operand along the GEMM's K has its own power-of-two scale, from its own
+    amax - stateless, so a re-quantize (a DistributedWeight's backward re-gather, a saved
+    input) gives the forward's codes again. A tensor is quantized once per direction it is
+    read in (TE's row-wise and column-wise data, each from the high-precision tensor):
+
+    - the input: along its features for forward, along its rows for wgrad;
+    - the output gradient: along its features for dgrad, along its rows for wgrad;
+    - the weight: ``mxfp8`` along ``in`` for forward, along ``out`` for dgrad; ``blockwise``
+      in 128x128 tiles (TE's 2-D weight scaling), the same for both.
+
+    ``mxfp8`` blocks are 32 long (E8M0 scales); ``blockwise`` blocks of the input and the
+    gradient are 128 long (1-D scaling). A GroupedLinear quantizes each group's rows alone, so
+    a wgrad block never spans two groups (``oracle._GemmInputs``).
+    """
+
+    quantized = True
+    scale_u = 0.0
+    by_direction = True
+
+    def __init__(self, rule: str, fmt: Fp8, dtype: torch.dtype) -> None:
+        self.rule, self.fmt, self.dtype = rule, fmt, dtype
+        self.size = 32 if rule == "mxfp8" else 128
+
+    def _along(self, t: torch.Tensor, axis: int) -> torch.Tensor:
+        return blocked(t, axis, self.size, self.fmt, self.rule, self.dtype)
+
+    def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self._along(t, 1)
+
+    def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self._along(t, 0)
+
+    def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self._along(t, 1)
+
+    def dy_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self._along(t, 0)
+
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+        if self.rule == "block":
+            return tiled(t, self.size, self.fmt, self.dtype)
+        return self._along(t, 0 if backward else 1)
+
+
 class UnquantizedDgradWeight(Quantizer):
     """``base`` with the input gradient multiplying the backward copy of the weight as it is,
     in the cell's dtype, beside the quantized output gradient: a defect model's view (TE
@@ -261,6 +390,13 @@ class UnquantizedDgradWeight(Quantizer):
     def __init__(self, base: Quantizer) -> None:
         self.base = base
         self.norm_rounded = base.norm_rounded
+        self.scale_u, self.by_direction = base.scale_u, base.by_direction
+
+    def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self.base.x_wgrad(r, m, g, t)
+
+    def dy_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return self.base.dy_wgrad(r, m, g, t)
 
     def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
               hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,6 +410,12 @@ class UnquantizedDgradWeight(Quantizer):
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return t if backward else self.base.weight(m, g, t, backward)
+
+
+def scale_u(recipe: str) -> float:
+    """What applying ``recipe``'s scale-inverses costs a GEMM (``Quantizer.scale_u``)."""
+    kind = recipes.KINDS[recipe]
+    return SCALE_U if kind.quantized and kind.block == "tensor" else 0.0
 
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
@@ -292,6 +434,8 @@ def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float,
         return Quantizer()
     if recipe == "current":
         return CurrentScaling(FORMATS[kind.forward], FORMATS[kind.backward])
+    if kind.block in ("mxfp8", "block"):
+        return BlockScaling(kind.block, FORMATS[kind.forward], inputs.dtype if inputs is not None else torch.float32)
     if recipe == "delayed" and inputs is not None:
         return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed, x_bounds)
     raise NotImplementedError(f"the oracle does not model recipe {recipe!r} yet "

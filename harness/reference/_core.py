@@ -26,7 +26,7 @@ Operand = Any
 def wgrad_gemm(grad_out: Operand, inp: Operand, dtype: torch.dtype) -> torch.Tensor:
     """``dW = dY^T X`` with the product formed in ``dtype`` (exact for bf16/fp16 -> fp32);
     quantized operands: the FP8 GEMM's fp32 result, rounded to ``dtype``."""
-    if isinstance(grad_out, _fp8.Quantized):
+    if isinstance(grad_out, _fp8.QUANTIZED):
         return (grad_out.t() @ inp).to(dtype)
     return grad_out.t().to(dtype) @ inp.to(dtype)
 

@@ -1,4 +1,9 @@
-"""Low precision in the reference: TE's per-tensor FP8 recipes, written from their definition.
+"""Low precision in the reference: TE's FP8 recipes, written from their definition.
+
+Block recipes (``MXFP8BlockScaling``, ``Float8BlockScaling``) are stateless: each block of
+an operand along its GEMM's K gets a power-of-two scale from its own amax
+(:class:`BlockQuantized`), so backward's re-quantize of what it multiplies reproduces the
+forward's codes. The rest of this docstring is about the per-tensor recipes.
 
 Under ``autocast(enabled=True, recipe=...)`` each reference GEMM multiplies FP8 operands: the
 input and the weight (the whole weight: a DistributedWeight's gathered copy) in the forward
@@ -42,7 +47,8 @@ __all__ = ["Quantized", "autocast", "ModuleScaling", "for_forward"]
 
 _F32 = torch.float32
 _FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
-_KINDS = {"DelayedScaling": "delayed", "Float8CurrentScaling": "current"}
+_KINDS = {"DelayedScaling": "delayed", "Float8CurrentScaling": "current",
+          "MXFP8BlockScaling": "mxfp8", "Float8BlockScaling": "blockwise"}
 
 
 def _f32(v: float) -> torch.Tensor:
@@ -77,6 +83,98 @@ class Quantized:
     def __matmul__(self, other: "Quantized") -> torch.Tensor:
         alpha = _f32(self.scale_inv) * _f32(other.scale_inv)
         return (self.codes @ other.codes) * alpha
+
+    def along(self, k_axis: int) -> torch.Tensor:
+        """The operand's values as fp32 (exact when ``scale_inv`` is 1: a mixed GEMM's
+        unquantized operand)."""
+        return self.codes * _f32(self.scale_inv)
+
+
+def _pow2(v: torch.Tensor, up: bool) -> torch.Tensor:
+    """The power of two nearest ``v`` (positive fp32) from above (``up``) or from below."""
+    m, e = torch.frexp(v)
+    if up:
+        e = torch.where(m == 0.5, e - 1, e)
+    else:
+        e = e - 1
+    return torch.ldexp(torch.ones_like(v), e)
+
+
+def _block_values(blocks: torch.Tensor, dims: tuple[int, ...], rule: str, fmt: str,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Quantize-dequantize ``blocks`` (fp32), one power-of-two scale per block over ``dims``:
+    MXFP8's ``scale_inv`` is the smallest power of two at least ``amax / fp8_max`` (E8M0,
+    ``2^-127 .. 2^127``); block scaling's ``scale`` the largest power of two at most
+    ``fp8_max / amax`` (an infinite one: ``dtype``'s largest value first). An all-zero
+    block keeps scale 1."""
+    fp8, fmax = _FORMATS[fmt]
+    amax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(dim=dims, keepdim=True)
+    live = (amax > 0) & torch.isfinite(amax)
+    safe = torch.where(live, amax, torch.ones_like(amax))
+    if rule == "mxfp8":
+        scale = 1.0 / _pow2(safe * _f32(1.0 / fmax), up=True).clamp(2.0**-127, 2.0**127)
+    else:
+        raw = _f32(fmax) / safe
+        scale = _pow2(torch.where(torch.isinf(raw), torch.full_like(raw, torch.finfo(dtype).max), raw), up=False)
+    scale = torch.where(live, scale, torch.ones_like(scale))
+    return (blocks * scale).clamp(-fmax, fmax).to(fp8).to(_F32) / scale
+
+
+def block_quantized(src: torch.Tensor, rule: str, axis: int, fmt: str, dtype: torch.dtype) -> torch.Tensor:
+    """``src`` (2-D fp32) quantize-dequantized by ``rule``: ``"mxfp8"`` (blocks of 32 along
+    ``axis``), ``"1d"`` (blocks of 128 along ``axis``), ``"2d"`` (128x128 tiles, ``axis``
+    ignored); a short last block is a block too. Exact: every scale is a power of two."""
+    if rule == "2d":
+        r, c = src.shape
+        br, bc = -(-r // 128), -(-c // 128)
+        tiles = torch.nn.functional.pad(src, (0, bc * 128 - c, 0, br * 128 - r)).reshape(br, 128, bc, 128)
+        return _block_values(tiles, (1, 3), rule, fmt, dtype).reshape(br * 128, bc * 128)[:r, :c]
+    size = 32 if rule == "mxfp8" else 128
+    v = src.movedim(axis, -1)
+    n = v.shape[-1]
+    nb = -(-n // size)
+    blocks = torch.nn.functional.pad(v, (0, nb * size - n)).reshape(*v.shape[:-1], nb, size)
+    out = _block_values(blocks, (-1,), rule, fmt, dtype).reshape(*v.shape[:-1], nb * size)[..., :n]
+    return out.movedim(-1, axis)
+
+
+@dataclass(frozen=True)
+class BlockQuantized:
+    """One GEMM operand of a block recipe: the high-precision tensor, quantized when a GEMM
+    reads it - along that GEMM's K, which is the last axis of a left operand and the first of
+    a right one (TE keeps a row-wise and a column-wise quantization of each tensor, each from
+    the high-precision values). ``a @ b`` multiplies the exactly dequantized values in fp32
+    (the products are exact; only the accumulation rounds)."""
+
+    src: torch.Tensor          # fp32, in the orientation it was quantized from
+    rule: str                  # "mxfp8", "1d" or "2d" (``block_quantized``)
+    fmt: str
+    dtype: torch.dtype
+    recipe: str
+    transposed: bool = False
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.src.t().shape if self.transposed else self.src.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.src.device
+
+    def t(self) -> "BlockQuantized":
+        return BlockQuantized(self.src, self.rule, self.fmt, self.dtype, self.recipe, not self.transposed)
+
+    def along(self, k_axis: int) -> torch.Tensor:
+        """The dequantized values (as this operand is oriented) blocked along ``k_axis``."""
+        vals = block_quantized(self.src, self.rule, k_axis ^ int(self.transposed), self.fmt, self.dtype)
+        return vals.t() if self.transposed else vals
+
+    def __matmul__(self, other: "Quantized | BlockQuantized") -> torch.Tensor:
+        return self.along(1) @ other.along(0)
+
+
+#: a quantized GEMM operand of any recipe
+QUANTIZED = (Quantized, BlockQuantized)
 
 
 def quantize(t: torch.Tensor, scale: float, fmt: str, recipe: str = "none") -> Quantized:
@@ -138,6 +236,9 @@ class ModuleScaling:
     dy: list[TensorScaling]
     reduce: bool = True
     group: Any = None
+    #: a block recipe's rule for the input, the weight and the gradient (``block_quantized``);
+    #: empty for a per-tensor recipe
+    rules: tuple[str, str, str] = ()
 
     def reduce_and_update(self, slots: list[TensorScaling]) -> None:
         """Max-reduce the slots' recorded amaxes over the group, then step each slot."""
@@ -160,13 +261,29 @@ def _new_state(recipe: Any, n: int, group: Any) -> ModuleScaling:
     if kind is None:
         raise NotImplementedError(f"the reference runs {', '.join(_KINDS)} only, not {type(recipe).__name__}")
     fwd, bwd = _formats(recipe)
+    rules = _block_rules(recipe, kind)
     common = dict(kind=kind, margin=int(getattr(recipe, "margin", 0)),
                   history_len=int(getattr(recipe, "amax_history_len", 1024)),
                   most_recent=getattr(recipe, "amax_compute_algo", "max") == "most_recent")
     return ModuleScaling(kind, [TensorScaling(fwd, **common) for _ in range(n)],
                          [TensorScaling(fwd, **common) for _ in range(n)],
                          [TensorScaling(bwd, **common) for _ in range(n)],
-                         bool(getattr(recipe, "reduce_amax", True)), group)
+                         bool(getattr(recipe, "reduce_amax", True)), group, rules)
+
+
+def _block_rules(recipe: Any, kind: str) -> tuple[str, str, str]:
+    """The block rules of ``recipe`` (input, weight, gradient); () for a per-tensor one."""
+    if kind == "mxfp8":
+        if getattr(recipe, "enable_2d_quantization", False):
+            raise NotImplementedError("the reference runs MXFP8 with 1-D blocks only")
+        return ("mxfp8", "mxfp8", "mxfp8")
+    if kind != "blockwise":
+        return ()
+    for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+        if not getattr(getattr(recipe, q, None), "power_2_scale", True):
+            raise NotImplementedError("the reference runs Float8BlockScaling with power-of-two scales only")
+    dims = (getattr(recipe, f"{t}_block_scaling_dim", d) for t, d in (("x", 1), ("w", 2), ("grad", 1)))
+    return tuple(f"{int(d)}d" for d in dims)  # type: ignore[return-value]
 
 
 @dataclass
@@ -244,6 +361,30 @@ class CallScaling:
         self.state.reduce_and_update(self.state.dy)
 
 
+class BlockCallScaling(CallScaling):
+    """A block recipe's call: stateless (every block's scale from its own amax), so backward
+    re-quantizes what it multiplies from the high-precision tensor and gets the forward's
+    codes. No per-tensor scale to take from a shard (``amax_of`` is a per-tensor recipe's)."""
+
+    def _q(self, t: torch.Tensor, which: int, fmt: str) -> BlockQuantized:
+        return BlockQuantized(t.detach().to(_F32), self.state.rules[which], fmt, t.dtype, self.state.kind)
+
+    def forward_x(self, i: int, x: torch.Tensor) -> BlockQuantized:
+        return self._q(x, 0, self.state.x[i].fmt)
+
+    def forward_w(self, i: int, w: torch.Tensor, amax_of: torch.Tensor | None = None) -> BlockQuantized:
+        return self._q(w, 1, self.state.w[i].fmt)
+
+    def saved_x(self, i: int, x: torch.Tensor) -> BlockQuantized:
+        return self.forward_x(i, x)
+
+    def saved_w(self, i: int, w: torch.Tensor) -> BlockQuantized:
+        return self.forward_w(i, w)
+
+    def grad(self, i: int, dy: torch.Tensor, fmt: str | None = None) -> BlockQuantized:
+        return self._q(dy, 2, fmt or self.state.dy[i].fmt)
+
+
 def for_forward(module: torch.nn.Module, n: int) -> CallScaling | None:
     """The recipe state of ``module``'s forward when an ``autocast`` is active, else None.
 
@@ -259,4 +400,4 @@ def for_forward(module: torch.nn.Module, n: int) -> CallScaling | None:
     state = states[key][1]
     state.group = inner.group
     outer.ran[id(state)] = state  # its forward amaxes are stepped at the outermost exit
-    return CallScaling(state, [1.0] * n, [1.0] * n)
+    return (BlockCallScaling if state.rules else CallScaling)(state, [1.0] * n, [1.0] * n)

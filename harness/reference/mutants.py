@@ -431,7 +431,7 @@ class _Fp8DgradWeightRequantized:
     scale as updated after the forward (and its amax recorded), not the forward's scale."""
 
     def fp8_weight_backward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
-        if not call.distributed:
+        if not call.distributed or call.fp8.state.kind != "delayed":
             return super().fp8_weight_backward(call, i, weight, gemm_weight)
         slot = call.fp8.state.w[i]
         return _fp8.quantize(gemm_weight, slot.next_scale(gemm_weight), slot.fmt, slot.kind)  # Fault

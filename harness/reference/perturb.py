@@ -49,7 +49,7 @@ class _Perturbed:
         recipe. ``u`` is that of the dtype the result is rounded to: its own, or - a quantized
         forward or dgrad GEMM, whose fp32 result the module rounds to the cell's dtype next -
         the cell's."""
-        quantized = isinstance(operand, _fp8.Quantized)
+        quantized = isinstance(operand, _fp8.QUANTIZED)
         recipe = operand.recipe if quantized else "none"
         k = self.factors.get((recipe, _NAMES.get(operand.dtype, ""), kind))
         if not k:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Format", "DelayedScaling", "Float8CurrentScaling"]
+__all__ = ["Format", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling"]
 
 
 class Format(enum.Enum):
@@ -38,3 +38,24 @@ class Float8CurrentScaling:
     """Per-tensor scales from each tensor's own amax (TE's defaults)."""
 
     fp8_format: Format = Format.HYBRID
+
+
+@dataclass
+class MXFP8BlockScaling:
+    """E4M3 blocks of 32 along each GEMM's K, one E8M0 (power-of-two) scale each (TE's
+    defaults)."""
+
+    fp8_format: Format = Format.E4M3
+
+
+@dataclass
+class Float8BlockScaling:
+    """E4M3 with power-of-two fp32 scales per block: 1x128 blocks along K for the input and
+    the gradient (``*_block_scaling_dim`` 1), 128x128 tiles for the weight (2): TE's
+    defaults. The reference computes power-of-two scales only (TE's ``power_2_scale``
+    default)."""
+
+    fp8_format: Format = Format.E4M3
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
