@@ -291,22 +291,22 @@ def test_full_size_is_product_minus_invalid():
     assert all(valid(c.serialize()) for c in full)
     assert len(select("full", {"weight": ["distributed", "plain"], "recipe": ["none"]})) == 34800
     # and every judged recipe on the modules it is judged on: each a copy of those modules'
-    # cells, delayed without hooks=checkpoint (one hook mode of five not built); the block
-    # recipes not on LayerNormLinear (its normalized input is not modelled under them)
+    # cells, delayed without hooks=checkpoint (one hook mode of five not built)
     lowp = [c for c in full if c.recipe != "none"]
     judged = {"linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"}
-    block = {"linear", "grouped_linear", "ops_grouped_linear"}
     assert {(c.recipe, c.module) for c in lowp} == {(r, m) for r in recipes.JUDGED if r != "none"
                                                     for m in recipes.MODELLED[r]} == {
-        (r, m) for r in ("current", "delayed") for m in judged} | {(r, m) for r in ("mxfp8", "blockwise") for m in block}
+        (r, m) for r in ("current", "delayed", "mxfp8", "blockwise") for m in judged}
     for module, count in (("linear", 6480), ("grouped_linear", 12960), ("ops_grouped_linear", 12960),
                           ("layernorm_linear", 6480), ("rmsnorm_linear", 6480)):
         twins = sum(c.module == module for c in none)
-        assert sum(c.recipe == "current" and c.module == module for c in lowp) == twins == count, module
+        for r in ("current", "mxfp8", "blockwise"):
+            assert sum(c.recipe == r and c.module == module for c in lowp) == twins == count, (r, module)
         assert sum(c.recipe == "delayed" and c.module == module for c in lowp) == twins * 4 // 5, module
-        for r in ("mxfp8", "blockwise"):
-            assert sum(c.recipe == r and c.module == module for c in lowp) == (twins if module in block else 0)
-    assert len(full) == 62640 + 45360 + 36288 + 2 * 32400 == 209088
+    assert len(full) == 62640 + 3 * 45360 + 36288 == 235008
+    # the oracle judges every pair the matrix can generate; the guard still names any other
+    assert recipes.unmodelled((c.recipe, c.module) for c in full) == []
+    assert recipes.unmodelled([("mxfp8", "grouped_linear_tensor")]) == ["mxfp8/grouped_linear_tensor"]
 
 
 
@@ -557,8 +557,8 @@ def test_presets_keep_their_cells_and_add_the_judged_recipes():
     assert {c.recipe for c in ci} == set(recipes.JUDGED) == {c.recipe for c in select("full")}
     assert {c.module for c in ci if c.recipe != "none"} == {"linear", "grouped_linear", "ops_grouped_linear",
                                                           "layernorm_linear", "rmsnorm_linear"}
-    assert {c.module for c in ci if c.recipe in ("mxfp8", "blockwise")} == {"linear", "grouped_linear",
-                                                                           "ops_grouped_linear"}
+    assert {c.module for c in ci if c.recipe in ("mxfp8", "blockwise")} == {
+        "linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"}
     for preset in ("smoke", "seed"):
         assert {c.recipe for c in select(preset)} == {"none"}, preset
 

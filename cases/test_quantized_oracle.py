@@ -232,3 +232,51 @@ def test_block_recipes_quantize_each_gemm_along_its_k():
     bw = quantized.for_recipe("blockwise")
     assert torch.equal(bw.weight(0, 0, t, False), bw.weight(0, 0, t, True))
     assert quantized.for_recipe("current").scale_u == quantized.SCALE_U
+
+
+@pytest.mark.parametrize("rule", ["mxfp8", "block"])
+def test_block_quantization_of_an_empty_group(rule):
+    """A group that routes no row to a rank's microbatch (GroupedLinear) quantizes to nothing
+    along either axis, and its interval form too."""
+    from harness.reference import _fp8
+
+    fmt = quantized.FORMATS["e4m3"]
+    for shape in ((0, 32), (32, 0)):
+        t = torch.zeros(shape, dtype=torch.float64)
+        for axis in (0, 1):
+            assert quantized.blocked(t, axis, 32, fmt, rule, torch.bfloat16).shape == shape
+            assert quantized.blocked_box(t, t, axis, 32, fmt, rule, torch.bfloat16)[1].shape == shape
+            assert _fp8.block_quantized(t.float(), "mxfp8" if rule == "mxfp8" else "1d", axis, "e4m3",
+                                        torch.bfloat16).shape == shape
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise"])
+def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recipe):
+    """LayerNormLinear's normalized rows under a block recipe: the normalization in fp32,
+    rounded to the cell's dtype or not, quantized in blocks along the features (forward) and
+    along the rows (wgrad), each lands within the oracle's centre +- slack of that direction;
+    the unquantized rows do not."""
+    from harness.rank import oracle
+    from harness.rank.inputs import make_inputs
+    from harness.reference import _fp8, _norm
+    from harness.shape import Example
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    rule = "mxfp8" if recipe == "mxfp8" else "1d"
+    for seed in range(4):
+        inputs = make_inputs(seed, Example(64, 32, 64), dtype, 1, 1, 1, True, norm=norm, unit=32)
+        gi = oracle.gemm_inputs(inputs, recipe)
+        centre, _, _ = gi(0, 0)
+        slack = gi.slack(0, 0)
+        _, centre_w, _, slack_w = gi.wgrad(0, 0)
+        n = inputs.norm
+        x = inputs.x[0][0]
+        h32 = _norm.forward(x.float(), n.gamma, n.beta, _norm.NormCall(None, n.kind, n.zero_centered, n.eps))
+        for h in (h32.to(torch_dtype).float(), h32):
+            for axis, c, s in ((1, centre, slack), (0, centre_w, slack_w)):
+                q = _fp8.block_quantized(h, rule, axis, "e4m3", torch_dtype).to(torch.float64)
+                assert bool(((q - c).abs() <= s).all()), (seed, recipe, dtype, axis)
+        unquantized = oracle._normalize(x.to(torch.float64), n).h
+        assert bool(((unquantized - centre).abs() > slack).any())

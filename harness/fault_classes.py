@@ -69,6 +69,8 @@ class FaultClass:
 
 #: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
 _FP8_MODULES = tuple(m for m in recipes.MODELLED["current"] if m in recipes.MODELLED["delayed"])
+#: the module values the oracle judges under MXFP8 (the MXFP8 mutant's cells)
+_MXFP8_MODULES = recipes.MODELLED["mxfp8"]
 
 _ALL = (
     FaultClass("hooks-strip-subclass",
@@ -195,11 +197,15 @@ _ALL = (
     FaultClass("fp8-dgrad-weight-unquantized",
                "a distributed weight's dgrad multiplies the re-gathered high-precision weight: "
                "the backward re-quantization is missing",
-               modules=_FP8_MODULES, recipes=("current", "delayed"), evidence=("check:mb*.input_grad",)),
+               modules=_FP8_MODULES, recipes=recipes.QUANTIZED, evidence=("check:mb*.input_grad",)),
     FaultClass("fp8-dgrad-weight-requantized",
                "delayed scaling: a distributed weight's dgrad re-quantizes the re-gathered weight "
                "with the scale updated after the forward, not the forward's",
                modules=_FP8_MODULES, recipes=("delayed",), evidence=("check:mb*.input_grad",)),
+    FaultClass("mxfp8-scale-rounded-down",
+               "MXFP8: the weight's E8M0 block scale is rounded down from amax / 448, not up, so "
+               "a block's largest elements saturate",
+               modules=_MXFP8_MODULES, recipes=("mxfp8",), evidence=("check:mb*.output",)),
 )
 CATALOG: dict[str, FaultClass] = {f.name: f for f in _ALL}
 

@@ -76,8 +76,8 @@ MODELLED: dict[str, tuple[str, ...]] = {
     # the grouped-tensor paths take no recipe (harness.matrix's constraints)
     "current": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
     "delayed": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
-    "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear"),
-    "blockwise": ("linear", "grouped_linear", "ops_grouped_linear"),
+    "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "blockwise": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
 }
 
 

@@ -137,6 +137,7 @@ class _GemmInputs:
         self.quant = quant or quantized.Quantizer()
         self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, _Normalized | None]] = {}
         self._slack: dict[tuple[int, int], torch.Tensor] = {}
+        self._bounds: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._dy: dict[tuple[int, int], torch.Tensor] = {}
         self._wgrad: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
@@ -148,16 +149,22 @@ class _GemmInputs:
                 self._done[r, m] = x, x.abs(), None
             elif self.quant.quantized:
                 normed = _normalize(x, self.inputs.norm)
-                lo, hi = _normalized_bounds(x, normed, self.inputs.dtype, self.quant.norm_rounded)
-                centre, slack = torch.zeros_like(x), torch.zeros_like(x)
-                for g, rows in enumerate(group_rows(self.inputs.splits[r][m])):
-                    centre[rows], slack[rows] = self.quant.x_box(r, m, g, lo[rows], hi[rows])
+                self._bounds[r, m] = _normalized_bounds(x, normed, self.inputs.dtype, self.quant.norm_rounded)
+                centre, slack = self._boxed(self.quant.x_box, r, m)
                 self._done[r, m] = centre, centre.abs() + slack, normed
                 self._slack[r, m] = slack
             else:
                 normed = _normalize(x, self.inputs.norm)
                 self._done[r, m] = normed.h, normed.magnitude, normed
         return self._done[r, m]
+
+    def _boxed(self, box, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalized rows' centre and half-width as ``box`` quantizes each group's rows."""
+        lo, hi = self._bounds[r, m]
+        centre, slack = torch.zeros_like(lo), torch.zeros_like(lo)
+        for g, rows in enumerate(group_rows(self.inputs.splits[r][m])):
+            centre[rows], slack[rows] = box(r, m, g, lo[rows], hi[rows])
+        return centre, slack
 
     def slack(self, r: int, m: int) -> torch.Tensor | None:
         """The half-width of (rank, microbatch)'s GEMM input (None: known exactly)."""
@@ -185,11 +192,13 @@ class _GemmInputs:
         if not self.quant.by_direction:
             return self.dy(r, m), x, x_mag, self.slack(r, m)
         if (r, m) not in self._wgrad:
-            if self.inputs.norm is not None:
-                raise NotImplementedError("a block recipe's wgrad of a normalized input is not modelled")
-            xw = self._per_group(self.quant.x_wgrad, r, m, self.inputs.x[r][m].to(F64))
             dyw = self._per_group(self.quant.dy_wgrad, r, m, self.inputs.dy[r][m].to(F64))
-            self._wgrad[r, m] = dyw, xw, xw.abs(), None
+            if self.inputs.norm is not None:  # the normalized rows' bounds, blocked along the rows
+                xw, slack = self._boxed(self.quant.x_box_wgrad, r, m)
+                self._wgrad[r, m] = dyw, xw, xw.abs() + slack, slack
+            else:
+                xw = self._per_group(self.quant.x_wgrad, r, m, self.inputs.x[r][m].to(F64))
+                self._wgrad[r, m] = dyw, xw, xw.abs(), None
         return self._wgrad[r, m]
 
     def _per_group(self, fn, r: int, m: int, t: torch.Tensor) -> torch.Tensor:

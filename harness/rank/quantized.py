@@ -94,15 +94,15 @@ def amax_bounds(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
     return _amax(least), _amax(torch.maximum(lo.abs(), hi.abs()))
 
 
-def dequantized_box(lo: torch.Tensor, hi: torch.Tensor, scales: tuple[float, float],
+def dequantized_box(lo: torch.Tensor, hi: torch.Tensor, scales: tuple[float, float] | tuple[torch.Tensor, torch.Tensor],
                     fmt: Fp8) -> tuple[torch.Tensor, torch.Tensor]:
     """The centre and half-width of every value the quantize-dequantize of an element in
-    ``[lo, hi]`` under any scale in ``scales`` (smallest, largest) can give. The cast is
-    monotone in ``x * scale``, so the codes are extremal at the box's corners; so is
-    ``code * scale_inv``."""
+    ``[lo, hi]`` under any scale in ``scales`` (smallest, largest; numbers, or per-element
+    power-of-two tensors: a block recipe's) can give. The cast is monotone in ``x * scale``,
+    so the codes are extremal at the box's corners; so is ``code * scale_inv``."""
     codes = [cast(t, s, fmt) for t in (lo, hi) for s in scales]
     cmin, cmax = torch.stack(codes).min(0).values, torch.stack(codes).max(0).values
-    invs = [_fp32(1.0 / _fp32(s)) for s in scales]
+    invs = [1.0 / s if isinstance(s, torch.Tensor) else _fp32(1.0 / _fp32(s)) for s in scales]
     vals = [c * inv for c in (cmin, cmax) for inv in invs]
     vmin, vmax = torch.stack(vals).min(0).values, torch.stack(vals).max(0).values
     return (vmin + vmax) / 2, (vmax - vmin) / 2
@@ -143,6 +143,11 @@ class Quantizer:
 
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return t
+
+    def x_box_wgrad(self, r: int, m: int, g: int, lo: torch.Tensor,
+                    hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """An interval input as the wgrad GEMM reads it (a block recipe: along the rows)."""
+        return self.x_box(r, m, g, lo, hi)
 
     def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         """The input as the wgrad GEMM reads it (a block recipe blocks it along the rows)."""
@@ -306,19 +311,44 @@ def block_scale(amax: torch.Tensor, fmt: Fp8, input_dtype: torch.dtype) -> torch
     return torch.where(usable, _pow2_down(torch.where(usable, s, torch.ones_like(s))), torch.ones_like(s))
 
 
+def _blocks_of(t: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """``t`` (2-D, float64) as ``[..., blocks, size]`` along ``axis``, zero-padded."""
+    v = t.movedim(axis, -1)
+    nb = -(-v.shape[-1] // size)
+    return torch.nn.functional.pad(v.to(F64), (0, nb * size - v.shape[-1])).reshape(*v.shape[:-1], nb, size)
+
+
+def _unblock(blocks: torch.Tensor, like: torch.Tensor, axis: int) -> torch.Tensor:
+    v = like.movedim(axis, -1)
+    return blocks.reshape(*v.shape[:-1], blocks.shape[-2] * blocks.shape[-1])[..., :v.shape[-1]].movedim(-1, axis)
+
+
+def _rule_scale(amax: torch.Tensor, fmt: Fp8, rule: str, dtype: torch.dtype) -> torch.Tensor:
+    return 1.0 / mxfp8_scale_inv(amax, fmt) if rule == "mxfp8" else block_scale(amax, fmt, dtype)
+
+
+def blocked_box(lo: torch.Tensor, hi: torch.Tensor, axis: int, size: int, fmt: Fp8, rule: str,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The centre and half-width of what :func:`blocked` can give for a tensor known only
+    within ``[lo, hi]``: each block's scale from the smallest or the largest amax the block
+    can have (:func:`amax_bounds`, per block), every element at either end."""
+    blo, bhi = _blocks_of(lo, axis, size), _blocks_of(hi, axis, size)
+    least = torch.where(blo * bhi > 0, torch.minimum(blo.abs(), bhi.abs()), torch.zeros_like(blo))
+    most = torch.maximum(blo.abs(), bhi.abs())
+    scales = tuple(_rule_scale(_block_amax(a, (-1,)), fmt, rule, dtype).unsqueeze(-1).expand_as(blo)
+                   for a in (most, least))
+    centre, half = dequantized_box(blo, bhi, scales, fmt)  # type: ignore[arg-type]
+    return _unblock(centre, lo, axis), _unblock(half, lo, axis)
+
+
 def blocked(t: torch.Tensor, axis: int, size: int, fmt: Fp8, rule: str, dtype: torch.dtype) -> torch.Tensor:
     """``t`` (2-D) quantize-dequantized in blocks of ``size`` consecutive elements along
     ``axis`` (the GEMM's K; the last block may be short), each block with its own scale:
     ``rule`` ``"mxfp8"`` (:func:`mxfp8_scale_inv`) or ``"block"`` (:func:`block_scale`;
     ``dtype`` is the tensor's before quantization, the cell's). Every scale is a power of two: exact, so only the FP8 cast rounds."""
-    v = t.movedim(axis, -1)
-    n = v.shape[-1]
-    nb = -(-n // size)
-    padded = torch.nn.functional.pad(v.to(F64), (0, nb * size - n)).reshape(*v.shape[:-1], nb, size)
-    amax = _block_amax(padded, (-1,))
-    scale = 1.0 / mxfp8_scale_inv(amax, fmt) if rule == "mxfp8" else block_scale(amax, fmt, dtype)
-    out = cast(padded, scale.unsqueeze(-1), fmt) / scale.unsqueeze(-1)
-    return out.reshape(*v.shape[:-1], nb * size)[..., :n].movedim(-1, axis)
+    padded = _blocks_of(t, axis, size)
+    scale = _rule_scale(_block_amax(padded, (-1,)), fmt, rule, dtype).unsqueeze(-1)
+    return _unblock(cast(padded, scale, fmt) / scale, t, axis)
 
 
 def tiled(t: torch.Tensor, size: int, fmt: Fp8, dtype: torch.dtype) -> torch.Tensor:
@@ -367,6 +397,14 @@ class BlockScaling(Quantizer):
     def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self._along(t, 0)
 
+    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return blocked_box(lo, hi, 1, self.size, self.fmt, self.rule, self.dtype)
+
+    def x_box_wgrad(self, r: int, m: int, g: int, lo: torch.Tensor,
+                    hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return blocked_box(lo, hi, 0, self.size, self.fmt, self.rule, self.dtype)
+
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self._along(t, 1)
 
@@ -394,6 +432,10 @@ class UnquantizedDgradWeight(Quantizer):
 
     def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self.base.x_wgrad(r, m, g, t)
+
+    def x_box_wgrad(self, r: int, m: int, g: int, lo: torch.Tensor,
+                    hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.x_box_wgrad(r, m, g, lo, hi)
 
     def dy_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self.base.dy_wgrad(r, m, g, t)

@@ -437,6 +437,26 @@ class _Fp8DgradWeightRequantized:
         return _fp8.quantize(gemm_weight, slot.next_scale(gemm_weight), slot.fmt, slot.kind)  # Fault
 
 
+def _mxfp8_rounded_down(w: torch.Tensor) -> torch.Tensor:
+    """``w`` (``[out, in]``) in MXFP8 blocks of 32 along ``in`` with each E8M0 scale-inverse
+    the power of two *at most* ``amax / 448`` (the recipe rounds it up): the block's largest
+    elements exceed E4M3's range and saturate."""
+    blocks = w.detach().float().reshape(w.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True).clamp_min(2.0**-126)
+    inv = torch.ldexp(torch.ones_like(amax), torch.floor(torch.log2(amax / 448.0)).to(torch.int32))
+    vals = (blocks / inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * inv
+    return vals.reshape(w.shape)
+
+
+class _Mxfp8ScaleRoundedDown:
+    """MXFP8: the weight's block scales rounded down, not up (its largest elements saturate)."""
+
+    def fp8_weight_forward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
+        if call.fp8.state.kind != "mxfp8":
+            return super().fp8_weight_forward(call, i, weight, gemm_weight)
+        return _fp8.Quantized(_mxfp8_rounded_down(gemm_weight), 1.0, gemm_weight.dtype, "mxfp8")  # Fault
+
+
 #: the fault class -> the mixin planting it (``hooks-strip-subclass`` is the pre-fix backend itself)
 IMPLEMENTATIONS: dict[str, type] = {
     "wgrad-compute-dtype": _WgradComputeDtype,
@@ -466,6 +486,7 @@ IMPLEMENTATIONS: dict[str, type] = {
     "fp8-e4m3-gradient": _Fp8E4m3Gradient,
     "fp8-dgrad-weight-unquantized": _Fp8DgradWeightUnquantized,
     "fp8-dgrad-weight-requantized": _Fp8DgradWeightRequantized,
+    "mxfp8-scale-rounded-down": _Mxfp8ScaleRoundedDown,
 }
 
 
