@@ -522,7 +522,7 @@ def test_megatron_ci_size():
     hooked no-input-gradient and delayed-wgrad interactions (n) and (d)."""
     ci = select("ci", {"weight": ["megatron"]})
     assert {c.world_size for c in ci} == {2, 4}
-    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 100
+    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 120
 
 
 def test_seed_preset_is_the_production_combination():
@@ -571,7 +571,7 @@ def test_ci_recipe_cells_are_all_pairs_on_the_judged_modules():
     ci = select("ci")
     assert_recipe_pairs(ci, DEFAULTS)
     lowp = [c for c in ci if c.recipe != "none"]
-    assert 60 <= len(lowp) <= 240
+    assert 60 <= len(lowp) <= 260
     for r in ("current", "delayed", "mxfp8", "blockwise"):
         for m in recipes.MODELLED[r]:
             assert any(c.recipe == r and c.module == m and c.weight == "distributed" and c.hooks == "off"
