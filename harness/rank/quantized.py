@@ -14,6 +14,10 @@ scale_inv`` with ``scale_inv = fp32(1 / scale)``.
 
 - ``current`` (``Float8CurrentScaling``): ``scale = fp32(fp8_max / amax)`` from the tensor's
   own amax (amax 0, inf or NaN: scale 1; an infinite scale: fp32's max).
+- ``delayed`` (``DelayedScaling``): :class:`DelayedScaling`.
+- ``mxfp8`` and ``blockwise`` (``MXFP8BlockScaling``, ``Float8BlockScaling``): every block of
+  an operand along its GEMM's K has a power-of-two scale of its own, so each GEMM reads its
+  own quantization of a tensor (:class:`BlockScaling`).
 
 The module is the float64 twin of te-cpu's kernels (``harness/te_cpu/quant/``, which a rank
 may not import: te-cpu is one backend among others); ``cases/test_quantized_oracle.py``
