@@ -463,15 +463,15 @@ def test_a_recipe_cell_that_never_quantizes_is_red():
     import types
 
     import harness.reference as ref
-    from harness import matrix
+    from harness import matrix, recipes
     from harness.rank.runner import RankContext, run_cell
 
     hollow = types.ModuleType("hollow_autocast")
     hollow.__dict__.update({k: getattr(ref, k) for k in ref.__all__})
     hollow.autocast = lambda **kw: contextlib.nullcontext()
     ws1 = [c for c in matrix.select("ci") if c.world_size == 1 and c.expect == "pass"]
-    cells = [c for r in ("current", "delayed") for c in [c for c in ws1 if c.recipe == r][:3]]
-    assert len(cells) == 6
+    cells = [c for r in recipes.QUANTIZED for c in [c for c in ws1 if c.recipe == r][:3]]
+    assert len(cells) == 3 * len(recipes.QUANTIZED) == 12
     for c in cells:
         assert run_cell(ref, c, RankContext()).status == "pass", c.id
         failed = {k.name for k in run_cell(hollow, c, RankContext()).comparisons if not k.ok}

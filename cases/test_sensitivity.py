@@ -13,7 +13,7 @@ import json
 import pytest
 
 import harness.reference as reference
-from harness import cli, matrix, sensitivity
+from harness import cli, matrix, recipes, sensitivity
 from harness.record import Check, CellResult, RankResult, RunRecord, kind_ratios, tensor_kind
 from harness.reference import perturb
 from harness.rank.runner import RankContext, run_cell
@@ -124,7 +124,7 @@ def test_hooked_cells_only_where_no_hooks_off_cell_has_the_kind_and_never_raisin
     assert ("none", "fp32", "input_grad") in search.cells_for
     # under a recipe: no bias_grad row (the bias gradient is the unquantized one)
     assert {k for k in search.cells_for if k[0] != "none"} == {
-        (r, d, k) for r in ("delayed", "current") for d in ("fp32", "bf16", "fp16")
+        (r, d, k) for r in recipes.QUANTIZED for d in ("fp32", "bf16", "fp16")
         for k in ("output", "input_grad", "weight_grad")}
 
 
