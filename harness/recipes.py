@@ -93,9 +93,4 @@ def judged(recipe: str, module: str) -> bool:
 
 def unmodelled(pairs: Iterable[tuple[str, str]]) -> list[str]:
     """The ``recipe/module`` pairs among ``(recipe, module)`` that the oracle cannot judge yet."""
-    out = []
-    for recipe, module in dict.fromkeys(pairs):
-        known = MODELLED.get(recipe)
-        if not judged(recipe, module):
-            out.append(f"{recipe}/{module}")
-    return out
+    return [f"{recipe}/{module}" for recipe, module in dict.fromkeys(pairs) if not judged(recipe, module)]
