@@ -31,12 +31,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import modules
+from harness import modules, weights
 
 REQUIRED = ("Linear", "GroupedLinear", "ops.GroupedLinear")
 #: what a backend exposes to run cells under a low-precision recipe: TE's ``autocast``
 #: (``harness.rank.lowp``); listed in ``BackendInfo.apis`` when present
 RECIPE_API = "autocast"
+#: what a backend exposes to build native quantized weights (weight ``megatron_fp8``), listed
+#: in ``BackendInfo.apis`` when present
+NATIVE_API = weights.NATIVE_API
 #: classes a backend may lack; cells of a module whose class is missing are refused before
 #: any launch (``harness.preflight.check_modules``)
 #: short names for backends that live in this repository (``--backend te-cpu``)
@@ -344,7 +347,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts, apis=[a for a in (*modules.APIS, RECIPE_API) if has_api(backend, a)],
+                       extra=facts, apis=[a for a in (*modules.APIS, RECIPE_API, NATIVE_API) if has_api(backend, a)],
                        torch=torch_facts())
 
 

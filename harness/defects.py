@@ -65,6 +65,11 @@ _MODELS = (
           "the cell's dtype, beside the quantized output gradient (no re-quantization of the re-gathered "
           "weight); a normalization's parameter gradients follow from that input gradient",
           ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
+    Model("native_local_scale",
+          "the all-gathered native FP8 weight carries this rank's shard's scale-inverse for every "
+          "shard: each shard's codes (quantized with its own current scale) are multiplied by the "
+          "local one",
+          ("mb*.output", "mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
     Model("fp8_bias_unrounded",
           "under a recipe an fp32 layer's forward bias is added in fp32 to the quantized GEMM's "
           "result, not rounded to bf16 first (TE's Linear rounds it: cuBLAS takes no fp32 bias in "

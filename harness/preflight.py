@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from harness import modules, recipes
+from harness import modules, recipes, weights
 from harness.launcher import warm
-from harness.backends import RECIPE_API, BackendInfo, probe_backend
+from harness.backends import NATIVE_API, RECIPE_API, BackendInfo, probe_backend
 from harness.exitcodes import UsageError
 
 
@@ -101,9 +101,23 @@ def check_recipes(info: BackendInfo, selected: Iterable[str]) -> None:
                          f"{', '.join(quantized)}; select --recipes none or another backend")
 
 
+def check_native(info: BackendInfo, selected: Iterable[str]) -> None:
+    """A backend that runs a selected native weight (``megatron_fp8``) exposes TE's
+    ``quantized_model_init``, under which the weights are born quantized.
+
+    Raises:
+        UsageError: naming the weights and the way out.
+    """
+    native = [w for w in weights.NAMES if w in set(selected) and weights.KINDS[w].native]
+    if native and info.apis is not None and NATIVE_API not in info.apis:
+        raise UsageError(f"backend {info.spec!r} has no {NATIVE_API}: it cannot build the native "
+                         f"quantized weights of {', '.join(native)}; select --backend te-cpu (TE's own "
+                         f"modules) or other weights")
+
+
 def check_run(backend: str, device: str, world_sizes: Iterable[int],
               selected_modules: Iterable[str] = (), keep_warm: bool = False,
-              selected_recipes: Iterable[str] = ()) -> tuple[BackendInfo, str]:
+              selected_recipes: Iterable[str] = (), selected_weights: Iterable[str] = ()) -> tuple[BackendInfo, str]:
     """Everything the parent can check before a launch: the backend, its module classes,
     then the device (``keep_warm``: as for ``check_backend``).
 
@@ -113,6 +127,7 @@ def check_run(backend: str, device: str, world_sizes: Iterable[int],
     info = check_backend(backend, keep_warm)
     check_modules(info, selected_modules)
     check_recipes(info, selected_recipes)
+    check_native(info, selected_weights)
     device = settle_device(info, device)
     check_device(device, world_sizes, info.torch)
     return info, device

@@ -134,9 +134,9 @@ def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:
         UsageError: some world size would leave a rank with only padding rows where the
             weight does not allow it.
     """
-    for weight, ws in sorted({(c.weight, c.world_size) for c in cells if c.distributed}):
+    for weight, ws, recipe in sorted({(c.weight, c.world_size, c.recipe) for c in cells if c.distributed}):
         try:
-            weights.shard_rows(out_features, ws, weights.KINDS[weight].pad_multiple)
+            weights.shard_rows(out_features, ws, weights.pad_multiple(weight, recipe))
         except ValueError as exc:
             raise UsageError(f"weight {weight}: {exc}; choose smaller world sizes") from exc
 

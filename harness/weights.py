@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Behaviour", "WeightKind", "KINDS", "NAMES", "DEFAULT_NAMES", "FULL_NAMES",
-           "shard_rows", "shardable", "unavailable", "megatron_missing", "megatron_gtp_source", "te_installed",
+           "shard_rows", "shardable", "pad_multiple", "unavailable", "NATIVE_RECIPES", "NATIVE_MODULES", "NATIVE_API", "megatron_missing", "megatron_gtp_source", "te_installed",
            "MEGATRON_PAD", "MEGATRON_VERSION"]
 
 #: Megatron-Core's ``GTP_CONFIG.pad_for_alignment`` default: rows pad to a multiple of 16·N
@@ -99,6 +99,10 @@ class WeightKind:
             builds a GTP group of one (``wrap_module_params_gtp`` returns early), and its
             prefetch and asynchronous reduce-scatter read cache buffers that TE's
             collectives do not write at world size 1 (they return their input instead).
+        native: the shards are native quantized parameters (TE's ``quantized_model_init``:
+            each rank's shard quantized on its own under the cell's recipe) and the weight
+            all-gathers them quantized (Megatron's native-FP8 GTP path); only under a recipe
+            in ``NATIVE_RECIPES``.
     """
 
     name: str
@@ -107,6 +111,7 @@ class WeightKind:
     behaviour: Behaviour | None = None
     coverage: str = "full"
     min_world_size: int = 1
+    native: bool = False
 
     @property
     def distributed(self) -> bool:
@@ -166,10 +171,27 @@ _KINDS = (
                behaviour=_MCORE, coverage="hooks"),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
                "install megatron)", implementer="megatron", min_world_size=2),
+    WeightKind("megatron_fp8", "Megatron-Core 0.19.2's GTPShardedParam over native quantized shards "
+               "(TE's quantized_model_init), all-gathered quantized; needs a recipe",
+               implementer="megatron", min_world_size=2, native=True),
 )
 
 KINDS: dict[str, WeightKind] = {k.name: k for k in _KINDS}
 NAMES: tuple[str, ...] = tuple(KINDS)
+#: the recipes a native weight (``WeightKind.native``) is built for: MXFP8, the path Megatron's
+#: native GTP is written for (its padding strips MXFP8 and NVFP4 shards), and per-tensor
+#: current scaling, whose shards each carry their own scale. Not built: ``delayed`` (a native
+#: weight keeps the codes of its initial scale while the recipe's scale moves on; the oracle
+#: has no rule for that yet) and ``blockwise`` (Megatron cannot strip a padded block-scaled
+#: shard; docs/megatron.md)
+NATIVE_RECIPES: tuple[str, ...] = ("current", "mxfp8")
+#: the module values a native weight is built for: ops.GroupedLinear's op-fuser keeps its own
+#: view of a quantized weight, and its native cells are not understood yet (docs/megatron.md)
+NATIVE_MODULES: tuple[str, ...] = ("linear", "grouped_linear", "layernorm_linear", "rmsnorm_linear")
+#: what a backend exposes to build a native weight's module (TE's own ``quantized_model_init``)
+NATIVE_API = "quantized_model_init"
+#: Megatron's alignment per recipe (``configure_gtp_remat_from_recipe``): 32 rows under MXFP8
+MEGATRON_MXFP8_PAD = 32
 #: what a selection gets when it does not name weights: every value that needs nothing
 #: installed (Megatron's class is opted into with ``--weights megatron``)
 DEFAULT_NAMES: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.implementer != "megatron")
@@ -205,13 +227,23 @@ def shard_rows(rows: int, world_size: int, pad_multiple: int = 1) -> tuple[int, 
     return padded, per_rank
 
 
-def shardable(weight: str, rows: int, world_size: int) -> bool:
+def pad_multiple(weight: str, recipe: str = "none") -> int:
+    """The row alignment of a ``weight`` shard under ``recipe``: Megatron's follows the recipe
+    (``configure_gtp_remat_from_recipe``: 32 under MXFP8, else 16); the harness weight's is
+    its behaviour's."""
+    kind = KINDS[weight]
+    if kind.implementer == "megatron" and recipe == "mxfp8":
+        return MEGATRON_MXFP8_PAD
+    return kind.pad_multiple
+
+
+def shardable(weight: str, rows: int, world_size: int, recipe: str = "none") -> bool:
     """Whether a weight of kind ``weight`` can shard ``rows`` over ``world_size`` ranks."""
     kind = KINDS[weight]
     if not kind.distributed:
         return True
     try:
-        shard_rows(rows, world_size, kind.pad_multiple)
+        shard_rows(rows, world_size, pad_multiple(weight, recipe))
         return True
     except ValueError:
         return False
@@ -268,6 +300,6 @@ def unavailable(names: set[str] | list[str] | tuple[str, ...]) -> str | None:
     if any(KINDS[n].implementer == "megatron" for n in names):
         why = megatron_missing()
         if why is not None:
-            return (f"weight 'megatron' needs Megatron-Core's GTP weight: {why} "
+            return (f"weight {'/'.join(n for n in NAMES if n in names and KINDS[n].implementer == 'megatron')} needs Megatron-Core's GTP weight: {why} "
                     f"(run `python -m harness install megatron`)")
     return None

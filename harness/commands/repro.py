@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     _options.check_timeout(args.cell_timeout)
     selection.check_recipes([cell])
     info, args.device = preflight.check_run(args.backend, args.device, [cell.world_size], [cell.module],
-                                            keep_warm=True, selected_recipes=[cell.recipe])
+                                            keep_warm=True, selected_recipes=[cell.recipe],
+                                            selected_weights=[cell.weight])
     ledger = _options.ledger_for(args.ledger, info)
     selection.check_shardable([cell], (example or Example().serialize())["out_features"])
     run_dir = _options.run_dir(args, prefix="repro").resolve()

@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     selection.check_recipes(cells)  # before the backend's probe: bad input first, cheaply
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},
                                             {c.module for c in cells}, keep_warm=True,
-                                            selected_recipes={c.recipe for c in cells})
+                                            selected_recipes={c.recipe for c in cells},
+                                            selected_weights={c.weight for c in cells})
     selection.check_shardable(cells, Example().out_features)
     if args.resume:
         _check_same_code(args.resume, args.backend, info)

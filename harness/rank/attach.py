@@ -86,20 +86,23 @@ class ChainHead:
         self.leader.finalize_group_grads(wgrads[0] if len(wgrads) == 1 else wgrads)
 
 
-def _maker(kind: weights.WeightKind, group: Any) -> Maker:
+def _maker(kind: weights.WeightKind, group: Any, values: list[torch.Tensor] | None) -> Maker:
+    """How a module gets the weight of ``kind``; ``values``: native shards quantized from them."""
     if kind.implementer == "megatron":
         from harness.rank import megatron_gtp
 
         if group is None and not dist.is_initialized():
             raise ValueError("Megatron's GTP weight needs a process group (torch.distributed "
                              "is not initialized)")
-        megatron_gtp.reset_state()
         pg = group if group is not None else dist.group.WORLD
+        if values is not None:
+            return lambda m: megatron_gtp.inject_native(m, pg, values)
         return lambda m: megatron_gtp.inject(m, pg)
     return lambda m: gtp.inject_gtp(m, group=group, behaviour=kind.behaviour)
 
 
-def attach_weight(module: torch.nn.Module, weight: str, group: Any = None) -> ShardedGroup | None:
+def attach_weight(module: torch.nn.Module, weight: str, group: Any = None, recipe: str = "none",
+                  values: list[torch.Tensor] | None = None) -> ShardedGroup | None:
     """Give ``module`` the cell's weights; None for ``plain``.
 
     Every rank must hold the same full weights when this is called. Starts a new model for
@@ -109,6 +112,10 @@ def attach_weight(module: torch.nn.Module, weight: str, group: Any = None) -> Sh
         module: any backend's module, loaded with the full weights.
         weight: the cell's ``weight`` axis value.
         group: the GTP process group (None: the world).
+        recipe: the cell's recipe (Megatron's row alignment follows it).
+        values: the full weights in high precision: a native weight quantizes each shard
+            from them (a module built under ``quantized_model_init`` holds them quantized
+            whole, which is not what a shard's own quantization gives).
 
     Raises:
         ValueError: the world size cannot shard the weights, or the module has none.
@@ -117,8 +124,13 @@ def attach_weight(module: torch.nn.Module, weight: str, group: Any = None) -> Sh
     if not kind.distributed:
         return None
     gtp.reset_chain()
-    make = _maker(kind, group)
+    if kind.implementer == "megatron":
+        from harness.rank import megatron_gtp
+
+        megatron_gtp.reset_state(weights.pad_multiple(kind.name, recipe))
+    if kind.native and values is None:
+        raise ValueError("a native weight quantizes each shard from the full weights' values: pass values")
     names = gtp.weight_names(module)
-    if kind.chained and names:
-        ChainHead(module, getattr(module, names[0]), make)
-    return make(module)
+    if kind.chained and names:  # the previous layer's weight: high precision (a BF16 GTP weight)
+        ChainHead(module, getattr(module, names[0]), _maker(kind, group, None))
+    return _maker(kind, group, values if kind.native else None)(module)

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from harness import recipes
+from harness.weights import NATIVE_API
 
-__all__ = ["RecipeUnsupported", "present", "under_recipe", "describe", "scales_after"]
+__all__ = ["RecipeUnsupported", "present", "under_recipe", "native_parameters", "describe", "scales_after"]
 
 
 class RecipeUnsupported(RuntimeError):
@@ -90,6 +91,22 @@ def under_recipe(backend: ModuleType, recipe: str, group: Any = None) -> Wrap:
         return quantized_call
 
     return wrap
+
+
+def native_parameters(backend: ModuleType, recipe: str) -> Any:
+    """``with native_parameters(backend, recipe): build the module``: its weights are born
+    quantized (TE's ``quantized_model_init`` under a fresh recipe object), as a model built
+    for Megatron's native-FP8 GTP path has them (weight ``megatron_fp8``).
+
+    Raises:
+        RecipeUnsupported: the backend has no ``quantized_model_init`` (the CLI refuses such a
+            selection before a launch: ``harness.preflight.check_native``).
+    """
+    init = getattr(backend, NATIVE_API, None)
+    if not callable(init):
+        raise RecipeUnsupported(f"backend {getattr(backend, '__name__', backend)!r} has no {NATIVE_API}: "
+                                f"it cannot build native quantized weights")
+    return init(enabled=True, recipe=recipe_object(backend, recipe))
 
 
 def scales_after(module: torch.nn.Module) -> dict[str, list[float]] | None:

@@ -38,7 +38,7 @@ import torch
 from harness import weights
 from harness.rank.gtp import CallLog, weight_names
 
-__all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "reset_state", "GTP_MODULE"]
+__all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "inject_native", "reset_state", "GTP_MODULE"]
 
 GTP_MODULE = "megatron.core.tensor_parallel.generalized_tensor_parallelism"
 _PARENTS = ("megatron", "megatron.core", "megatron.core.tensor_parallel")
@@ -102,12 +102,14 @@ def load() -> types.ModuleType:
     return gtp
 
 
-def reset_state() -> None:
+def reset_state(pad_for_alignment: int = 16) -> None:
     """Start a new model: Megatron's ``reset_gtp_state()`` (prefetch chains, buffer parity)
     plus the process-global registries a fresh process would have empty - the buffer cache,
     the wgrad pool, the in-flight set and the parameter list (which would keep every earlier
-    cell's weights alive)."""
+    cell's weights alive) - and Megatron's row alignment for the cell's recipe (what
+    ``configure_gtp_remat_from_recipe`` sets before a model is built: 32 under MXFP8, else 16)."""
     gtp = load()
+    gtp.update_gtp_config(pad_for_alignment=pad_for_alignment)
     gtp.reset_gtp_state()
     gtp._GTP_CACHE = None
     gtp._GTP_PARAMS.clear()
@@ -182,6 +184,60 @@ def _declared_weight_names(module: torch.nn.Module, names: list[str]) -> Iterato
             del module.__dict__["weight_names"]
 
 
+def _native_shard(weight: torch.Tensor, shard: torch.Tensor) -> torch.nn.Parameter:
+    """``shard`` (high precision) quantized as TE's ``quantized_model_init`` quantizes a
+    parameter it builds (``TransformerEngineBaseModule.reset_parameters``: the weight's
+    quantizer, row-wise and column-wise usage, ``internal=False``), as a parameter carrying
+    ``weight``'s attributes - as though TE had built the module shard-sized, which is how
+    Megatron builds a native-FP8 GTP model."""
+    quantizer = getattr(weight, "_quantizer", None)
+    if quantizer is None:
+        raise ValueError(f"{type(weight).__name__} is no native quantized weight (build the module "
+                         f"under quantized_model_init)")
+    quantizer = quantizer.copy()
+    quantizer.set_usage(rowwise=True, columnwise=True)
+    quantizer.internal = False
+    with torch.no_grad():
+        param = torch.nn.Parameter(quantizer(shard.to(weight.dtype)), requires_grad=weight.requires_grad)
+    for name, value in vars(weight).items():  # TE's tensor-parallel attributes and the like
+        if not name.startswith("_") and not hasattr(param, name):
+            setattr(param, name, value)
+    return param
+
+
+def inject_native(module: torch.nn.Module, group: Any, values: list[torch.Tensor]) -> MegatronGroup:
+    """``inject`` for a module built under ``quantized_model_init`` (weight ``megatron_fp8``):
+    each rank's shard is quantized on its own from ``values`` (the full weights in high
+    precision, padded as Megatron pads), then ``attach_gtp_to_presharded_module`` reclasses
+    the quantized shards in place (``_gtp_reclass_native_fp8_shard``) - Megatron's native-FP8
+    GTP path, whose all-gather moves the quantized data and scales.
+
+    Raises:
+        ValueError: the module has no weights, or they are not native quantized weights.
+    """
+    gtp = load()
+    names = weight_names(module)
+    if not names:
+        raise ValueError(f"{type(module).__name__} has no weight parameters to shard")
+    rows = values[0].shape[0]
+    shard_rows, pad_length = gtp.gtp_remat_shard_dim0(rows, group)
+    rank = group.rank()
+    for name, value in zip(names, values):
+        padded = torch.nn.functional.pad(value.detach(), (0, 0, 0, pad_length))
+        shard = padded[rank * shard_rows:(rank + 1) * shard_rows].contiguous()
+        module._parameters[name] = _native_shard(getattr(module, name), shard)  # keeps its place
+    return _attach(gtp, module, group, names, shard_rows, pad_length)
+
+
+def _attach(gtp: types.ModuleType, module: torch.nn.Module, group: Any, names: list[str],
+            shard_rows: int, pad_length: int) -> MegatronGroup:
+    with _declared_weight_names(module, names):
+        gtp.attach_gtp_to_presharded_module(module, group, pad_length, is_grouped=names != ["weight"])
+    gtp.tag_gtp_params_with_names(module)  # _debug_name, as Megatron's set-up tags a built model
+    members = [getattr(module, n) for n in names]
+    return MegatronGroup(members, shard_rows * group.size(), shard_rows)
+
+
 def inject(module: torch.nn.Module, group: Any) -> MegatronGroup:
     """Replace ``module``'s weights by Megatron ``GTPShardedParam`` shards over ``group``.
 
@@ -204,8 +260,4 @@ def inject(module: torch.nn.Module, group: Any) -> MegatronGroup:
         # tensor-parallel ones Megatron copies): as if TE had built it shard-sized
         padded = torch.nn.functional.pad(w.detach(), (0, 0, 0, pad_length))
         w.data = padded[rank * shard_rows:(rank + 1) * shard_rows].clone()
-    with _declared_weight_names(module, names):
-        gtp.attach_gtp_to_presharded_module(module, group, pad_length, is_grouped=names != ["weight"])
-    gtp.tag_gtp_params_with_names(module)  # _debug_name, as Megatron's set-up tags a built model
-    members = [getattr(module, n) for n in names]
-    return MegatronGroup(members, shard_rows * group.size(), shard_rows)
+    return _attach(gtp, module, group, names, shard_rows, pad_length)

@@ -51,6 +51,10 @@ SITES: tuple[Site, ...] = (
                                            "GTPShardedParam._reduce_scatter (groups of N > 1) on gloo"),
     Site("distributed.all_gather_into_tensor", "TE gather_along_first_dim of a GTPShardedParam "
                                               "(requires grad) on gloo"),
+    Site("Quantizer.make_empty", "GTPWeightCache._allocate_buffer of a native quantized shard passes "
+                                 "device=torch.cuda.current_device(), an int: torch's CUDA index, which a "
+                                 "CPU torch cannot turn into a device; answered as cuda:<index>, which "
+                                 "harness.te_cpu maps to the CPU"),
 )
 
 
@@ -140,6 +144,26 @@ def _detaching_all_gather(original: Callable[..., Any]) -> Callable[..., Any]:
     return all_gather_into_tensor
 
 
+def _indexed_device(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def make_empty(self: Any, shape: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        if isinstance(device, int) and not isinstance(device, bool):
+            device = torch.device("cuda", device)  # what the index means on a GPU
+        return original(self, shape, *args, device=device, **kwargs)
+
+    make_empty.__harness_original__ = original  # type: ignore[attr-defined]
+    return make_empty
+
+
+def _te_quantizer() -> Any:
+    """TE's ``Quantizer`` base class, or None without TE (Megatron's GTP needs TE anyway)."""
+    try:
+        from transformer_engine.pytorch.quantized_tensor import Quantizer
+    except ImportError:
+        return None
+    return Quantizer
+
+
 _APPLIED: list[Site] = []
 
 
@@ -169,9 +193,14 @@ def apply() -> list[Site]:
         "distributed.all_gather_into_tensor": (dist, "all_gather_into_tensor",
                                                _detaching_all_gather(dist.all_gather_into_tensor)),
     }
+    quantizer = _te_quantizer()
+    if quantizer is not None and not hasattr(quantizer.make_empty, "__harness_original__"):
+        answers["Quantizer.make_empty"] = (quantizer, "make_empty", _indexed_device(quantizer.make_empty))
     for site in SITES:
+        if site.target not in answers:
+            continue
         owner, attr, replacement = answers[site.target]
-        if owner is dist or _torch_own(owner, attr):
+        if owner is dist or owner is quantizer or _torch_own(owner, attr):
             setattr(owner, attr, replacement)
             _APPLIED.append(site)
     try:

@@ -145,8 +145,9 @@ class Predictor:
     """A rank's defect models for one cell; computed only for the checks that fail."""
 
     def __init__(self, inputs: CellInputs, rank: int, tags: tuple[float, float], dtype: str,
-                 recipe: str = "none", distributed: bool = False) -> None:
+                 recipe: str = "none", distributed: bool = False, native_rows: int | None = None) -> None:
         self.inputs = inputs
+        self.native_rows = native_rows  #: a native weight's shard rows (weight megatron_fp8), or None
         self.recipe = recipe        #: the models apply to the operands as the recipe quantized them
         self.distributed = distributed
         self.rank = rank
@@ -233,14 +234,25 @@ class Predictor:
         return {"no_gradient": ratio_outside(actual, Interval(s, s), bound)}
 
     def output(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
-        """Microbatch ``mb``'s output of an fp32 cell with a bias under a recipe, under
-        ``fp8_bias_unrounded`` (the bias added in fp32, not rounded to bf16 first)."""
-        if self.recipe == "none" or self.inputs.dtype != torch.float32 or not self.inputs.biases:
+        """Microbatch ``mb``'s output under a recipe: of an fp32 cell with a bias under
+        ``fp8_bias_unrounded`` (the bias added in fp32, not rounded to bf16 first); of a
+        native weight under current scaling under ``native_local_scale``."""
+        views: dict[str, dict[str, Any]] = {}
+        if self.recipe != "none" and self.inputs.dtype == torch.float32 and self.inputs.biases:
+            views["fp8_bias_unrounded"] = {"fp8_bias_in_bf16": False, "native_rows": self.native_rows}
+        views.update({k: v for k, v in self._native_views().items()})
+        out: dict[str, float] = {}
+        for name, view in views.items():
+            ref = self._view(name, view).outputs[mb]
+            if isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(ref.value.shape):
+                out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
+        return out
+
+    def _native_views(self) -> dict[str, dict[str, Any]]:
+        """``native_local_scale`` for a native weight under per-tensor current scaling."""
+        if self.native_rows is None or self.recipe != "current":
             return {}
-        ref = oracle.compute(self.inputs, self.rank, self.tags, self.recipe, fp8_bias_in_bf16=False).outputs[mb]
-        if not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(ref.value.shape):
-            return {}
-        return {"fp8_bias_unrounded": ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))}
+        return {"native_local_scale": {"native_rows": self.native_rows, "native_local_scale": True}}
 
     def _dgrad_views(self) -> dict[str, dict[str, Any]]:
         """The models of the weight a dgrad multiplies, as ``oracle.compute`` arguments:
@@ -259,6 +271,10 @@ class Predictor:
             views["dgrad_weight_unquantized"] = {"unquantized_dgrad_weight": True}
             if self.recipe == "delayed":
                 views["dgrad_weight_requantized"] = {"distributed": True}
+        if self.native_rows is not None:
+            for view in views.values():
+                view.setdefault("native_rows", self.native_rows)
+        views.update(self._native_views())
         return views
 
     def _view(self, name: str, view: dict[str, Any]) -> oracle.RankOracle:

@@ -44,7 +44,7 @@ SCALE_U = 2 * 2.0**-24
 Bounds = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 __all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "BlockScaling", "UnquantizedDgradWeight",
-           "for_recipe"]
+           "for_recipe", "NativeShards"]
 
 
 @dataclass(frozen=True)
@@ -421,11 +421,8 @@ class BlockScaling(Quantizer):
         return self._along(t, 0 if backward else 1)
 
 
-class UnquantizedDgradWeight(Quantizer):
-    """``base`` with the input gradient multiplying the backward copy of the weight as it is,
-    in the cell's dtype, beside the quantized output gradient: a defect model's view (TE
-    2.20.2's ``GroupedLinear`` re-gathers a DistributedWeight and hands it to the dgrad GEMM
-    without the re-quantize ``Linear`` does), never the oracle's."""
+class _Delegating(Quantizer):
+    """``base`` with one rule changed by a subclass; everything else is ``base``'s."""
 
     quantized = True
 
@@ -455,7 +452,46 @@ class UnquantizedDgradWeight(Quantizer):
         return self.base.dy(r, m, g, t)
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+        return self.base.weight(m, g, t, backward)
+
+
+class UnquantizedDgradWeight(_Delegating):
+    """``base`` with the input gradient multiplying the backward copy of the weight as it is,
+    in the cell's dtype, beside the quantized output gradient: a defect model's view (TE
+    2.20.2's ``GroupedLinear`` re-gathers a DistributedWeight and hands it to the dgrad GEMM
+    without the re-quantize ``Linear`` does), never the oracle's."""
+
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return t if backward else self.base.weight(m, g, t, backward)
+
+
+class NativeShards(_Delegating):
+    """The weight of native quantized shards (weight ``megatron_fp8``): each rank's
+    ``shard_rows`` rows of the padded weight were quantized on their own when the parameter
+    was built (TE's ``quantized_model_init``), by ``base``'s weight rule, and the weight is
+    those shards' values side by side - what a correct all-gather of them gives. Per-tensor
+    current scaling: one scale per shard, from the shard's amax. MXFP8: the same values as
+    the whole weight's whenever a shard is a whole number of 32-row blocks (Megatron pads to
+    32 rows per rank)."""
+
+    def __init__(self, base: Quantizer, shard_rows: int, local: int | None = None) -> None:
+        super().__init__(base)
+        if shard_rows < 1:
+            raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+        if local is not None and not isinstance(base, CurrentScaling):
+            raise ValueError("a shard's local scale is modelled for per-tensor current scaling only")
+        self.shard_rows = shard_rows
+        self.local = local
+
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+        n = self.shard_rows
+        shards = [t[i:i + n] for i in range(0, t.shape[0], n)]
+        if self.local is None:
+            return torch.cat([self.base.weight(m, g, s, backward) for s in shards])
+        # defect model native_local_scale: every shard's codes times the local shard's scale-inverse
+        fmt = self.base.fwd
+        inv = _fp32(1.0 / _fp32(current_scale(shards[self.local], fmt))) if self.local < len(shards) else 1.0
+        return torch.cat([cast(s, current_scale(s, fmt), fmt) * inv for s in shards])
 
 
 def scale_u(recipe: str) -> float:
@@ -465,7 +501,19 @@ def scale_u(recipe: str) -> float:
 
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
-               distributed: bool = False, x_bounds: Bounds | None = None) -> Quantizer:
+               distributed: bool = False, x_bounds: Bounds | None = None,
+               native_rows: int | None = None, native_local: int | None = None) -> Quantizer:
+    """The cell's quantizer; ``native_rows``: the weight is native quantized shards of that
+    many rows each (:class:`NativeShards`; ``native_local``: a defect model's view, every
+    shard under that rank's scale). The rest: :func:`_for_recipe`."""
+    quant = _for_recipe(recipe, inputs, tags, distributed, x_bounds)
+    if native_rows is None or not quant.quantized:
+        return quant
+    return NativeShards(quant, native_rows, native_local)
+
+
+def _for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
+                distributed: bool = False, x_bounds: Bounds | None = None) -> Quantizer:
     """The cell's quantizer (``inputs``, ``tags``, ``distributed`` and ``x_bounds`` - the GEMM
     input's bounds per (rank, microbatch) when it is known only within them - : what delayed
     scaling's steps depend on; ``distributed`` models TE's re-quantized dgrad weight, a defect model's

@@ -62,6 +62,14 @@ def build_module(backend: ModuleType, cell: Cell, example: Example, device: torc
     dtype = DTYPES[cell.dtype]
     e = example
     cls = _backend_class(backend, kind.api)
+    if weights.KINDS[cell.weight].native:  # its weights born quantized, as Megatron's model under --fp8-param-gather
+        with lowp.native_parameters(backend, cell.recipe):
+            return _construct(cls, kind, cell, e, dtype, device)
+    return _construct(cls, kind, cell, e, dtype, device)
+
+
+def _construct(cls: Any, kind: modules.ModuleKind, cell: Cell, e: Example, dtype: torch.dtype,
+               device: torch.device) -> torch.nn.Module:
     if kind.ops:
         return cls(cell.num_gemms, e.in_features, e.out_features, bias=cell.bias, device=device,
                    dtype=dtype, accumulate_into_main_grad=cell.fused,
@@ -263,7 +271,7 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
             module = build_module(backend, cell, example, ctx.device)
         with _owned("harness", "set-up", cell):
             _load_full(module, inputs)
-            gtp = attach_weight(module, cell.weight, ctx.group)
+            gtp = attach_weight(module, cell.weight, ctx.group, cell.recipe, inputs.weights)
             sharded = set(weight_names(module)) if gtp else set()
             consumer = Consumer(cell.consumer, module, sharded, seed, ctx.rank, ctx.world_size, ctx.group)
         with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):
@@ -409,10 +417,11 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe)
+    native_rows = gtp.rows_per_rank if weights.KINDS[cell.weight].native and gtp is not None else None
+    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, native_rows=native_rows)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
-    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed)
+    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)

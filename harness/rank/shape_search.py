@@ -20,7 +20,7 @@ from harness.weights import shardable
 
 def strategy(cell: Cell) -> st.SearchStrategy[Example]:
     """Small shapes (including one-row and empty inputs) the cell's world size can shard."""
-    outs = [o for o in range(1, 49) if shardable(cell.weight, o, cell.world_size)]
+    outs = [o for o in range(1, 49) if shardable(cell.weight, o, cell.world_size, cell.recipe)]
     return st.builds(
         Example,
         in_features=st.integers(1, 40),

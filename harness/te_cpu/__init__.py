@@ -80,6 +80,8 @@ LayerNormLinear = _te.LayerNormLinear
 ops = _te.ops
 #: TE's own ``autocast``: a cell with a recipe runs its forward under it (``harness.rank.lowp``)
 autocast = _te.autocast
+#: TE's own ``quantized_model_init``: a native-weight cell builds its module under it
+quantized_model_init = _te.quantized_model_init
 TE_VERSION: str = TE_TREE.version if TE_TREE is not None else loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
 

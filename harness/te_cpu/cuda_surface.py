@@ -158,6 +158,15 @@ def _tensor_to_wrapper(to: Callable[..., torch.Tensor]) -> Callable[..., torch.T
     return tensor_to
 
 
+def _wrapper_subclass(make: Callable[..., torch.Tensor]) -> Any:
+    def make_wrapper_subclass(cls: type, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        return make(cls, *args, **kwargs)
+
+    return staticmethod(make_wrapper_subclass)
+
+
 def _answers() -> dict[str, tuple[Any, str, str]]:
     """target -> (replacement, answer, the TE 2.20.2 sites that reach it on these paths)."""
     device_arg = "a CUDA device argument -> CPU"
@@ -190,6 +199,10 @@ def _answers() -> dict[str, tuple[Any, str, str]]:
         "version.cuda": (CUDA_VERSION, CUDA_VERSION,
                          "quantization.py _compute_fp8_block_scaling_support (float(torch.version.cuda) "
                          ">= 12.9 for Float8BlockScaling)"),
+        "Tensor._make_wrapper_subclass": (_wrapper_subclass(torch.Tensor._make_wrapper_subclass), device_arg,
+                                          "quantized_tensor.py QuantizedTensor.__new__ (device=torch.cuda."
+                                          "current_device(), an int, when none is given: Megatron's native "
+                                          "GTP _strip_padding, ops.GroupedLinear _quantize_weights_mxfp8)"),
         "tensor": (_factory(torch.tensor), device_arg,
                    "module/grouped_linear.py _GroupedLinear.forward (m_splits on the module's device)"),
     }
