@@ -79,6 +79,11 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
             ["sweep", "--preset", "ci", "--modules", "linear", "--backend", str(no_layernorm)],
             "has no autocast: it cannot run the recipes delayed, current, mxfp8, blockwise; select --recipes none "
             "or another backend"),
+        # native quantized shards are built by TE's quantized_model_init, which the reference lacks
+        "reference backend with a native weight": (
+            ["sweep", "--preset", "ci", "--weights", "megatron_fp8"],
+            "backend 'harness.reference' has no quantized_model_init: it cannot build the native quantized "
+            "weights of megatron_fp8; select --backend te-cpu (TE's own modules) or other weights"),
     }
 
 
@@ -88,7 +93,7 @@ CASES = ["unknown axis value", "malformed filter", "unknown name in filter", "ba
          "list unknown value", "cell timeout zero", "cell timeout negative", "repro cell timeout zero",
          "repro unknown example key", "repro malformed example", "selftest world size too large",
          "selftest cell timeout zero", "rerun-failed without resume", "backend lacks a selected module's class",
-         "backend without autocast under a recipe"]
+         "backend without autocast under a recipe", "reference backend with a native weight"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -384,10 +384,11 @@ def test_a_records_ledger_from_before_the_rules_still_reads_and_judges():
 
 
 def test_every_entry_of_a_shipped_ledger_selects_a_ci_cell():
-    """The gate (``--preset ci``; Megatron's weight: ``--weights megatron``) exercises every
-    entry: a fix that broke an entry's cells cannot pass it unseen (matrix.py's (n) and (d)
-    give ``ci`` the interactions beyond pairs that entries name)."""
-    ci = [c.serialize() for c in matrix.select("ci") + matrix.select("ci", {"weight": ["megatron"]})]
+    """The gate (``--preset ci``; Megatron's weight: ``--weights megatron`` and
+    ``megatron_fp8``) exercises every entry: a fix that broke an entry's cells cannot pass it
+    unseen (matrix.py's (n) and (d) give ``ci`` the interactions beyond pairs that entries name)."""
+    ci = [c.serialize() for c in matrix.select("ci") + matrix.select("ci", {"weight": ["megatron"]})
+          + matrix.select("ci", {"weight": ["megatron_fp8"]})]
     for led in ledger.shipped():
         idle = [e.id for e in led.entries if not any(e.selects(c) for c in ci)]
         assert idle == [], f"{led.path}: no ci cell selected by {idle}"

@@ -48,14 +48,21 @@ def test_the_ledger_holds_on_a_sample_of_full(te_runs):
     assert record["ledger"]["stale"] == [] and {c["status"] for c in record["cells"]} <= {"pass", "xfail", "known"}
 
 
+#: entries about Megatron's native FP8 shards select only ``--weights megatron_fp8`` cells, which
+#: ``ci`` holds only when that weight is named: they reproduce in that sweep instead
+NATIVE_ONLY = ("native-fp8-shards-gathered-under-local-scale", "megatron-native-fp8-padding-unsupported")
+
+
 def test_every_entry_reproduces_on_ci(te_runs):
     """Nothing in the ledger that does not reproduce in the gate's own selection, nothing
-    failing that it does not name."""
+    failing that it does not name (the native-FP8 entries: in ``ci`` with that weight)."""
     run, rc, out = te_runs["ci"]
     assert rc == 0, out[-4000:]
     reproduced = {e["id"]: len(e["reproduced"]) for e in recordfile.read(run)["ledger"]["entries"]}
     assert list(reproduced) == [e.id for e in SHIPPED.entries]
-    assert all(reproduced.values()), {i: n for i, n in reproduced.items() if not n}
+    native = {e["id"]: len(e["reproduced"]) for e in recordfile.read(te_runs["megatron_fp8"][0])["ledger"]["entries"]}
+    assert all(native[i] and not reproduced[i] for i in NATIVE_ONLY), {i: (reproduced[i], native[i]) for i in NATIVE_ONLY}
+    assert all(n for i, n in reproduced.items() if i not in NATIVE_ONLY), {i: n for i, n in reproduced.items() if not n}
 
 
 def test_without_the_ledger_the_wheel_is_red(te_runs, tmp_path):
@@ -101,7 +108,7 @@ def test_removing_an_entry_turns_its_cells_red(te_runs, entry_id):
     from harness.record import RunRecord
     from harness.reports.terminal import summary
 
-    name = "ci"
+    name = "megatron_fp8" if entry_id in NATIVE_ONLY else "ci"
     run, _, _ = te_runs[name]
     record = recordfile.read(run)
     before = {c["id"]: c for c in record["cells"]}

@@ -230,9 +230,19 @@ def test_constraints_on_construction():
     for w in sorted(NEEDS_DDP):
         with pytest.raises(MatrixError, match="always has a main_grad .* requires consumer='ddp'"):
             Cell(**{**base, "weight": w})
-        Cell(**{**base, "weight": w, "consumer": "ddp", "world_size": 2})
-    with pytest.raises(MatrixError, match="weight='megatron' requires world_size >= 2"):
+        Cell(**{**base, "weight": w, "consumer": "ddp", "world_size": 2,
+                 "recipe": "mxfp8" if weights.KINDS[w].native else "none"})
+    with pytest.raises(MatrixError, match="weight='megatron' and weight='megatron_fp8' require world_size >= 2"):
         Cell(**{**base, "weight": "megatron", "consumer": "ddp"})
+    native = {**base, "weight": "megatron_fp8", "consumer": "ddp", "world_size": 2}
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in current, mxfp8"):
+        Cell(**native)
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in current, mxfp8"):
+        Cell(**{**native, "recipe": "delayed"})
+    Cell(**{**native, "recipe": "mxfp8"})
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* is built for linear, grouped_linear, "
+                                          "layernorm_linear, rmsnorm_linear"):
+        Cell(**{**native, "recipe": "current", "module": "ops_grouped_linear"})
     with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):
         Cell(**{**base, "dtype": "fp64"})
     with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):

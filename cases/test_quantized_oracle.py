@@ -280,3 +280,31 @@ def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recip
                 assert bool(((q - c).abs() <= s).all()), (seed, recipe, dtype, axis)
         unquantized = oracle._normalize(x.to(torch.float64), n).h
         assert bool(((unquantized - centre).abs() > slack).any())
+
+
+def test_native_shards_quantize_each_shard_on_its_own():
+    """A native weight is its shards, each quantized on its own: under current scaling each
+    shard has the scale of its own amax;
+    under MXFP8 a shard of whole 32-row blocks gives the whole weight's values; the defect
+    model ``native_local_scale`` puts every shard under one rank's scale."""
+    torch.manual_seed(3)
+    w = torch.randn(64, 32, dtype=torch.float64)
+    w[32:] *= 1e-3  # the second shard's amax is a thousandth of the first's
+    current = quantized.for_recipe("current")
+    native = quantized.for_recipe("current", native_rows=32)
+    whole, shards = current.weight(0, 0, w, False), native.weight(0, 0, w, False)
+    assert torch.equal(shards[:32], whole[:32])
+    assert torch.equal(shards[32:], current.weight(0, 0, w[32:], False))
+    assert not torch.equal(shards[32:], whole[32:])  # another scale, another grid
+    local = quantized.for_recipe("current", native_rows=32, native_local=0).weight(0, 0, w, False)
+    assert torch.equal(local[:32], shards[:32])
+    fmt = quantized.FORMATS["e4m3"]
+    s0, s1 = quantized.current_scale(w[:32], fmt), quantized.current_scale(w[32:], fmt)
+    assert torch.allclose(local[32:] * s0, shards[32:] * s1, rtol=1e-6, atol=0)  # the same codes, rank 0's scale
+    mx = quantized.for_recipe("mxfp8")
+    mx_native = quantized.for_recipe("mxfp8", native_rows=32)
+    for backward in (False, True):
+        assert torch.equal(mx_native.weight(0, 0, w, backward), mx.weight(0, 0, w, backward))
+    with pytest.raises(ValueError, match="current scaling only"):
+        quantized.for_recipe("mxfp8", native_rows=32, native_local=0)
+

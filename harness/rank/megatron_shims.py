@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -156,12 +157,10 @@ def _indexed_device(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _te_quantizer() -> Any:
-    """TE's ``Quantizer`` base class, or None without TE (Megatron's GTP needs TE anyway)."""
-    try:
-        from transformer_engine.pytorch.quantized_tensor import Quantizer
-    except ImportError:
-        return None
-    return Quantizer
+    """TE's ``Quantizer`` base class when this process has imported TE (``harness.te_cpu``
+    does, before the shims), else None: importing TE here could fail on CPU."""
+    module = sys.modules.get("transformer_engine.pytorch.quantized_tensor")
+    return getattr(module, "Quantizer", None)
 
 
 _APPLIED: list[Site] = []
