@@ -50,7 +50,8 @@ def test_the_ledger_holds_on_a_sample_of_full(te_runs):
 
 #: entries about Megatron's native FP8 shards select only ``--weights megatron_fp8`` cells, which
 #: ``ci`` holds only when that weight is named: they reproduce in that sweep instead
-NATIVE_ONLY = ("native-fp8-shards-gathered-under-local-scale", "megatron-native-fp8-padding-unsupported")
+NATIVE_ONLY = ("native-fp8-shards-gathered-under-local-scale", "megatron-native-fp8-padding-unsupported",
+               "native-fp8-prefetch-reads-unwritten-buffer")
 
 
 def test_every_entry_reproduces_on_ci(te_runs):

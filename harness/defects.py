@@ -70,6 +70,14 @@ _MODELS = (
           "shard: each shard's codes (quantized with its own current scale) are multiplied by the "
           "local one",
           ("mb*.output", "mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
+    Model("native_local_scale_fp32_bias",
+          "native_local_scale and fp8_bias_unrounded in one output: the local scale-inverse for every "
+          "shard, and an fp32 layer's forward bias added in fp32",
+          ("mb*.output",)),
+    Model("unwritten_weight_buffer",
+          "the GEMM multiplies a gathered weight read from a buffer nothing wrote: on te-cpu memory TE "
+          "leaves uninitialized holds NaN codes and scales, so every output element is NaN",
+          ("mb*.output",)),
     Model("fp8_bias_unrounded",
           "under a recipe an fp32 layer's forward bias is added in fp32 to the quantized GEMM's "
           "result, not rounded to bf16 first (TE's Linear rounds it: cuBLAS takes no fp32 bias in "

@@ -143,9 +143,6 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      f"weight='megatron_fp8' (native quantized shards) requires a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native delayed and blockwise weights are not built (docs/megatron.md)"),
-    ("weight", "module", lambda w, m: not weights.KINDS[w].native or m in weights.NATIVE_MODULES,
-     f"weight='megatron_fp8' (native quantized shards) is built for {', '.join(weights.NATIVE_MODULES)}: "
-     f"ops.GroupedLinear's native cells are not understood yet (docs/megatron.md)"),
     ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
      "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
      "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Behaviour", "WeightKind", "KINDS", "NAMES", "DEFAULT_NAMES", "FULL_NAMES",
-           "shard_rows", "shardable", "pad_multiple", "unavailable", "NATIVE_RECIPES", "NATIVE_MODULES", "NATIVE_API", "megatron_missing", "megatron_gtp_source", "te_installed",
+           "shard_rows", "shardable", "pad_multiple", "unavailable", "NATIVE_RECIPES", "NATIVE_API", "megatron_missing", "megatron_gtp_source", "te_installed",
            "MEGATRON_PAD", "MEGATRON_VERSION"]
 
 #: Megatron-Core's ``GTP_CONFIG.pad_for_alignment`` default: rows pad to a multiple of 16·N
@@ -185,9 +185,6 @@ NAMES: tuple[str, ...] = tuple(KINDS)
 #: has no rule for that yet) and ``blockwise`` (Megatron cannot strip a padded block-scaled
 #: shard; docs/megatron.md)
 NATIVE_RECIPES: tuple[str, ...] = ("current", "mxfp8")
-#: the module values a native weight is built for: ops.GroupedLinear's op-fuser keeps its own
-#: view of a quantized weight, and its native cells are not understood yet (docs/megatron.md)
-NATIVE_MODULES: tuple[str, ...] = ("linear", "grouped_linear", "layernorm_linear", "rmsnorm_linear")
 #: what a backend exposes to build a native weight's module (TE's own ``quantized_model_init``)
 NATIVE_API = "quantized_model_init"
 #: Megatron's alignment per recipe (``configure_gtp_remat_from_recipe``): 32 rows under MXFP8

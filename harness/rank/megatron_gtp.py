@@ -194,8 +194,7 @@ def _native_shard(weight: torch.Tensor, shard: torch.Tensor) -> torch.nn.Paramet
     if quantizer is None:
         raise ValueError(f"{type(weight).__name__} is no native quantized weight (build the module "
                          f"under quantized_model_init)")
-    quantizer = quantizer.copy()
-    quantizer.set_usage(rowwise=True, columnwise=True)
+    quantizer.set_usage(rowwise=True, columnwise=True)  # the module's own quantizer, as TE's init uses it
     quantizer.internal = False
     with torch.no_grad():
         param = torch.nn.Parameter(quantizer(shard.to(weight.dtype)), requires_grad=weight.requires_grad)

@@ -236,16 +236,21 @@ class Predictor:
     def output(self, mb: int, actual: Any, precision: str) -> dict[str, float]:
         """Microbatch ``mb``'s output under a recipe: of an fp32 cell with a bias under
         ``fp8_bias_unrounded`` (the bias added in fp32, not rounded to bf16 first); of a
-        native weight under current scaling under ``native_local_scale``."""
-        views: dict[str, dict[str, Any]] = {}
+        native weight under current scaling under ``native_local_scale`` (with an fp32 bias,
+        also both at once: ``native_local_scale_fp32_bias``)."""
+        views: dict[str, dict[str, Any]] = dict(self._native_views())
         if self.recipe != "none" and self.inputs.dtype == torch.float32 and self.inputs.biases:
             views["fp8_bias_unrounded"] = {"fp8_bias_in_bf16": False, "native_rows": self.native_rows}
-        views.update({k: v for k, v in self._native_views().items()})
+            if "native_local_scale" in views:
+                views["native_local_scale_fp32_bias"] = {**views["native_local_scale"], "fp8_bias_in_bf16": False}
         out: dict[str, float] = {}
         for name, view in views.items():
             ref = self._view(name, view).outputs[mb]
             if isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
+        if self._native_views() and isinstance(actual, torch.Tensor) and actual.numel():
+            # a weight read from a buffer nothing wrote (te-cpu: NaN-filled): every element NaN
+            out["unwritten_weight_buffer"] = 0.0 if bool(torch.isnan(actual).all()) else math.inf
         return out
 
     def _native_views(self) -> dict[str, dict[str, Any]]:

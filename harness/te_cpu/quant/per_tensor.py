@@ -51,6 +51,19 @@ def non_tn() -> bool:
     return bool(is_non_tn_fp8_gemm_supported())
 
 
+#: what an uninitialized FP8 code reads as on te-cpu: 0xFF, NaN in both E4M3 and E5M2
+UNINITIALIZED_CODE = 0xFF
+
+
+def _uninitialized(shape: list[int], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """Memory TE allocates and does not write (``create_tensor``): NaN codes, a NaN scale. On a
+    GPU it holds whatever the allocator had; here a read of it shows in the values instead of
+    depending on the CPU allocator's leftovers (a buffer nobody fills: docs/megatron.md)."""
+    if dtype == torch.uint8:
+        return torch.full(shape, UNINITIALIZED_CODE, dtype=torch.uint8)
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
 def _transpose_shape(shape: list[int]) -> list[int]:
     return [shape[-1], *shape[:-1]] if shape else []
 
@@ -58,14 +71,13 @@ def _transpose_shape(shape: list[int]) -> list[int]:
 def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, *, delayed: bool) -> Any:
     """``Float8Quantizer::create_tensor`` / ``Float8CurrentScalingQuantizer::create_tensor``:
     uninitialized data (and transpose where the device needs one); ``scale_inv`` is
-    ``1 / scale`` for delayed scaling, uninitialized for current scaling."""
+    ``1 / scale`` for delayed scaling, uninitialized for current scaling (:func:`_uninitialized`)."""
     from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
     from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage
     nt = non_tn()
-    data = torch.empty(shape, dtype=torch.uint8) if (quantizer.rowwise_usage or nt) else None
-    transpose = (torch.empty(_transpose_shape(shape), dtype=torch.uint8)
-                 if (quantizer.columnwise_usage and not nt) else None)
-    scale_inv = torch.reciprocal(quantizer.scale) if delayed else torch.empty(1, dtype=torch.float32)
+    data = _uninitialized(shape) if (quantizer.rowwise_usage or nt) else None
+    transpose = _uninitialized(_transpose_shape(shape)) if (quantizer.columnwise_usage and not nt) else None
+    scale_inv = torch.reciprocal(quantizer.scale) if delayed else _uninitialized([1], torch.float32)
     if quantizer.internal:
         return Float8TensorStorage(data=data, fp8_scale_inv=scale_inv, fp8_dtype=quantizer.dtype,
                                    data_transpose=transpose, quantizer=quantizer, fake_dtype=fake_dtype)
@@ -92,11 +104,11 @@ def convert_and_update(quantizer: Any, tensor: Any) -> list[int]:
     if data is not None and not need_data:
         tensor._data = None
     elif data is None and need_data:
-        tensor._data = torch.empty(shape, dtype=torch.uint8)
+        tensor._data = _uninitialized(shape)
     if t is not None and not need_t:
         tensor._transpose = None
     elif t is None and need_t:
-        tensor._transpose = torch.empty(_transpose_shape(shape), dtype=torch.uint8)
+        tensor._transpose = _uninitialized(_transpose_shape(shape))
     tensor._transpose_invalid = not need_t
     tensor._fp8_dtype = quantizer.dtype
     return shape
