@@ -282,29 +282,25 @@ def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recip
         assert bool(((unquantized - centre).abs() > slack).any())
 
 
-def test_native_shards_quantize_each_shard_on_its_own():
-    """A native weight is its shards, each quantized on its own: under current scaling each
-    shard has the scale of its own amax;
-    under MXFP8 a shard of whole 32-row blocks gives the whole weight's values; the defect
-    model ``native_local_scale`` puts every shard under one rank's scale."""
+def test_shard_scaled_view_puts_every_shard_under_the_local_scale():
+    """The defect model ``native_local_scale``: each shard's codes under the scale of its own
+    amax, every shard dequantized with the local rank's scale-inverse. The local shard is
+    its own current quantization; a foreign shard has the same codes, mis-scaled; a rank that
+    holds only padding scales by 1. Only per-tensor current scaling has the view."""
     torch.manual_seed(3)
     w = torch.randn(64, 32, dtype=torch.float64)
     w[32:] *= 1e-3  # the second shard's amax is a thousandth of the first's
     current = quantized.for_recipe("current")
-    native = quantized.for_recipe("current", native_rows=32)
-    whole, shards = current.weight(0, 0, w, False), native.weight(0, 0, w, False)
-    assert torch.equal(shards[:32], whole[:32])
-    assert torch.equal(shards[32:], current.weight(0, 0, w[32:], False))
-    assert not torch.equal(shards[32:], whole[32:])  # another scale, another grid
-    local = quantized.for_recipe("current", native_rows=32, native_local=0).weight(0, 0, w, False)
-    assert torch.equal(local[:32], shards[:32])
     fmt = quantized.FORMATS["e4m3"]
     s0, s1 = quantized.current_scale(w[:32], fmt), quantized.current_scale(w[32:], fmt)
-    assert torch.allclose(local[32:] * s0, shards[32:] * s1, rtol=1e-6, atol=0)  # the same codes, rank 0's scale
-    mx = quantized.for_recipe("mxfp8")
-    mx_native = quantized.for_recipe("mxfp8", native_rows=32)
-    for backward in (False, True):
-        assert torch.equal(mx_native.weight(0, 0, w, backward), mx.weight(0, 0, w, backward))
+    scales = (s0, s1)
+    for local, (own, other) in enumerate(((slice(0, 32), slice(32, 64)), (slice(32, 64), slice(0, 32)))):
+        view = quantized.for_recipe("current", shard_scaled=(32, local)).weight(0, 0, w, False)
+        assert torch.equal(view[own], current.weight(0, 0, w[own], False))
+        inv_local = 1.0 / float(torch.tensor(scales[local], dtype=torch.float32))
+        inv_local = float(torch.tensor(inv_local, dtype=torch.float32))
+        assert torch.equal(view[other], quantized.cast(w[other], scales[1 - local], fmt) * inv_local)
+    padding_only = quantized.for_recipe("current", shard_scaled=(32, 3)).weight(0, 0, w, False)
+    assert torch.equal(padding_only, torch.cat([quantized.cast(w[:32], s0, fmt), quantized.cast(w[32:], s1, fmt)]))
     with pytest.raises(ValueError, match="current scaling only"):
-        quantized.for_recipe("mxfp8", native_rows=32, native_local=0)
-
+        quantized.for_recipe("mxfp8", shard_scaled=(32, 0))

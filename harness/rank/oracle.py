@@ -211,14 +211,12 @@ class _GemmInputs:
 
 
 def gemm_inputs(inputs: CellInputs, recipe: str = "none", tags: tuple[float, float] = (1.0, 1.0),
-                distributed: bool = False, native_rows: int | None = None,
-                native_local: int | None = None) -> _GemmInputs:
+                distributed: bool = False, shard_scaled: tuple[int, int] | None = None) -> _GemmInputs:
     """The GEMM inputs of a cell under ``recipe`` (``quantized.for_recipe``; a normalized
-    input's bounds go to the quantizer too: delayed scaling records its amax; ``native_rows``:
-    the weight is native quantized shards of that many rows)."""
+    input's bounds go to the quantizer too: delayed scaling records its amax; ``shard_scaled``:
+    a defect model's view of a native weight, ``quantized.ShardScaled``)."""
     bounds = _GemmInputs(inputs).bounds if inputs.norm is not None else None
-    return _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, tags, distributed, bounds, native_rows,
-                                                    native_local))
+    return _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, tags, distributed, bounds, shard_scaled))
 
 
 def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
@@ -266,7 +264,7 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
             recipe: str = "none", distributed: bool = False,
             unquantized_dgrad_weight: bool = False, fp8_bias_in_bf16: bool = True,
-            native_rows: int | None = None, native_local_scale: bool = False) -> RankOracle:
+            shard_scaled: int | None = None) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
@@ -291,15 +289,15 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     ``distributed`` and ``unquantized_dgrad_weight`` are defect models' views of the dgrad
     weight under a recipe (``quantized.for_recipe``, ``quantized.UnquantizedDgradWeight``),
     ``fp8_bias_in_bf16=False`` one of an fp32 cell's forward bias (added unrounded); never
-    the oracle's. ``native_rows``: the weight is native quantized shards of that many rows,
-    each quantized on its own (``quantized.NativeShards``; weight ``megatron_fp8``);
-    ``native_local_scale`` a defect model's view of them: all under this rank's scale.
+    the oracle's; so is ``shard_scaled`` (shard rows: a native current-scaling weight's shards
+    each under its own scale, all applied with this rank's, ``quantized.ShardScaled``). A native
+    weight's oracle is the high-precision weight's: its scale is that of the whole weight.
 
     Raises:
         NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``).
     """
-    gemm_input = gemm_inputs(inputs, recipe, tags, distributed, native_rows,
-                             rank if native_local_scale else None)
+    gemm_input = gemm_inputs(inputs, recipe, tags, distributed,
+                             None if shard_scaled is None else (shard_scaled, rank))
     quant = gemm_input.quant
     if unquantized_dgrad_weight and quant.quantized:
         quant = gemm_input.quant = quantized.UnquantizedDgradWeight(quant)

@@ -240,7 +240,7 @@ class Predictor:
         also both at once: ``native_local_scale_fp32_bias``)."""
         views: dict[str, dict[str, Any]] = dict(self._native_views())
         if self.recipe != "none" and self.inputs.dtype == torch.float32 and self.inputs.biases:
-            views["fp8_bias_unrounded"] = {"fp8_bias_in_bf16": False, "native_rows": self.native_rows}
+            views["fp8_bias_unrounded"] = {"fp8_bias_in_bf16": False}
             if "native_local_scale" in views:
                 views["native_local_scale_fp32_bias"] = {**views["native_local_scale"], "fp8_bias_in_bf16": False}
         out: dict[str, float] = {}
@@ -257,7 +257,7 @@ class Predictor:
         """``native_local_scale`` for a native weight under per-tensor current scaling."""
         if self.native_rows is None or self.recipe != "current":
             return {}
-        return {"native_local_scale": {"native_rows": self.native_rows, "native_local_scale": True}}
+        return {"native_local_scale": {"shard_scaled": self.native_rows}}
 
     def _dgrad_views(self) -> dict[str, dict[str, Any]]:
         """The models of the weight a dgrad multiplies, as ``oracle.compute`` arguments:
@@ -276,9 +276,6 @@ class Predictor:
             views["dgrad_weight_unquantized"] = {"unquantized_dgrad_weight": True}
             if self.recipe == "delayed":
                 views["dgrad_weight_requantized"] = {"distributed": True}
-        if self.native_rows is not None:
-            for view in views.values():
-                view.setdefault("native_rows", self.native_rows)
         views.update(self._native_views())
         return views
 

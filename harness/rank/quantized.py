@@ -44,7 +44,7 @@ SCALE_U = 2 * 2.0**-24
 Bounds = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 __all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "BlockScaling", "UnquantizedDgradWeight",
-           "for_recipe", "NativeShards"]
+           "for_recipe", "ShardScaled"]
 
 
 @dataclass(frozen=True)
@@ -465,32 +465,27 @@ class UnquantizedDgradWeight(_Delegating):
         return t if backward else self.base.weight(m, g, t, backward)
 
 
-class NativeShards(_Delegating):
-    """The weight of native quantized shards (weight ``megatron_fp8``): each rank's
-    ``shard_rows`` rows of the padded weight were quantized on their own when the parameter
-    was built (TE's ``quantized_model_init``), by ``base``'s weight rule, and the weight is
-    those shards' values side by side - what a correct all-gather of them gives. Per-tensor
-    current scaling: one scale per shard, from the shard's amax. MXFP8: the same values as
-    the whole weight's whenever a shard is a whole number of 32-row blocks (Megatron pads to
-    32 rows per rank)."""
+class ShardScaled(_Delegating):
+    """A defect model's view of a native current-scaling weight (``native_local_scale``):
+    each rank's ``shard_rows`` rows of the padded weight quantized with the scale of their own
+    amax (what TE's ``quantized_model_init`` gives a shard-sized parameter when nothing reduces
+    the amax over the GTP group), and every shard's codes multiplied by rank ``local``'s
+    scale-inverse (what a per-tensor all-gather that keeps the local scale gives). Never the
+    oracle's: a weight's scale is the whole weight's."""
 
-    def __init__(self, base: Quantizer, shard_rows: int, local: int | None = None) -> None:
+    def __init__(self, base: Quantizer, shard_rows: int, local: int) -> None:
         super().__init__(base)
+        if not isinstance(base, CurrentScaling):
+            raise ValueError("shard-own scales are modelled for per-tensor current scaling only")
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
-        if local is not None and not isinstance(base, CurrentScaling):
-            raise ValueError("a shard's local scale is modelled for per-tensor current scaling only")
-        self.shard_rows = shard_rows
-        self.local = local
+        self.shard_rows, self.local = shard_rows, local
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
-        n = self.shard_rows
+        n, fmt = self.shard_rows, self.base.fwd
         shards = [t[i:i + n] for i in range(0, t.shape[0], n)]
-        if self.local is None:
-            return torch.cat([self.base.weight(m, g, s, backward) for s in shards])
-        # defect model native_local_scale: every shard's codes times the local shard's scale-inverse
-        fmt = self.base.fwd
-        inv = _fp32(1.0 / _fp32(current_scale(shards[self.local], fmt))) if self.local < len(shards) else 1.0
+        local = shards[self.local] if self.local < len(shards) else t[:0]  # a rank holding only padding
+        inv = _fp32(1.0 / _fp32(current_scale(local, fmt)))
         return torch.cat([cast(s, current_scale(s, fmt), fmt) * inv for s in shards])
 
 
@@ -502,14 +497,11 @@ def scale_u(recipe: str) -> float:
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
                distributed: bool = False, x_bounds: Bounds | None = None,
-               native_rows: int | None = None, native_local: int | None = None) -> Quantizer:
-    """The cell's quantizer; ``native_rows``: the weight is native quantized shards of that
-    many rows each (:class:`NativeShards`; ``native_local``: a defect model's view, every
-    shard under that rank's scale). The rest: :func:`_for_recipe`."""
+               shard_scaled: tuple[int, int] | None = None) -> Quantizer:
+    """The cell's quantizer; ``shard_scaled``: ``(shard_rows, local rank)`` of a defect
+    model's view of a native weight (:class:`ShardScaled`). The rest: :func:`_for_recipe`."""
     quant = _for_recipe(recipe, inputs, tags, distributed, x_bounds)
-    if native_rows is None or not quant.quantized:
-        return quant
-    return NativeShards(quant, native_rows, native_local)
+    return quant if shard_scaled is None else ShardScaled(quant, *shard_scaled)
 
 
 def _for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),

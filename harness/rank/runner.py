@@ -417,8 +417,8 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
+    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe)  # a native weight's too: the whole weight's scale
     native_rows = gtp.rows_per_rank if weights.KINDS[cell.weight].native and gtp is not None else None
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, native_rows=native_rows)
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
     models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows)
