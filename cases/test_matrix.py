@@ -33,6 +33,12 @@ CLASS = {"linear": "Linear", "grouped_linear": "GroupedLinear", "grouped_linear_
          "layernorm_linear": "LayerNormLinear", "rmsnorm_linear": "LayerNormLinear"}
 
 
+def unflagged(cells):
+    """The cells that do not pass ``is_first_microbatch``: the designs before the ``first_mb``
+    axis (its cells are a design of their own, ``test_first_microbatch_cells``)."""
+    return [c for c in cells if not c.first_mb]
+
+
 def slot(module, domain) -> tuple:
     """The modules that may stand for ``module`` in a (b)/(c)/(h)/(v) cell of ci."""
     return tuple(m for m in domain if CLASS[m] == CLASS[module])
@@ -48,7 +54,10 @@ def valid(assign: dict) -> bool:
         return False
     if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
         return False
-    if assign.get("weight") == "megatron" and assign.get("world_size", 2) < 2:
+    if assign.get("weight") in ("megatron", "megatron_fp8") and assign.get("world_size", 2) < 2:
+        return False
+    if assign.get("first_mb") and (CLASS.get(assign.get("module")) == "ops" or assign.get("microbatches", 2) < 2
+                                   or assign.get("recipe") == "delayed"):
         return False
     return True
 
@@ -286,8 +295,15 @@ def test_axis_is_immutable_composable_and_validated():
 def test_full_size_is_product_minus_invalid():
     """``full`` is the whole valid product; its weight domain defaults to the kind weight,
     plain and the two strictest implementers (the single-behaviour variants are opt-in)."""
-    full = select("full")
-    assert len(full) == len({c.id for c in full})
+    everything = select("full")
+    assert len(everything) == len({c.id for c in everything})
+    full = unflagged(everything)
+    # the flagged cells: every unflagged cell that can take the flag (two microbatches, a module
+    # whose forward takes it, no delayed scaling), once more with it
+    flagged = [c for c in everything if c.first_mb]
+    takes = [c for c in full if c.microbatches == 2 and CLASS[c.module] != "ops" and c.recipe != "delayed"]
+    assert {dataclasses.replace(c, first_mb=False) for c in flagged} == set(takes)
+    assert len(flagged) == len(takes) == 69120 and len(everything) == 235008 + 69120
     assert {c.weight for c in full} == {"distributed", "plain", "gtp_mcore", "gtp_nograd"}
     # linear cells exist only with num_gemms=1, which is in the default domain
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
@@ -296,7 +312,7 @@ def test_full_size_is_product_minus_invalid():
     none = [c for c in full if c.recipe == "none"]
     assert len(none) == expected == 62640
     assert all(valid(c.serialize()) for c in full)
-    assert len(select("full", {"weight": ["distributed", "plain"], "recipe": ["none"]})) == 34800
+    assert len(unflagged(select("full", {"weight": ["distributed", "plain"], "recipe": ["none"]}))) == 34800
     # and every judged recipe on the modules it is judged on: each a copy of those modules'
     # cells, delayed without hooks=checkpoint (one hook mode of five not built)
     lowp = [c for c in full if c.recipe != "none"]
@@ -318,7 +334,7 @@ def test_full_size_is_product_minus_invalid():
 
 
 def test_ci_default_coverage_and_size():
-    ci = [c for c in select("ci") if c.recipe == "none"]  # (how fast: benchmarks/bench_timings.py)
+    ci = [c for c in unflagged(select("ci")) if c.recipe == "none"]  # (how fast: benchmarks/bench_timings.py)
     # within ~1.35x of the 325 cells before LayerNormLinear (its two modules share a slot)
     assert 325 <= len(ci) <= 440
     assert len({c.id for c in ci}) == len(ci)
@@ -342,7 +358,7 @@ def test_ci_is_deterministic_and_ordered():
 
 def test_ci_world_size_override_adds_ws8():
     domains = {**DEFAULTS, "world_size": (1, 2, 4, 8)}
-    ci = [c for c in select("ci", {"world_size": [1, 2, 4, 8]}) if c.recipe == "none"]
+    ci = [c for c in unflagged(select("ci", {"world_size": [1, 2, 4, 8]})) if c.recipe == "none"]
     assert any(c.world_size == 8 for c in ci) and 300 <= len(ci) <= 580
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
@@ -363,7 +379,7 @@ def small_domain(name, values):
 @given(st.fixed_dictionaries({}, optional={n: small_domain(n, v) for n, v in DEFAULTS.items()}))
 def test_ci_coverage_under_random_overrides(overrides):
     domains = {**DEFAULTS, **{k: tuple(v) for k, v in overrides.items()}}
-    everything = select("ci", overrides)
+    everything = unflagged(select("ci", overrides))
     if "recipe" not in overrides:  # the judged recipes join, each on its modules
         assert_recipe_pairs(everything, domains)
     ci = [c for c in everything if c.recipe == "none"]
@@ -381,7 +397,7 @@ def test_ci_coverage_under_random_overrides(overrides):
             assert v in domains[n] or (n == "num_gemms" and c.module in SINGLE and v == 1)
     assert_pairwise(ci, domains)
     assert_b_and_c(ci, domains)
-    assert select("ci", overrides) == everything
+    assert unflagged(select("ci", overrides)) == everything
 
 
 def assert_recipe_pairs(cells, domains):
@@ -527,7 +543,7 @@ def test_ci_with_chosen_weights(chosen):
 def test_megatron_ci_size():
     """``sweep --preset ci --weights megatron``: ws 2 and 4 only, hooks x fused x module each, plus the
     hooked no-input-gradient and delayed-wgrad interactions (n) and (d)."""
-    ci = select("ci", {"weight": ["megatron"]})
+    ci = unflagged(select("ci", {"weight": ["megatron"]}))
     assert {c.world_size for c in ci} == {2, 4}
     assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 120
 
@@ -556,10 +572,11 @@ CI_BEFORE_RECIPES = (437, "151c2aab01cbad5070468a953e42f9ed4f2ace6d6535e371031e9
 def test_presets_keep_their_cells_and_add_the_judged_recipes():
     """``ci`` and ``full`` add the recipes the oracle judges, on the modules it judges them on;
     their cells without a recipe are those before the axis; smoke and seed stay without."""
-    ci = select("ci")
+    ci = unflagged(select("ci"))
     none = [c for c in ci if c.recipe == "none"]
     assert (len(none), matrix.ids_digest(none)) == CI_BEFORE_RECIPES
-    assert (len(select("ci", {"recipe": ["none"]})), matrix.ids_digest(select("ci", {"recipe": ["none"]}))) == CI_BEFORE_RECIPES
+    only_none = unflagged(select("ci", {"recipe": ["none"]}))
+    assert (len(only_none), matrix.ids_digest(only_none)) == CI_BEFORE_RECIPES
     assert recipes.JUDGED == ("none", "delayed", "current", "mxfp8", "blockwise")
     assert {c.recipe for c in ci} == set(recipes.JUDGED) == {c.recipe for c in select("full")}
     assert {c.module for c in ci if c.recipe != "none"} == {"linear", "grouped_linear", "ops_grouped_linear",
@@ -575,7 +592,7 @@ def test_ci_recipe_cells_are_all_pairs_on_the_judged_modules():
     weight x world size, ...) on the judged modules, each distributed weight of full coverage
     hooks-off with an input gradient per module (the hook-free form of the recipe's weight
     handling), and a plain delayed-wgrad cell with a bias per module; about a third of ci."""
-    ci = select("ci")
+    ci = unflagged(select("ci"))
     assert_recipe_pairs(ci, DEFAULTS)
     lowp = [c for c in ci if c.recipe != "none"]
     assert 60 <= len(lowp) <= 260
@@ -608,10 +625,55 @@ def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
 
 
 def test_ci_under_one_recipe_is_its_covering_design():
-    cells = select("ci", {"recipe": ["current"]})
+    cells = unflagged(select("ci", {"recipe": ["current"]}))
     assert {c.recipe for c in cells} == {"current"} and not {c.module for c in cells} & TENSOR
     domains = {**DEFAULTS, "recipe": ("current",), "module": tuple(m for m in DEFAULTS["module"] if m not in TENSOR)}
     assert_pairwise(cells, domains)
     both = select("ci", {"recipe": ["none", "current"]})
-    assert {c for c in select("ci") if c.recipe == "none"} <= set(both)
+    assert {c for c in unflagged(select("ci")) if c.recipe == "none"} <= set(both)
     assert {c.recipe for c in both} == {"none", "current"}
+
+
+# --- the first_mb axis (is_first_microbatch) ------------------------------------------------
+
+
+def test_first_microbatch_cells():
+    """``ci`` adds one all-pairs design of the cells that pass ``is_first_microbatch``
+    (``first_mb``): every other axis's values meet under the flag, on the modules whose forward
+    takes it, with two microbatches, without delayed scaling; each distributed weight of full
+    coverage meets each module hooks-off with fused accumulation. The cells without the flag
+    keep their ids; the flag is named in the id only when passed; smoke and seed pass none."""
+    ci = select("ci")
+    flagged = [c for c in ci if c.first_mb]
+    assert 30 <= len(flagged) <= 120 and len(unflagged(ci)) == 685
+    assert {c.microbatches for c in flagged} == {2} and not any(CLASS[c.module] == "ops" for c in flagged)
+    assert {c.recipe for c in flagged} == {"none", "current", "mxfp8", "blockwise"}
+    mods = tuple(m for m in DEFAULTS["module"] if CLASS[m] != "ops")
+    domains = {**DEFAULTS, "first_mb": (True,), "module": mods, "microbatches": (2,),
+               "recipe": ("none", "current", "mxfp8", "blockwise")}
+    for (a, b) in itertools.combinations(AXIS_NAMES, 2):
+        if "recipe" in (a, b) and {"module", "dtype"} & {a, b}:
+            continue  # a recipe meets only the modules that take one (the grouped-tensor paths take none)
+        for va in domains[a]:
+            for vb in domains[b]:
+                if any(getattr(c, a) == va and getattr(c, b) == vb for c in flagged):
+                    continue
+                assert not matrix._feasible({a: va, b: vb}, domains), (a, va, b, vb)
+    for m in mods:
+        assert any(c.module == m and c.weight == "distributed" and c.hooks == "off" and c.fused for c in flagged), m
+    for c in flagged:
+        assert c.id.endswith("-fmb") and Cell.from_id(c.id) == c
+        assert Cell.from_dict(json.loads(json.dumps(c.serialize()))) == c
+    old = {k: v for k, v in flagged[0].serialize().items() if k != "first_mb"}  # a record before the axis
+    assert Cell.from_dict(old) == dataclasses.replace(flagged[0], first_mb=False)
+    for preset in ("smoke", "seed"):
+        assert not any(c.first_mb for c in select(preset)), preset
+    base = dict(module="linear", weight="plain", hooks="off", fused=True, dtype="bf16", world_size=1,
+                consumer="ddp", microbatches=2, num_gemms=1, bias=True, input_grad=True, delay_wgrad=False)
+    with pytest.raises(MatrixError, match="requires microbatches >= 2"):
+        Cell(**{**base, "microbatches": 1, "first_mb": True})
+    with pytest.raises(MatrixError, match="ops.GroupedLinear's .* does not"):
+        Cell(**{**base, "module": "ops_grouped_linear", "first_mb": True})
+    with pytest.raises(MatrixError, match="first_mb with recipe='delayed' is not built"):
+        Cell(**{**base, "recipe": "delayed", "first_mb": True})
+

@@ -76,7 +76,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "consumer": ("ddp", "autograd"),
     "recipe": recipes.NAMES,
 }
-_BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad")
+_BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad", "first_mb")
 _INT_AXES = ("world_size", "microbatches", "num_gemms")
 _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "module": _CHOICES["module"], "weight": weights.DEFAULT_NAMES, "hooks": _CHOICES["hooks"],
@@ -85,6 +85,8 @@ _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "bias": (True, False), "input_grad": (True, False), "delay_wgrad": (False, True),
     # ``ci`` and ``full`` add the recipes the oracle judges (``select``); smoke and seed: none
     "recipe": ("none",),
+    # ``ci`` and ``full`` add the flagged microbatches (``select``); smoke and seed: not passed
+    "first_mb": (False,),
 }
 AXIS_NAMES: tuple[str, ...] = tuple(_DEFAULTS)
 AXIS_OPTIONS: dict[str, str] = {
@@ -92,6 +94,7 @@ AXIS_OPTIONS: dict[str, str] = {
     "--dtypes": "dtype", "--world-sizes": "world_size", "--consumers": "consumer",
     "--microbatches": "microbatches", "--num-gemms": "num_gemms", "--bias": "bias",
     "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad", "--recipes": "recipe",
+    "--first-microbatch": "first_mb",
 }
 PRESETS: tuple[str, ...] = ("ci", "full", "smoke", "seed")
 #: the production combination of the original hook defect's report: Megatron's GTP-sharded bf16 experts in a
@@ -146,6 +149,14 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
      "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
      "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),
+    ("module", "first_mb", lambda m, f: not f or modules.KINDS[m].api != "ops.GroupedLinear",
+     "first_mb (is_first_microbatch) requires a module whose forward takes it: ops.GroupedLinear's "
+     "(ops_grouped_linear, ops_grouped_linear_tensor) does not"),
+    ("microbatches", "first_mb", lambda n, f: not f or n >= 2,
+     "first_mb (is_first_microbatch: True, then False) requires microbatches >= 2"),
+    ("recipe", "first_mb", lambda r, f: not f or r != "delayed",
+     "first_mb with recipe='delayed' is not built: the cached FP8 weight keeps the first microbatch's "
+     "scale while the recipe's moves on, a rule the oracle does not have (docs/low-precision.md)"),
     ("hooks", "recipe", lambda h, r: not (h == "checkpoint" and r == "delayed"),
      "hooks='checkpoint' with recipe='delayed' is not built: torch's checkpoint recomputes the forward "
      "with the scales the step has since updated (TE restores them only under its own checkpoint)"),
@@ -230,6 +241,7 @@ class Cell:
     input_grad: bool
     delay_wgrad: bool
     recipe: str = "none"
+    first_mb: bool = False
 
     def __post_init__(self) -> None:
         for name in AXIS_NAMES:
@@ -248,7 +260,8 @@ class Cell:
                 f"{'bias' if self.bias else 'nobias'}-"
                 f"{'igrad' if self.input_grad else 'noigrad'}-"
                 f"{'delay' if self.delay_wgrad else 'nodelay'}"
-                f"{'' if self.recipe == 'none' else f'-r{self.recipe}'}")
+                f"{'' if self.recipe == 'none' else f'-r{self.recipe}'}"
+                f"{'-fmb' if self.first_mb else ''}")
 
     @property
     def distributed(self) -> bool:
@@ -282,13 +295,13 @@ class Cell:
     def from_dict(cls, d: Mapping[str, Any]) -> Cell:
         """Rebuild a cell from :meth:`serialize` output.
 
-        A dict without ``recipe`` (a record written before the axis existed) is a cell
-        without a recipe.
+        A dict without ``recipe`` or ``first_mb`` (a record written before the axis existed)
+        is a cell without a recipe, or without the flag.
 
         Raises:
             MatrixError: missing or unknown keys, or bad values.
         """
-        d = d if "recipe" in d else {**d, "recipe": "none"}
+        d = {"recipe": "none", "first_mb": False, **d}
         missing = [n for n in AXIS_NAMES if n not in d]
         extra = [k for k in d if k not in _DEFAULTS]
         if missing or extra:
@@ -303,12 +316,15 @@ class Cell:
             MatrixError: the id is malformed, not canonical, or names an invalid cell.
         """
         parts = cell_id.split("-")
-        recipe = "none"
+        recipe, first_mb = "none", False
+        if len(parts) > 12 and parts[-1] == "fmb":
+            first_mb = bool(parts.pop())
         if len(parts) == 13 and parts[12].startswith("r"):
             recipe = parts.pop()[1:]
         if len(parts) != 12:
             raise MatrixError(f"Malformed cell id {cell_id!r}: expected 12 '-'-separated "
-                              f"parts (13 with a recipe, r<recipe>), got {len(cell_id.split('-'))}")
+                              f"parts (then r<recipe> with a recipe, fmb with the first-microbatch "
+                              f"flag), got {len(cell_id.split('-'))}")
 
         def flag(i: int, yes: str, no: str) -> bool:
             if parts[i] not in (yes, no):
@@ -330,7 +346,7 @@ class Cell:
             cell = cls(parts[0], parts[1], parts[2][len("hooks_"):], flag(3, "fused", "unfused"),
                        parts[4], number(5, "ws"), parts[6], number(7, "mb"), number(8, "g"),
                        flag(9, "bias", "nobias"), flag(10, "igrad", "noigrad"),
-                       flag(11, "delay", "nodelay"), recipe)
+                       flag(11, "delay", "nodelay"), recipe, first_mb)
         except MatrixError as e:
             if str(e).startswith("Malformed"):
                 raise
@@ -496,12 +512,29 @@ def _ci(domains: Domains, judged_only: bool = False) -> list[Cell]:
     """The ``ci`` preset: the covering design (:func:`_covering`) of the cells without a
     recipe, and an all-pairs design for each other recipe selected (:func:`_recipe_cells`);
     when ``none`` is not selected, the covering design of each selected recipe."""
+    flagged = _flagged_cells(domains, judged_only) if True in domains["first_mb"] else []
+    domains = {**domains, "first_mb": (False,)} if False in domains["first_mb"] else domains
     recipes_ = domains["recipe"]
     if "none" not in recipes_:
-        return list(dict.fromkeys(c for r in recipes_ for c in _covering({**domains, "recipe": (r,)})))
+        cells = [c for r in recipes_ for c in _covering({**domains, "recipe": (r,)})]
+        return list(dict.fromkeys(cells + flagged))
     cells = _covering({**domains, "recipe": ("none",)})
     lowp = [r for r in recipes_ if r != "none"]
-    return list(dict.fromkeys(cells + _recipe_cells(domains, lowp, judged_only)))
+    return list(dict.fromkeys(cells + _recipe_cells(domains, lowp, judged_only) + flagged))
+
+
+def _flagged_cells(domains: Domains, judged_only: bool) -> list[Cell]:
+    """The cells that pass ``is_first_microbatch`` (``first_mb``): one all-pairs design over
+    every other axis, recipes included (each on the modules the oracle judges it on when the
+    recipe axis took its default), seeded with one hooks-off fused cell per module and
+    distributed weight of full coverage, where the flag meets the DistributedWeight's
+    exemption from TE's first-microbatch overwrite."""
+    d = {**domains, "first_mb": (True,)}
+    if judged_only:  # every judged recipe is judged on every module that takes one
+        d["recipe"] = tuple(r for r in d["recipe"] if any(recipes.judged(r, m) for m in d["module"]))
+    seed = [c for m in d["module"] for w in _weight_tiers(d["weight"])["full"] if weights.KINDS[w].distributed
+            if (c := _complete({"module": m, "weight": w, "hooks": "off", "fused": True}, d)) is not None]
+    return [c for c in _all_pairs(d, seed) if not judged_only or recipes.judged(c.recipe, c.module)]
 
 
 def _recipe_cells(domains: Domains, lowp: list[str], judged_only: bool) -> list[Cell]:
@@ -698,6 +731,8 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     judged_only = preset in ("ci", "full") and "recipe" not in (overrides or {})
     if judged_only:
         overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
+    if preset in ("ci", "full") and "first_mb" not in (overrides or {}):
+        overrides = {**(overrides or {}), "first_mb": (False, True)}
     domains = _domains(overrides)
     if preset == "full":
         cells = product(Axis(n, v) for n, v in domains.items())

@@ -1,7 +1,9 @@
 """The consumer: who owns the gradient of record (CONTRACTS §4).
 
 ``ddp`` stands in for Megatron's DDP: fp32 ``main_grad`` buffers starting at a seeded
-non-zero value, a reducer that folds ``.grad`` into ``main_grad`` (from a post-accumulate
+non-zero value (at zero when the cell passes ``is_first_microbatch``: the flag says the first
+microbatch produces the step's first gradient, which TE may write instead of accumulate, as
+Megatron zeroes its buffers at the step start), a reducer that folds ``.grad`` into ``main_grad`` (from a post-accumulate
 hook, or from the module's wgrad hook for parameters marked ``skip_backward_post_hook``),
 and an end-of-step average of replicated parameters. ``autograd`` is plain PyTorch: the
 gradient of record is ``.grad``.
@@ -23,7 +25,7 @@ class Consumer:
     """Sets up one module's parameters for a step and finishes the step."""
 
     def __init__(self, mode: str, module: torch.nn.Module, sharded: set[str], seed: int,
-                 rank: int, world_size: int, group: Any = None) -> None:
+                 rank: int, world_size: int, group: Any = None, zero_start: bool = False) -> None:
         if mode not in CONSUMERS:
             raise ValueError(f"unknown consumer {mode!r} (choose from {', '.join(CONSUMERS)})")
         self.mode = mode
@@ -49,7 +51,8 @@ class Consumer:
         self._main_grads: dict[str, tuple[torch.Tensor, int]] = {}
         if mode == "ddp":
             for name, p in self.params.items():
-                start = main_grad_start(tuple(p.shape), seed, name, rank if name in sharded else None)
+                start = (torch.zeros(tuple(p.shape), dtype=torch.float32) if zero_start else
+                         main_grad_start(tuple(p.shape), seed, name, rank if name in sharded else None))
                 self.start[name] = start.clone()
                 p.main_grad = start.to(p.device)
                 p.grad_added_to_main_grad = False

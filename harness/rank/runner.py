@@ -89,19 +89,22 @@ def _bias_names(module: torch.nn.Module) -> list[str]:
 
 
 def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: ModuleType,
-          device: torch.device):
+          device: torch.device, mb: int = 0):
+    """Microbatch ``mb``'s module call: with the cell's split sizes, and ``is_first_microbatch``
+    (True for the first, False after) when the cell passes it (``first_mb``)."""
+    flag = {"is_first_microbatch": mb == 0} if cell.first_mb else {}
     convention = modules.KINDS[cell.module].splits
     if convention == "none":
-        return lambda x: module(x)
+        return lambda x: module(x, **flag)
     if convention == "list":
-        return lambda x: module(x, splits)
+        return lambda x: module(x, splits, **flag)
     sizes = torch.tensor(splits, dtype=torch.int64)
     if convention == "device":
         # in device memory, as a caller of the grouped-tensor path passes them (TE insists);
         # a CPU backend that stands in for a device marks them resident (te-cpu)
         mark = getattr(backend, "device_tensor", None)
         sizes = mark(sizes) if callable(mark) else sizes.to(device)
-    return lambda x: module(x, sizes)
+    return lambda x: module(x, sizes, **flag)
 
 
 def fitted(example: Example, cell: Cell) -> Example:
@@ -273,7 +276,8 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
             _load_full(module, inputs)
             gtp = attach_weight(module, cell.weight, ctx.group, cell.recipe, inputs.weights)
             sharded = set(weight_names(module)) if gtp else set()
-            consumer = Consumer(cell.consumer, module, sharded, seed, ctx.rank, ctx.world_size, ctx.group)
+            consumer = Consumer(cell.consumer, module, sharded, seed, ctx.rank, ctx.world_size, ctx.group,
+                                zero_start=cell.first_mb)
         with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):
             consumer.register_hooks()
         _run_step(module, cell, inputs, ctx, step, consumer, gtp, backend)
@@ -346,7 +350,7 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
             dy = inputs.dy[ctx.rank][mb].to(dev)
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
-            call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev))
+            call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev, mb))
             out = run_forward(cell.hooks, call, x)
         with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
