@@ -35,7 +35,7 @@ ENTRY = ('[[entry]]\nid = "followers-forward"\ntitle = "followers materialize"\n
 SELECTION = ["--preset", "full", "--modules", "grouped_linear", "--weights", "distributed", "--hooks", "off",
              "--fused", "on", "--dtypes", "fp32,bf16", "--world-sizes", "1,2", "--consumers", "ddp",
              "--microbatches", "1", "--num-gemms", "2", "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off",
-             "--recipes", "none"]
+             "--recipes", "none", "--first-microbatch", "off"]
 ONE_CELL = "grouped_linear-distributed-hooks_off-fused-fp32-ws1-ddp-mb1-g2-bias-igrad-nodelay"
 ONE = [*SELECTION, "--cells", ONE_CELL]
 

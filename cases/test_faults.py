@@ -35,7 +35,7 @@ from harness.stream import ResultStream
 from harness import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
-SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off", "--recipes", "none",
+SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off", "--recipes", "none", "--first-microbatch", "off",
              "--dtypes", "bf16", "--delay-wgrad", "off", "--fused", "on"]
 N_CELLS = 5
 FAULTY = 1          # DW_FAULT_CELL=2: the second module built in a launch, i.e. the second cell

@@ -34,7 +34,7 @@ from harness.stream import ResultStream
 ROOT = Path(__file__).resolve().parents[1]
 # hooks off: a hooked cell also builds its hooks-off twin's module, which would shift the
 # module count the faults are armed by
-SELECTION = ["--preset", "full", "--modules", "linear", "--weights", "distributed", "--world-sizes", "2,4", "--recipes", "none",
+SELECTION = ["--preset", "full", "--modules", "linear", "--weights", "distributed", "--world-sizes", "2,4", "--recipes", "none", "--first-microbatch", "off",
              "--hooks", "off", "--consumers", "ddp", "--microbatches", "2", "--bias", "on,off", "--input-grad", "on",
              "--dtypes", "bf16,fp32", "--fused", "on,off", "--delay-wgrad", "off"]
 N_CELLS = 16

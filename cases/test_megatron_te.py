@@ -68,8 +68,8 @@ def test_te_with_megatrons_weight_is_green_under_the_ledger(te_runs):
                and not c["axes"]["input_grad"] and not c["axes"]["delay_wgrad"]}
     # under a recipe the hooked step runs on to that finalize too, once MXFP8 pads the shards to
     # whole 32-row blocks (hooks-strip-distributed-weight's Megatron form)
-    hooked_recipe = {c["id"] for c in cells if c["axes"]["module"] == "linear" and c["axes"]["hooks"] != "off"
-                     and c["axes"]["recipe"] != "none"}
+    hooked_recipe = {c["id"] for c in cells if c["axes"]["module"] in ("linear", "layernorm_linear", "rmsnorm_linear")
+                     and c["axes"]["hooks"] != "off" and c["axes"]["recipe"] != "none"}
     assert keyerror and keyerror <= set(delayed) | noigrad | hooked_recipe, keyerror
     assert all("hooks-strip-distributed-weight-noigrad" in (c.get("known") or []) for c in cells if c["id"] in noigrad)
 

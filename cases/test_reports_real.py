@@ -32,7 +32,7 @@ from filelock import FileLock
 from fixtures.ledgers import PREFIX_HOOKS_FAILS
 
 ROOT = Path(__file__).resolve().parents[1]
-SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--hooks", "off,identity", "--recipes", "none")
+SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--hooks", "off,identity", "--recipes", "none", "--first-microbatch", "off")
 BACKENDS = {"ref": "harness.reference", "prefix": "harness.reference.prefix"}
 EXPECTED_RC = {"ref": 0, "prefix": 1}
 SWEEP_TIMEOUT = 400

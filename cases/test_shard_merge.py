@@ -22,7 +22,7 @@ from harness.launcher.cost import cell_cost
 from fixtures.ledgers import PREFIX_HOOKS_FAILS
 
 ROOT = Path(__file__).resolve().parents[1]
-SELECTION = ["--modules", "linear,grouped_linear", "--world-sizes", "1,2", "--dtypes", "bf16", "--recipes", "none",
+SELECTION = ["--modules", "linear,grouped_linear", "--world-sizes", "1,2", "--dtypes", "bf16", "--recipes", "none", "--first-microbatch", "off",
              "--backend", "harness.reference.prefix", "--quiet"]
 N = 3
 

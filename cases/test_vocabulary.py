@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BACKEND = "fixtures/path_choice.py"
 AXES = ["--preset", "full", "--modules", "linear,grouped_linear,grouped_linear_tensor", "--weights", "distributed", "--hooks", "off,identity",
         "--fused", "on", "--dtypes", "bf16", "--world-sizes", "2", "--consumers", "ddp", "--microbatches", "2",
-        "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off,on", "--num-gemms", "1,4", "--recipes", "none"]
+        "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off,on", "--num-gemms", "1,4", "--recipes", "none", "--first-microbatch", "off"]
 FILTER = ('not (hooks == "identity" and delay_wgrad) and (num_gemms == 1) == (module == "linear") and '
           '(module != "grouped_linear_tensor" or (hooks == "off" and not delay_wgrad))')
 LEDGER = """
