@@ -389,18 +389,41 @@ def _components() -> list[tuple[list[str], list[tuple[str, str, Callable[[Any, A
 _COMPONENTS = _components()
 
 
+#: answers of :func:`_component_feasible`, keyed by the component, its axes' fixed values and
+#: domains (a preset asks the same few thousand questions many times)
+_FEASIBLE: dict[tuple[Any, ...], bool] = {}
+
+
 def _feasible(assign: Assignment, domains: Domains) -> bool:
-    """True when the partial assignment extends to a valid cell (exact: a search per
-    connected group of constrained axes; groups share no axis, so they are independent)."""
-    for axes, cons in _COMPONENTS:
-        def extend(i: int, partial: Assignment) -> bool:
-            if i == len(axes):
-                return all(ok(partial[a], partial[b]) for a, b, ok, _ in cons)
-            return any(extend(i + 1, {**partial, axes[i]: v})
-                       for v in _options(axes[i], partial, domains))
-        if not extend(0, dict(assign)):
+    """True when the partial assignment extends to a valid cell (exact: a backtracking search
+    per connected group of constrained axes; groups share no axis, so they are independent)."""
+    for index, (axes, cons) in enumerate(_COMPONENTS):
+        fixed = tuple((a, assign[a]) for a in axes if a in assign)
+        key = (index, fixed, tuple(domains[a] for a in axes))
+        if key not in _FEASIBLE:
+            if len(_FEASIBLE) > 200_000:  # bounded: a long-lived process selects many presets
+                _FEASIBLE.clear()
+            _FEASIBLE[key] = _component_feasible(axes, cons, dict(fixed), domains)
+        if not _FEASIBLE[key]:
             return False
     return True
+
+
+def _component_feasible(axes: list[str], cons: list[tuple[str, str, Callable[[Any, Any], bool], str]],
+                        fixed: Assignment, domains: Domains) -> bool:
+    """Whether ``fixed`` extends over ``axes`` with every constraint of ``cons`` holding: a
+    backtracking search that checks each constraint as soon as both its axes have values."""
+    def holds(partial: Assignment) -> bool:
+        return all(ok(partial[a], partial[b]) for a, b, ok, _ in cons if a in partial and b in partial)
+
+    def extend(i: int, partial: Assignment) -> bool:
+        if not holds(partial):
+            return False
+        if i == len(axes):
+            return True
+        return any(extend(i + 1, {**partial, axes[i]: v}) for v in _options(axes[i], partial, domains))
+
+    return extend(0, fixed)
 
 
 def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
