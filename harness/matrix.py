@@ -318,7 +318,8 @@ class Cell:
         parts = cell_id.split("-")
         recipe, first_mb = "none", False
         if len(parts) > 12 and parts[-1] == "fmb":
-            first_mb = bool(parts.pop())
+            parts.pop()
+            first_mb = True
         if len(parts) == 13 and parts[12].startswith("r"):
             recipe = parts.pop()[1:]
         if len(parts) != 12:

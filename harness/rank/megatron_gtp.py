@@ -102,7 +102,7 @@ def load() -> types.ModuleType:
     return gtp
 
 
-def reset_state(pad_for_alignment: int = 16) -> None:
+def reset_state(pad_for_alignment: int = weights.MEGATRON_PAD) -> None:
     """Start a new model: Megatron's ``reset_gtp_state()`` (prefetch chains, buffer parity)
     plus the process-global registries a fresh process would have empty - the buffer cache,
     the wgrad pool, the in-flight set and the parameter list (which would keep every earlier
@@ -222,10 +222,15 @@ def inject_native(module: torch.nn.Module, group: Any, values: list[torch.Tensor
     shard_rows, pad_length = gtp.gtp_remat_shard_dim0(rows, group)
     rank = group.rank()
     for name, value in zip(names, values):
-        padded = torch.nn.functional.pad(value.detach(), (0, 0, 0, pad_length))
-        shard = padded[rank * shard_rows:(rank + 1) * shard_rows].contiguous()
+        shard = _rank_rows(value, pad_length, rank, shard_rows)
         module._parameters[name] = _native_shard(getattr(module, name), shard)  # keeps its place
     return _attach(gtp, module, group, names, shard_rows, pad_length)
+
+
+def _rank_rows(full: torch.Tensor, pad_length: int, rank: int, shard_rows: int) -> torch.Tensor:
+    """``rank``'s rows of ``full`` padded at the tail as Megatron pads (a copy)."""
+    padded = torch.nn.functional.pad(full.detach(), (0, 0, 0, pad_length))
+    return padded[rank * shard_rows:(rank + 1) * shard_rows].clone()
 
 
 def _attach(gtp: types.ModuleType, module: torch.nn.Module, group: Any, names: list[str],
@@ -257,6 +262,5 @@ def inject(module: torch.nn.Module, group: Any) -> MegatronGroup:
     for w in full:
         # the module's own parameter keeps its place and the attributes TE gave it (the
         # tensor-parallel ones Megatron copies): as if TE had built it shard-sized
-        padded = torch.nn.functional.pad(w.detach(), (0, 0, 0, pad_length))
-        w.data = padded[rank * shard_rows:(rank + 1) * shard_rows].clone()
+        w.data = _rank_rows(w, pad_length, rank, shard_rows)
     return _attach(gtp, module, group, names, shard_rows, pad_length)
