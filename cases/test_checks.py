@@ -295,3 +295,31 @@ def test_pre_fix_backend_fails_its_twin_in_every_hooked_distributed_cell_that_ru
         ran += 1
         assert any(c.kind == "twin" and not c.ok for c in res.comparisons), cell.id
     assert ran >= len(cells) // 2, f"only {ran} of {len(cells)} cells ran to the end"
+
+
+def test_native_weight_gathered_in_high_precision_is_caught():
+    """A native weight's gathers must hand TE quantized data: one gather in high precision (the
+    weight gathered as BF16, TE quantizing it, which MXFP8 values cannot tell apart) fails
+    ``native_gathers_quantized``; all quantized passes; no gather at all fails too."""
+    from types import SimpleNamespace
+
+    from harness.rank.gtp import CallLog
+    from harness.rank.runner import _protocol_checks
+
+    cell = _cell(module="linear", weight="megatron_fp8", world_size=2, num_gemms=1, microbatches=2,
+                 delay_wgrad=False, recipe="mxfp8")
+
+    def verdict(*quantized: bool) -> bool:
+        log = CallLog()
+        for q in quantized:
+            log.add("materialize_forward", 0, quantized=q)
+        log.add("finalize", 0, dtypes=["float32"], shapes=[[32, 32]])
+        checks = _protocol_checks(cell, SimpleNamespace(members=[None], log=log))
+        return next(c.ok for c in checks if c.name == "native_gathers_quantized")
+
+    assert verdict(True, True)
+    assert not verdict(True, False)
+    assert not verdict()
+    plain = _protocol_checks(_cell(module="linear", weight="gtp_async", world_size=2, num_gemms=1,
+                                   delay_wgrad=False), SimpleNamespace(members=[None], log=CallLog()))
+    assert "native_gathers_quantized" not in {c.name for c in plain}

@@ -111,6 +111,10 @@ def test_te_with_megatrons_native_fp8_weight(te_runs, tmp_path):
     assert {c["status"] for c in cells} <= {"pass", "xfail", "known"}
     passed = [c for c in cells if c["status"] == "pass"]
     assert passed and all(c["axes"]["recipe"] == "mxfp8" and c["axes"]["hooks"] == "off" for c in passed)
+    # the native path, proven on each rank: every gather handed TE quantized data (MXFP8's values
+    # are the same whether Megatron gathered FP8 or TE quantized a gathered BF16 weight)
+    assert all(any(k["name"] == "native_gathers_quantized" and k["ok"] for k in r["comparisons"])
+               for c in passed for r in c["ranks"]), [c["id"] for c in passed]
     # the modules whose backward asks the saved tensor (ops.GroupedLinear keeps its weights on the op)
     hooked = [c for c in cells if c["axes"]["hooks"] != "off" and c["axes"]["module"] != "ops_grouped_linear"
               and not (c["axes"]["recipe"] == "current" and c["axes"]["world_size"] == 4)]

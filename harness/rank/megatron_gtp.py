@@ -137,10 +137,13 @@ class MegatronGroup:
 
             def call(*args: Any, **kwargs: Any) -> Any:
                 record(*args, **kwargs)
+                entry = self.log.calls[-1] if self.log.calls else {}  # this call's, for materializations
                 out = method(*args, **kwargs)
-                if name == "materialize_group_for_forward":
+                if name.startswith("materialize_group"):
                     tensors = out if isinstance(out, (list, tuple)) else [out]
-                    self._forward_gathers.extend(weakref.ref(t) for t in tensors)
+                    entry["quantized"] = all(_quantized(t) for t in tensors)
+                    if name == "materialize_group_for_forward":
+                        self._forward_gathers.extend(weakref.ref(t) for t in tensors)
                 if name == "grad_buffer":
                     self.log.add("grad_buffer", index, dtype=str(out.dtype).replace("torch.", ""))
                 return out
@@ -165,6 +168,14 @@ class MegatronGroup:
             gc.collect()
             alive = sum(r() is not None for r in self._forward_gathers)
         return alive
+
+
+def _quantized(tensor: Any) -> bool:
+    """``tensor`` holds TE's quantized data (a quantized tensor or its bare storage): a
+    native weight's gather must hand these to the GEMMs, not a high-precision weight."""
+    from transformer_engine.pytorch.quantized_tensor import QuantizedTensor, QuantizedTensorStorage
+
+    return isinstance(tensor, (QuantizedTensor, QuantizedTensorStorage))
 
 
 @contextmanager

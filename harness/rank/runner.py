@@ -557,4 +557,10 @@ def _protocol_checks(cell: Cell, gtp: GTPGroup) -> list[Check]:
     want = "float32" if cell.consumer == "ddp" else str(DTYPES[cell.dtype]).replace("torch.", "")
     dtypes = sorted(set(gtp.log.finalize_dtypes()))
     checks.append(compare.compare_value("finalize_dtypes", "dtype", dtypes, [want]))
+    if weights.KINDS[cell.weight].native:
+        # the native path, proven: every gather handed the GEMMs quantized data (a weight
+        # gathered in high precision and quantized by TE has MXFP8's values too)
+        gathers = [c for c in gtp.log.calls if c["kind"].startswith("materialize")]
+        checks.append(compare.compare_value("native_gathers_quantized", "flag",
+                                            bool(gathers) and all(c.get("quantized") for c in gathers), True))
     return checks
