@@ -94,10 +94,10 @@ def test_weight_grad_in_main_backward_is_caught():
     class Grouped(_modules.GroupedLinear):
         _impl = Eager()
 
-        def _run(self, inp, m_splits):
+        def _run(self, inp, m_splits, first_microbatch=None):
             self.delay_wgrad_compute, was = False, self.delay_wgrad_compute
             try:
-                return super()._run(inp, m_splits)
+                return super()._run(inp, m_splits, first_microbatch)
             finally:
                 self.delay_wgrad_compute = was
 
@@ -323,3 +323,21 @@ def test_native_weight_gathered_in_high_precision_is_caught():
     plain = _protocol_checks(_cell(module="linear", weight="gtp_async", world_size=2, num_gemms=1,
                                    delay_wgrad=False), SimpleNamespace(members=[None], log=CallLog()))
     assert "native_gathers_quantized" not in {c.name for c in plain}
+
+
+@pytest.mark.parametrize("module", ["linear", "grouped_linear"])
+def test_is_first_microbatch_is_observable(module):
+    """From the seeded non-zero start, a flagged cell tells TE's rule from its two faults: a
+    fused plain weight's first wgrad replaces main_grad (ignoring the flag fails the weight's
+    value), a distributed weight's accumulates (clearing main_grad for it fails too)."""
+    from harness.reference import mutants
+
+    n = 4 if module == "grouped_linear" else 1
+    plain = _cell(module=module, weight="plain", num_gemms=n, delay_wgrad=False, first_mb=True)
+    dist = _cell(module=module, weight="distributed", num_gemms=n, delay_wgrad=False, first_mb=True)
+    weights = {f"weight{i}.main_grad" for i in range(n)} if n > 1 else {"weight.main_grad"}
+    assert not _failed(reference, plain) and not _failed(reference, dist)
+    assert weights <= _failed(mutants.get("first-microbatch-ignored"), plain)
+    assert not _failed(mutants.get("first-microbatch-ignored"), dist)
+    assert weights <= _failed(mutants.get("first-microbatch-overwrites-distributed"), dist)
+    assert not _failed(mutants.get("first-microbatch-overwrites-distributed"), plain)

@@ -60,7 +60,7 @@ def test_mutant_killed_about_its_fault(name):
     # Cells of modules the mutant leaves alone run the reference's own classes (checked
     # below), so only the others can die; the first kill with evidence settles it.
     killed = []
-    for cell in (c for c in CELLS if m.applies(c.module, c.recipe)):
+    for cell in (c for c in CELLS if m.applies(c.module, c.recipe, c.first_mb)):
         result = run_cell(m.backend, cell, RankContext())
         if result.status in GOOD:
             continue
@@ -80,7 +80,7 @@ def test_shape_faults_die_at_ws1_exactly_where_the_shard_is_padded():
     the DDP hook adds it to main_grad) - and survive the others."""
     for name in ("full-shape-dummy", "unfused-finalize-dropped"):
         m = mutants.MUTANTS[name]
-        results = _run(m.backend, [c for c in CELLS if m.applies(c.module, c.recipe)])
+        results = _run(m.backend, [c for c in CELLS if m.applies(c.module, c.recipe, c.first_mb)])
         died = {c.id for c, r in results.items() if r.status not in GOOD}
         kinds = {c.id: weights.KINDS[c.weight] for c in results}
 
@@ -103,7 +103,8 @@ def test_catalog_matches_bugs_md():
     """docs/fault-classes.md's ten classes in order, then the four only a Megatron-like implementer exposes,
     then the one only an exact check catches, four subtle numeric faults, the four of
     GroupedLinear's grouped-tensor path and LayerNormLinear's normalization, the five of
-    the FP8 path (cells under a recipe only) and the one of MXFP8."""
+    the FP8 path (cells under a recipe only), the one of MXFP8 and the two of
+    ``is_first_microbatch`` (flagged cells only)."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
         "unfused-finalize-dropped", "ops-double-add", "dgrad-forward-copy",
@@ -114,13 +115,14 @@ def test_catalog_matches_bugs_md():
         "grouped-tensor-path-no-dw", "norm-dgamma-dropped", "norm-dbeta-on-gamma",
         "norm-zero-centered-ignored-in-backward", "fp8-per-shard-amax", "fp8-stale-weight-workspace",
         "fp8-e4m3-gradient", "fp8-dgrad-weight-unquantized", "fp8-dgrad-weight-requantized",
-        "mxfp8-scale-rounded-down",
+        "mxfp8-scale-rounded-down", "first-microbatch-ignored", "first-microbatch-overwrites-distributed",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description
         assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
         assert set(m.modules) <= set(modules.NAMES)
         assert m.recipes is None or (m.name.startswith(("fp8-", "mxfp8-")) and set(m.recipes) <= set(recipes.QUANTIZED))
+        assert m.first_mb == m.name.startswith("first-microbatch-")
         for attr in ("Linear", "GroupedLinear", "LayerNormLinear"):
             assert isinstance(getattr(m.backend, attr), type)
         assert isinstance(m.backend.ops.GroupedLinear, type)

@@ -53,6 +53,8 @@ class FaultClass:
         evidence: what a kill about this fault looks like (module docstring).
         recipes: the cell ``recipe`` values the fault can show under (None: every one); a
             fault of the FP8 path changes nothing in a cell without a recipe.
+        first_mb: the fault is in what ``is_first_microbatch`` changes: only cells that pass
+            the flag (``first_mb``) run it.
     """
 
     name: str
@@ -61,14 +63,19 @@ class FaultClass:
     min_world_size: int = 1
     evidence: tuple[str, ...] = ()
     recipes: tuple[str, ...] | None = None
+    first_mb: bool = False
 
-    def applies(self, module: str, recipe: str) -> bool:
-        """Whether a cell of ``module`` under ``recipe`` runs this fault's code."""
-        return module in self.modules and (self.recipes is None or recipe in self.recipes)
+    def applies(self, module: str, recipe: str, first_mb: bool = False) -> bool:
+        """Whether a cell of ``module`` under ``recipe`` (passing ``is_first_microbatch`` or
+        not) runs this fault's code."""
+        return (module in self.modules and (self.recipes is None or recipe in self.recipes)
+                and (first_mb or not self.first_mb))
 
 
 #: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
 _FP8_MODULES = tuple(m for m in recipes.MODELLED["current"] if m in recipes.MODELLED["delayed"])
+#: the GEMM modules whose forward takes ``is_first_microbatch`` (the op-fuser's does not)
+_FLAG_MODULES = ("linear", "grouped_linear")
 #: the module values the oracle judges under MXFP8 (the MXFP8 mutant's cells)
 _MXFP8_MODULES = recipes.MODELLED["mxfp8"]
 
@@ -206,6 +213,14 @@ _ALL = (
                "MXFP8: the weight's E8M0 block scale is rounded down from amax / 448, not up, so "
                "a block's largest elements saturate",
                modules=_MXFP8_MODULES, recipes=("mxfp8",), evidence=("check:mb*.output",)),
+    FaultClass("first-microbatch-ignored",
+               "is_first_microbatch=True is ignored: a fused plain weight's first wgrad is added "
+               "to main_grad instead of replacing it",
+               modules=_FLAG_MODULES, first_mb=True, evidence=("check:weight*.main_grad",)),
+    FaultClass("first-microbatch-overwrites-distributed",
+               "is_first_microbatch=True is applied to a distributed weight too: main_grad is "
+               "cleared before the first finalize, losing what it held",
+               modules=_FLAG_MODULES, first_mb=True, evidence=("check:weight*.main_grad",)),
 )
 CATALOG: dict[str, FaultClass] = {f.name: f for f in _ALL}
 

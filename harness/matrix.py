@@ -413,18 +413,41 @@ def _feasible(assign: Assignment, domains: Domains) -> bool:
 def _component_feasible(axes: list[str], cons: list[tuple[str, str, Callable[[Any, Any], bool], str]],
                         fixed: Assignment, domains: Domains) -> bool:
     """Whether ``fixed`` extends over ``axes`` with every constraint of ``cons`` holding: a
-    backtracking search that checks each constraint as soon as both its axes have values."""
-    def holds(partial: Assignment) -> bool:
-        return all(ok(partial[a], partial[b]) for a, b, ok, _ in cons if a in partial and b in partial)
+    backtracking search in axis order that checks each constraint once, as soon as both its
+    axes have values (a fixed axis has its value from the start), and remembers the dead
+    ends: what remains from axis ``i`` on depends only on the earlier values that later
+    constraints read, so a dead end is never searched twice."""
+    position = {a: -1 if a in fixed else i for i, a in enumerate(axes)}
+    due: list[list[tuple[str, str, Callable[[Any, Any], bool]]]] = [[] for _ in axes]
+    for a, b, ok, _ in cons:
+        due[max(position[a], position[b], 0)].append((a, b, ok))
+    # the earlier free values the search from axis i on reads (num_gemms' options read module)
+    reads = [{a for later in due[i:] for con in later for a in con[:2] if 0 <= position[a] < i}
+             | ({"module"} if "num_gemms" in axes[i:] and 0 <= position.get("module", -1) < i else set())
+             for i in range(len(axes))]
+    frontier = [sorted(r, key=position.__getitem__) for r in reads]
+    partial = dict(fixed)
+    dead: set[tuple[Any, ...]] = set()
 
-    def extend(i: int, partial: Assignment) -> bool:
-        if not holds(partial):
-            return False
+    def extend(i: int) -> bool:
         if i == len(axes):
             return True
-        return any(extend(i + 1, {**partial, axes[i]: v}) for v in _options(axes[i], partial, domains))
+        key = (i, *(partial[a] for a in frontier[i]))
+        if key in dead:
+            return False
+        name = axes[i]
+        for v in _options(name, partial, domains):
+            partial[name] = v
+            if all(ok(partial[a], partial[b]) for a, b, ok in due[i]) and extend(i + 1):
+                return True
+        if name in fixed:
+            partial[name] = fixed[name]
+        else:
+            partial.pop(name, None)
+        dead.add(key)
+        return False
 
-    return extend(0, fixed)
+    return extend(0)
 
 
 def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -558,6 +581,9 @@ def _flagged_cells(domains: Domains, judged_only: bool) -> list[Cell]:
         d["recipe"] = tuple(r for r in d["recipe"] if any(recipes.judged(r, m) for m in d["module"]))
     seed = [c for m in d["module"] for w in _weight_tiers(d["weight"])["full"] if weights.KINDS[w].distributed
             if (c := _complete({"module": m, "weight": w, "hooks": "off", "fused": True}, d)) is not None]
+    if "plain" in d["weight"] and "ddp" in d["consumer"]:  # where TE's first microbatch overwrites main_grad
+        seed += [c for m in d["module"] if (c := _complete({"module": m, "weight": "plain", "hooks": "off",
+                                                            "fused": True, "consumer": "ddp"}, d)) is not None]
     return [c for c in _all_pairs(d, seed) if not judged_only or recipes.judged(c.recipe, c.module)]
 
 

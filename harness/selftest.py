@@ -173,7 +173,7 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     tasks = [Task(CLEAN, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
     for name, m in fault_classes.CATALOG.items():
-        mine = [c for c in cells if m.applies(c.module, c.recipe)]
+        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb)]
         cover = first_round(mine)
         tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in cover[:FIRST_CELLS]]
         covered = set(cover)

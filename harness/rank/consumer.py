@@ -25,7 +25,7 @@ class Consumer:
     """Sets up one module's parameters for a step and finishes the step."""
 
     def __init__(self, mode: str, module: torch.nn.Module, sharded: set[str], seed: int,
-                 rank: int, world_size: int, group: Any = None, zero_start: bool = False) -> None:
+                 rank: int, world_size: int, group: Any = None, replaced: set[str] = frozenset()) -> None:
         if mode not in CONSUMERS:
             raise ValueError(f"unknown consumer {mode!r} (choose from {', '.join(CONSUMERS)})")
         self.mode = mode
@@ -35,6 +35,8 @@ class Consumer:
         self.group = group
         self.params: dict[str, torch.nn.Parameter] = dict(module.named_parameters(recurse=False))
         self.start: dict[str, torch.Tensor] = {}
+        #: parameters whose first microbatch's gradient replaces ``main_grad`` (``is_first_microbatch``)
+        self.replaced = set(replaced)
         self.wgrad_hook_calls = 0
         #: per wgrad-hook call: was some delayed weight's gradient in place when it fired?
         self.hook_saw_gradients: list[bool] = []
@@ -51,8 +53,7 @@ class Consumer:
         self._main_grads: dict[str, tuple[torch.Tensor, int]] = {}
         if mode == "ddp":
             for name, p in self.params.items():
-                start = (torch.zeros(tuple(p.shape), dtype=torch.float32) if zero_start else
-                         main_grad_start(tuple(p.shape), seed, name, rank if name in sharded else None))
+                start = main_grad_start(tuple(p.shape), seed, name, rank if name in sharded else None)
                 self.start[name] = start.clone()
                 p.main_grad = start.to(p.device)
                 p.grad_added_to_main_grad = False
@@ -133,15 +134,21 @@ class Consumer:
         a collective per parameter costs a scheduling round-trip of every rank each."""
         replicated = {n: p for n, p in self.params.items() if n not in self.sharded}
         if self.mode == "ddp":
-            incs = {n: p.main_grad - self.start[n].to(p.main_grad.device) for n, p in replicated.items()}
+            incs = {n: p.main_grad - self.base(n).to(p.main_grad.device) for n, p in replicated.items()}
             self._all_reduce(list(incs.values()))
             for n, p in replicated.items():
-                p.main_grad.copy_(self.start[n].to(incs[n].device) + incs[n] / self.world_size)
+                p.main_grad.copy_(self.base(n).to(incs[n].device) + incs[n] / self.world_size)
         elif self.world_size > 1:
             grads = [p.grad for p in replicated.values() if p.grad is not None]
             self._all_reduce(grads)
             for g in grads:
                 g.div_(self.world_size)
+
+    def base(self, name: str) -> torch.Tensor:
+        """What ``name``'s gradient of record adds the step's gradients to: its start value,
+        or zero when the first microbatch's gradient replaced it."""
+        start = self.start[name]
+        return torch.zeros_like(start) if name in self.replaced else start
 
     def _all_reduce(self, tensors: list[torch.Tensor]) -> None:
         """Sum ``tensors`` across the ranks in place, one flat collective per dtype."""

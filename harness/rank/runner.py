@@ -83,6 +83,14 @@ def _construct(cls: Any, kind: modules.ModuleKind, cell: Cell, e: Example, dtype
                delay_wgrad_compute=cell.delay_wgrad, **extra)
 
 
+def overwrites_first(cell: Cell) -> bool:
+    """The first microbatch's weight gradient replaces ``main_grad`` instead of adding to it:
+    ``is_first_microbatch=True`` with fused accumulation into a plain weight (TE:
+    ``accumulate = fuse_wgrad_accumulation and not is_first_microbatch``). A DistributedWeight
+    is exempt - its finalize accumulates - and biases and norm parameters go through ``.grad``."""
+    return cell.first_mb and cell.fused and not cell.distributed
+
+
 def _bias_names(module: torch.nn.Module) -> list[str]:
     names = [n for n, _ in module.named_parameters(recurse=False) if n.startswith("bias")]
     return sorted(names, key=lambda n: int(n[4:] or 0))
@@ -276,8 +284,9 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
             _load_full(module, inputs)
             gtp = attach_weight(module, cell.weight, ctx.group, cell.recipe, inputs.weights)
             sharded = set(weight_names(module)) if gtp else set()
+            replaced = set(weight_names(module)) if overwrites_first(cell) else set()
             consumer = Consumer(cell.consumer, module, sharded, seed, ctx.rank, ctx.world_size, ctx.group,
-                                zero_start=cell.first_mb)
+                                replaced)
         with _owned("backend", "register_wgrad_accumulation_and_reduce_hooks", cell):
             consumer.register_hooks()
         _run_step(module, cell, inputs, ctx, step, consumer, gtp, backend)
@@ -447,7 +456,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
         if gtp is not None:
             s = gtp.rows_per_rank
             shard = (gtp.padded_rows, ctx.rank * s, s)
-        start = consumer.start.get(name) if ddp else None
+        start = consumer.base(name) if ddp else None
         ref = oracle.record_of(orc.wgrad_sums[i], start, shard)
         actual = consumer.record(name)
         check = compare.compare_tensor(f"{name}.{record_attr}", actual, ref, w_dtype)

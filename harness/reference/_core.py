@@ -46,6 +46,9 @@ class GemmCall:
     has_bias: bool
     #: the recipe's state and the forward's scales, under ``autocast`` (``_fp8``); else None
     fp8: "_fp8.CallScaling | None" = None
+    #: ``is_first_microbatch`` as the forward got it: ``True`` lets a fused plain weight's
+    #: wgrad overwrite ``main_grad`` (the step's first gradient), as TE does
+    first_microbatch: bool | None = None
 
 
 class ReferenceImpl:
@@ -183,7 +186,11 @@ class ReferenceImpl:
         if call.fused:
             for w, go, x in zip(origins, grad_outs, inps):
                 main_grad = w.main_grad
-                main_grad.add_(self.wgrad(go, x, main_grad.dtype))
+                wgrad = self.wgrad(go, x, main_grad.dtype)
+                if call.first_microbatch:  # TE: accumulate = fused and not is_first_microbatch
+                    main_grad.copy_(wgrad)
+                else:
+                    main_grad.add_(wgrad)
                 w.grad_added_to_main_grad = True
             return [self.dummy_grad(w) for w in origins]
         return [self.wgrad(go, x, compute_dtype) for go, x in zip(grad_outs, inps)]

@@ -79,7 +79,7 @@ class _GroupModule(DelayedWgradMixin, torch.nn.Module):
     def _delayed_param_names(self) -> tuple[str, ...]:
         return self._weight_names + (self._bias_names if self._delay_bias else ())
 
-    def _run(self, inp: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
+    def _run(self, inp: torch.Tensor, m_splits: list[int], first_microbatch: bool | None = None) -> torch.Tensor:
         weights = [getattr(self, n) for n in self._weight_names]
         biases = [getattr(self, n) for n in self._bias_names]
         distributed = self._impl.check_supported(self, weights)
@@ -88,7 +88,7 @@ class _GroupModule(DelayedWgradMixin, torch.nn.Module):
             module=self, impl=self._impl, m_splits=m_splits, fused=self.fuse_wgrad_accumulation,
             delay=self.delay_wgrad_compute, delay_bias=self._delay_bias,
             distributed=distributed, n=len(weights), has_bias=bool(biases),
-            fp8=_fp8.for_forward(self, len(weights)),
+            fp8=_fp8.for_forward(self, len(weights)), first_microbatch=first_microbatch,
         )
         return GroupGemm.apply(inp, call, *weights, *biases)
 
@@ -106,7 +106,7 @@ class Linear(_GroupModule):
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         lead = inp.shape[:-1]
         flat = inp.reshape(-1, inp.shape[-1])
-        out = self._run(flat, [flat.shape[0]])
+        out = self._run(flat, [flat.shape[0]], is_first_microbatch)
         return out.reshape(*lead, self.out_features)
 
 
@@ -131,7 +131,7 @@ class GroupedLinear(_GroupModule):
     def forward(self, inp: torch.Tensor, m_splits: Sequence[int],
                 is_first_microbatch: bool | None = None) -> torch.Tensor:
         splits = check_splits(m_splits, self.num_gemms, inp.shape[0])
-        return self._run(inp, splits)
+        return self._run(inp, splits, is_first_microbatch)
 
 
 class LayerNormLinear(_GroupModule):
@@ -169,5 +169,5 @@ class LayerNormLinear(_GroupModule):
         call = NormCall(self._impl, self.normalization, self.zero_centered_gamma, self.eps)
         norm_params = [self.layer_norm_weight] + ([self.layer_norm_bias] if self.layer_norm_bias is not None else [])
         normed = Normalize.apply(flat, call, *norm_params)
-        out = self._run(normed, [flat.shape[0]])
+        out = self._run(normed, [flat.shape[0]], is_first_microbatch)
         return out.reshape(*lead, self.out_features)

@@ -13,6 +13,8 @@ each in the reference (:data:`IMPLEMENTATIONS`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import types
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -457,6 +459,28 @@ class _Mxfp8ScaleRoundedDown:
         return _fp8.Quantized(_mxfp8_rounded_down(gemm_weight), 1.0, gemm_weight.dtype, "mxfp8")  # Fault
 
 
+class _FirstMicrobatchIgnored:
+    """``is_first_microbatch=True`` ignored: a fused plain weight accumulates its first wgrad."""
+
+    def plain_wgrads(self, call: GemmCall, origins: Sequence[Any], grad_outs: Sequence[torch.Tensor],
+                     inps: Sequence[torch.Tensor], compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        return super().plain_wgrads(dataclasses.replace(call, first_microbatch=None),  # Fault
+                                    origins, grad_outs, inps, compute_dtype)
+
+
+class _FirstMicrobatchOverwritesDistributed:
+    """``is_first_microbatch=True`` applied to a distributed weight (TE exempts it: its finalize
+    accumulates): ``main_grad`` is cleared before the first finalize."""
+
+    def distributed_wgrads(self, call: GemmCall, weights: Sequence[Any], grad_outs: Sequence[torch.Tensor],
+                           inps: Sequence[torch.Tensor], compute_dtype: torch.dtype) -> list[torch.Tensor]:
+        if call.first_microbatch:
+            for w in weights:
+                if getattr(w, "main_grad", None) is not None:
+                    w.main_grad.zero_()  # Fault: the flag's overwrite, on a weight finalize accumulates into
+        return super().distributed_wgrads(call, weights, grad_outs, inps, compute_dtype)
+
+
 #: the fault class -> the mixin planting it (``hooks-strip-subclass`` is the pre-fix backend itself)
 IMPLEMENTATIONS: dict[str, type] = {
     "wgrad-compute-dtype": _WgradComputeDtype,
@@ -487,6 +511,8 @@ IMPLEMENTATIONS: dict[str, type] = {
     "fp8-dgrad-weight-unquantized": _Fp8DgradWeightUnquantized,
     "fp8-dgrad-weight-requantized": _Fp8DgradWeightRequantized,
     "mxfp8-scale-rounded-down": _Mxfp8ScaleRoundedDown,
+    "first-microbatch-ignored": _FirstMicrobatchIgnored,
+    "first-microbatch-overwrites-distributed": _FirstMicrobatchOverwritesDistributed,
 }
 
 
