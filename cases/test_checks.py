@@ -341,3 +341,17 @@ def test_is_first_microbatch_is_observable(module):
     assert not _failed(mutants.get("first-microbatch-ignored"), dist)
     assert weights <= _failed(mutants.get("first-microbatch-overwrites-distributed"), dist)
     assert not _failed(mutants.get("first-microbatch-overwrites-distributed"), plain)
+
+
+def test_fp8_weight_caching_under_delayed_scaling_is_judged(monkeypatch):
+    """Under delayed scaling a flagged cell's second microbatch multiplies the FP8 weight the
+    first quantized (scale 1, before any update): the reference keeps it and passes; quantizing
+    afresh with the updated scale - the flag ignored - fails the second microbatch's output."""
+    from harness.reference import _fp8
+
+    cells = [_cell(module=m, weight=w, num_gemms=4 if m == "grouped_linear" else 1, delay_wgrad=False,
+                   recipe="delayed", first_mb=True) for m in ("linear", "grouped_linear") for w in ("plain", "distributed")]
+    assert all(not _failed(reference, c) for c in cells)
+    fresh = _fp8.cached_weight
+    monkeypatch.setattr(_fp8, "cached_weight", lambda fp8, module, i, w, first: fresh(fp8, module, i, w, None))
+    assert all("mb1.output" in _failed(reference, c) for c in cells)

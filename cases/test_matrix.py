@@ -640,14 +640,15 @@ def test_ci_under_one_recipe_is_its_covering_design():
 def test_first_microbatch_cells():
     """``ci`` adds one all-pairs design of the cells that pass ``is_first_microbatch``
     (``first_mb``): every other axis's values meet under the flag, on the modules whose forward
-    takes it, with two microbatches, without delayed scaling; each distributed weight of full
-    coverage meets each module hooks-off with fused accumulation. The cells without the flag
+    takes it, with two microbatches, under every recipe the oracle judges; each distributed
+    weight of full coverage meets each module hooks-off with fused accumulation, and a plain
+    weight each module fused into main_grad. The cells without the flag
     keep their ids; the flag is named in the id only when passed; smoke and seed pass none."""
     ci = select("ci")
     flagged = [c for c in ci if c.first_mb]
     assert 30 <= len(flagged) <= 120 and len(unflagged(ci)) == 685
     assert {c.microbatches for c in flagged} == {2} and not any(CLASS[c.module] == "ops" for c in flagged)
-    assert {c.recipe for c in flagged} == {"none", "current", "mxfp8", "blockwise"}
+    assert {c.recipe for c in flagged} == {"none", "delayed", "current", "mxfp8", "blockwise"}
     mods = tuple(m for m in DEFAULTS["module"] if CLASS[m] != "ops")
     domains = {**DEFAULTS, "first_mb": (True,), "module": mods, "microbatches": (2,),
                "recipe": ("none", "current", "mxfp8", "blockwise")}
@@ -674,6 +675,8 @@ def test_first_microbatch_cells():
         Cell(**{**base, "microbatches": 1, "first_mb": True})
     with pytest.raises(MatrixError, match="ops.GroupedLinear's .* does not"):
         Cell(**{**base, "module": "ops_grouped_linear", "first_mb": True})
-    with pytest.raises(MatrixError, match="first_mb with recipe='delayed' is not built"):
-        Cell(**{**base, "recipe": "delayed", "first_mb": True})
+    assert Cell(**{**base, "recipe": "delayed", "first_mb": True}).first_mb  # the cached weight is modelled
+    assert any(c.recipe == "delayed" for c in flagged)
+    for m in mods:  # where TE's first microbatch overwrites main_grad
+        assert any(c.module == m and c.weight == "plain" and c.fused and c.consumer == "ddp" for c in flagged), m
 

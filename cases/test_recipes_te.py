@@ -34,6 +34,13 @@ CELLS = {
     # TE re-quantizes a DistributedWeight's re-gathered weight with the updated scale
     "linear-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay-rdelayed":
         ("known", "delayed-scaling-distributed-dgrad-requantized"),
+    # is_first_microbatch: the first microbatch's FP8 weight is multiplied again by the second
+    "linear-plain-hooks_off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay-rdelayed-fmb": ("pass", None),
+    "linear-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay-rdelayed-fmb":
+        ("known", "delayed-scaling-distributed-dgrad-requantized"),
+    # the re-quantize records the backward copy's amax: a tagged copy moves the weight's next scale
+    "linear-gtp_tagged-hooks_off-fused-fp32-ws1-ddp-mb2-g1-bias-igrad-nodelay-rdelayed":
+        ("known", "delayed-scaling-distributed-dgrad-requantized"),
     # under FP8 a delayed bias gradient is computed in the main backward
     "linear-plain-hooks_off-fused-bf16-ws4-ddp-mb2-g1-bias-igrad-delay-rcurrent":
         ("known", "fp8-delayed-bias-grad-in-main-backward"),
@@ -46,6 +53,7 @@ def run(tmp_path_factory) -> tuple[dict, int, str]:
 
     def sweep(root: Path) -> None:
         proc = harness("sweep", "--backend", "te-cpu", "--preset", "full", "--recipes", "current,delayed", "--modules", "linear",
+                       "--weights", "plain,distributed,gtp_tagged",
                        "--cells", ",".join(CELLS), "--out", str(root / "run"),
                        "--quiet")
         (root / "rc").write_text(str(proc.returncode))
@@ -70,7 +78,7 @@ def test_the_record_names_the_recipe_and_device(run):
     record, _, _ = run
     classes = {"current": "Float8CurrentScaling", "delayed": "DelayedScaling"}
     for c in record["cells"]:
-        recipe = c["id"].rsplit("-r", 1)[1]
+        recipe = c["id"].removesuffix("-fmb").rsplit("-r", 1)[1]
         for r in c["ranks"]:
             assert r["recipe"] == {"recipe": recipe, "te_class": classes[recipe], "device": "sm_90"}
 
@@ -80,11 +88,24 @@ def test_delayed_scaling_requantizes_a_distributed_weight_for_dgrad(run):
     dgrad weight is the re-gathered weight quantized with the scale updated after the forward
     (``dgrad_weight_requantized``); output and main_grad hold the plain-weight oracle."""
     record, _, _ = run
-    cell = next(c for c in record["cells"] if c["id"].startswith("linear-distributed-hooks_off") and "rdelayed" in c["id"])
+    cells = [c for c in record["cells"] if c["id"].startswith("linear-distributed-hooks_off") and "rdelayed" in c["id"]]
+    assert len(cells) == 2  # without and with is_first_microbatch
+    for cell in cells:
+        for r in cell["ranks"]:
+            failed = [k for k in r["comparisons"] if not k["ok"]]
+            assert failed and all(k["name"].endswith("input_grad") for k in failed), [k["name"] for k in failed]
+            assert all(k["models"]["dgrad_weight_requantized"] <= 1 for k in failed)
+
+
+def test_the_requantize_records_the_backward_copys_amax(run):
+    """A tagged weight's backward copy differs from its forward copy: TE's re-quantize records
+    its amax, so after a second forward the weight's scale is the model's, not the oracle's
+    (``fp8_scales`` fails with exactly the ``dgrad_weight_requantized`` scales)."""
+    record, _, _ = run
+    cell = next(c for c in record["cells"] if c["id"].startswith("linear-gtp_tagged-hooks_off"))
     for r in cell["ranks"]:
-        failed = [k for k in r["comparisons"] if not k["ok"]]
-        assert failed and all(k["name"].endswith("input_grad") for k in failed), [k["name"] for k in failed]
-        assert all(k["models"]["dgrad_weight_requantized"] <= 1 for k in failed)
+        scales = next(k for k in r["comparisons"] if k["name"] == "fp8_scales")
+        assert not scales["ok"] and scales["models"] == {"dgrad_weight_requantized": 0.0}, scales
 
 
 def test_the_hooked_failure_at_world_size_one_is_silent(run):

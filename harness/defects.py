@@ -58,8 +58,9 @@ _MODELS = (
     Model("dgrad_weight_requantized",
           "under delayed scaling the input gradient multiplies the backward-materialized weight "
           "quantized again with the weight's scale as updated after this microbatch's forward, not the "
-          "weight the forward quantized",
-          ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad")),
+          "weight the forward quantized; that quantize records the copy's amax, which enters the "
+          "weight's next scale (fp8_scales: the model's scales exactly)",
+          ("mb*.input_grad", "layer_norm_*.main_grad", "layer_norm_*.grad", "fp8_scales")),
     Model("dgrad_weight_unquantized",
           "under a recipe the input gradient multiplies the backward-materialized weight as it is, in "
           "the cell's dtype, beside the quantized output gradient (no re-quantization of the re-gathered "

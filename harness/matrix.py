@@ -154,9 +154,6 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      "(ops_grouped_linear, ops_grouped_linear_tensor) does not"),
     ("microbatches", "first_mb", lambda n, f: not f or n >= 2,
      "first_mb (is_first_microbatch: True, then False) requires microbatches >= 2"),
-    ("recipe", "first_mb", lambda r, f: not f or r != "delayed",
-     "first_mb with recipe='delayed' is not built: the cached FP8 weight keeps the first microbatch's "
-     "scale while the recipe's moves on, a rule the oracle does not have (docs/low-precision.md)"),
     ("hooks", "recipe", lambda h, r: not (h == "checkpoint" and r == "delayed"),
      "hooks='checkpoint' with recipe='delayed' is not built: torch's checkpoint recomputes the forward "
      "with the scales the step has since updated (TE restores them only under its own checkpoint)"),

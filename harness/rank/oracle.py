@@ -211,12 +211,15 @@ class _GemmInputs:
 
 
 def gemm_inputs(inputs: CellInputs, recipe: str = "none", tags: tuple[float, float] = (1.0, 1.0),
-                distributed: bool = False, shard_scaled: tuple[int, int] | None = None) -> _GemmInputs:
+                distributed: bool = False, shard_scaled: tuple[int, int] | None = None,
+                cached: bool = False) -> _GemmInputs:
     """The GEMM inputs of a cell under ``recipe`` (``quantized.for_recipe``; a normalized
     input's bounds go to the quantizer too: delayed scaling records its amax; ``shard_scaled``:
-    a defect model's view of a native weight, ``quantized.ShardScaled``)."""
+    a defect model's view of a native weight, ``quantized.ShardScaled``; ``cached``: the
+    forward passes ``is_first_microbatch``, so later microbatches reuse the first's FP8 weight)."""
     bounds = _GemmInputs(inputs).bounds if inputs.norm is not None else None
-    return _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, tags, distributed, bounds, shard_scaled))
+    return _GemmInputs(inputs, quantized.for_recipe(recipe, inputs, tags, distributed, bounds, shard_scaled,
+                                                    cached))
 
 
 def operand_u(inputs: CellInputs, recipe: str = "none") -> float:
@@ -264,7 +267,7 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
             recipe: str = "none", distributed: bool = False,
             unquantized_dgrad_weight: bool = False, fp8_bias_in_bf16: bool = True,
-            shard_scaled: int | None = None) -> RankOracle:
+            shard_scaled: int | None = None, cached: bool = False) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
@@ -292,12 +295,14 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     the oracle's; so is ``shard_scaled`` (shard rows: a native current-scaling weight's shards
     each under its own scale, all applied with this rank's, ``quantized.ShardScaled``). A native
     weight's oracle is the high-precision weight's: its scale is that of the whole weight.
+    ``cached``: the forward passes ``is_first_microbatch`` (delayed scaling: every later
+    microbatch multiplies the first's FP8 weight, ``quantized.DelayedScaling``).
 
     Raises:
         NotImplementedError: a recipe the oracle does not model (``quantized.for_recipe``).
     """
     gemm_input = gemm_inputs(inputs, recipe, tags, distributed,
-                             None if shard_scaled is None else (shard_scaled, rank))
+                             None if shard_scaled is None else (shard_scaled, rank), cached)
     quant = gemm_input.quant
     if unquantized_dgrad_weight and quant.quantized:
         quant = gemm_input.quant = quantized.UnquantizedDgradWeight(quant)

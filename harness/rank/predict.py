@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from harness import defects
 from harness.rank import compare, oracle
 from harness.rank.inputs import CellInputs
 from harness.tolerance import UNIT_ROUNDOFF
@@ -145,8 +146,10 @@ class Predictor:
     """A rank's defect models for one cell; computed only for the checks that fail."""
 
     def __init__(self, inputs: CellInputs, rank: int, tags: tuple[float, float], dtype: str,
-                 recipe: str = "none", distributed: bool = False, native_rows: int | None = None) -> None:
+                 recipe: str = "none", distributed: bool = False, native_rows: int | None = None,
+                 cached: bool = False) -> None:
         self.inputs = inputs
+        self.cached = cached  #: the forward passes is_first_microbatch (the first FP8 weight reused)
         self.native_rows = native_rows  #: a native weight's shard rows (weight megatron_fp8), or None
         self.recipe = recipe        #: the models apply to the operands as the recipe quantized them
         self.distributed = distributed
@@ -279,12 +282,18 @@ class Predictor:
         views.update(self._native_views())
         return views
 
+    def views_of(self, check: str) -> dict[str, oracle.RankOracle]:
+        """The oracle under each dgrad-weight model that predicts ``check`` (``defects.applies``)."""
+        return {name: self._view(name, view) for name, view in self._dgrad_views().items()
+                if defects.applies(name, check)}
+
     def _view(self, name: str, view: dict[str, Any]) -> oracle.RankOracle:
         """The oracle under model ``name`` (computed once per cell: every microbatch's input
         gradient and each normalization parameter read the same one)."""
         if name not in self._views:
             args = {"tags": self.tags, **view}
-            self._views[name] = oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe, **args)
+            self._views[name] = oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe,
+                                               cached=self.cached, **args)
         return self._views[name]
 
     def norm_param(self, j: int, actual: Any, precision: str, start: torch.Tensor | None) -> dict[str, float]:

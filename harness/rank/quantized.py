@@ -213,6 +213,12 @@ class DelayedScaling(Quantizer):
     likewise. The window (1024 steps) holds every microbatch of a cell, so the amax used is the
     running maximum of everything recorded before the update.
 
+    ``cached`` (``is_first_microbatch``: True, then False): the FP8 weight the first
+    microbatch quantized is the workspace every later forward multiplies (TE's
+    ``quantize_weight`` with ``update_workspace=False``), codes and scale alike; those forwards
+    record no weight amax, which changes no scale here (the window's maximum already holds the
+    same weight's).
+
     The weight the input gradient multiplies: a plain weight's forward operand, saved on ctx;
     a DistributedWeight's is never saved (TE's ``linear.py``: backward re-gathers it and
     quantizes it again with the layer's quantizer), so its dgrad operand is the backward copy
@@ -224,7 +230,7 @@ class DelayedScaling(Quantizer):
     scale_u = SCALE_U
 
     def __init__(self, fwd: Fp8, bwd: Fp8, inputs: CellInputs, tags: tuple[float, float],
-                 distributed: bool, x_bounds: Bounds | None = None) -> None:
+                 distributed: bool, x_bounds: Bounds | None = None, cached: bool = False) -> None:
         self.fwd, self.bwd = fwd, bwd
         groups, mbs, world = len(inputs.weights), len(inputs.x[0]), len(inputs.x)
         W = [w.to(F64) for w in inputs.weights]
@@ -244,7 +250,8 @@ class DelayedScaling(Quantizer):
             rows = [group_rows(inputs.splits[r][m]) for r in range(world)]
             boxes = [x_bounds(r, m) if x_bounds else (inputs.x[r][m], inputs.x[r][m]) for r in range(world)]
             for g in range(groups):
-                self.sx[m, g], self.swf[m, g] = (s_x[g], s_x2[g]), s_w[g]
+                self.sx[m, g] = (s_x[g], s_x2[g])
+                self.swf[m, g] = self.swf[0, g] if cached and m > 0 else s_w[g]
                 amaxes = [amax_bounds(lo[rows[r][g]], hi[rows[r][g]]) for r, (lo, hi) in enumerate(boxes)]
                 m_x[g] = max(m_x[g], *(most for _, most in amaxes))
                 m_x2[g] = max(m_x2[g], *(least for least, _ in amaxes))
@@ -497,15 +504,17 @@ def scale_u(recipe: str) -> float:
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
                distributed: bool = False, x_bounds: Bounds | None = None,
-               shard_scaled: tuple[int, int] | None = None) -> Quantizer:
+               shard_scaled: tuple[int, int] | None = None, cached: bool = False) -> Quantizer:
     """The cell's quantizer; ``shard_scaled``: ``(shard_rows, local rank)`` of a defect
-    model's view of a native weight (:class:`ShardScaled`). The rest: :func:`_for_recipe`."""
-    quant = _for_recipe(recipe, inputs, tags, distributed, x_bounds)
+    model's view of a native weight (:class:`ShardScaled`); ``cached``: the forward passes
+    ``is_first_microbatch`` (the first microbatch's FP8 weight is reused). The rest:
+    :func:`_for_recipe`."""
+    quant = _for_recipe(recipe, inputs, tags, distributed, x_bounds, cached)
     return quant if shard_scaled is None else ShardScaled(quant, *shard_scaled)
 
 
 def _for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
-                distributed: bool = False, x_bounds: Bounds | None = None) -> Quantizer:
+                distributed: bool = False, x_bounds: Bounds | None = None, cached: bool = False) -> Quantizer:
     """The cell's quantizer (``inputs``, ``tags``, ``distributed`` and ``x_bounds`` - the GEMM
     input's bounds per (rank, microbatch) when it is known only within them - : what delayed
     scaling's steps depend on; ``distributed`` models TE's re-quantized dgrad weight, a defect model's
@@ -523,6 +532,7 @@ def _for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float
     if kind.block in ("mxfp8", "block"):
         return BlockScaling(kind.block, FORMATS[kind.forward], inputs.dtype if inputs is not None else torch.float32)
     if recipe == "delayed" and inputs is not None:
-        return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed, x_bounds)
+        return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed, x_bounds,
+                              cached)
     raise NotImplementedError(f"the oracle does not model recipe {recipe!r} yet "
                               f"(it models {', '.join(recipes.MODELLED)})")

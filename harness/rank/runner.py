@@ -10,6 +10,7 @@ verdict on the backend; what the harness's own set-up and checks raise is a harn
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import traceback
 from contextlib import contextmanager, nullcontext
@@ -430,11 +431,13 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe)  # a native weight's too: the whole weight's scale
+    # a native weight's too: the whole weight's scale
+    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cell.first_mb)
     native_rows = gtp.rows_per_rank if weights.KINDS[cell.weight].native and gtp is not None else None
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
-    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows)
+    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows,
+                               cell.first_mb)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)
@@ -499,7 +502,12 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     if cell.recipe == "delayed":
         # the recipe's state after the step: each scale from the amaxes of the whole weight and
         # of every rank's input and gradient, stepped once per forward and per backward - exactly
-        checks.append(_scales_check(lowp.scales_after(module), orc.quant))
+        actual = lowp.scales_after(module)
+        check = _scales_check(actual, orc.quant)
+        if not check.ok:  # exactly a model's scales, or no model's
+            check.models = {name: 0.0 if _scales_check(actual, view.quant).ok else math.inf
+                            for name, view in models.views_of(check.name).items()} or None
+        checks.append(check)
     if gtp is not None:
         checks.extend(_protocol_checks(cell, gtp))
         # §2: gathered weights are transient; none may outlive the forward that made them

@@ -70,8 +70,10 @@ class ReferenceImpl:
     # ---- low precision: what each GEMM operand is quantized from, and how (``_fp8``) ----
     def fp8_weight_forward(self, call: "GemmCall", i: int, weight: Any,
                            gemm_weight: torch.Tensor) -> Operand:
-        """The forward's weight operand: the whole (gathered) weight, quantized."""
-        return call.fp8.forward_w(i, gemm_weight)
+        """The forward's weight operand: the whole (gathered) weight, quantized - or, when
+        the forward passes ``is_first_microbatch=False``, the workspace the last ``True``
+        quantized (TE's FP8 weight caching; the weights do not change within a step)."""
+        return _fp8.cached_weight(call.fp8, call.module, i, gemm_weight, call.first_microbatch)
 
     def fp8_grad(self, call: "GemmCall", i: int, grad_out: torch.Tensor) -> Operand:
         """The output gradient operand, in the recipe's gradient format."""

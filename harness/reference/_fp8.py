@@ -385,6 +385,23 @@ class BlockCallScaling(CallScaling):
         return self._q(dy, 2, fmt or self.state.dy[i].fmt)
 
 
+def cached_weight(fp8: CallScaling, module: torch.nn.Module, i: int, w: torch.Tensor,
+                  first: bool | None) -> Quantized | BlockQuantized:
+    """Member ``i``'s forward weight under ``is_first_microbatch=first`` (TE's FP8 weight
+    caching, ``quantize_weight``): None quantizes afresh; True quantizes and keeps the result
+    on the module; False reuses what was kept - codes and scale, recording no amax - and
+    backward re-quantizes a kept weight with that scale (the codes the workspace holds)."""
+    if first is None:
+        return fp8.forward_w(i, w)
+    kept: dict[int, tuple[Quantized | BlockQuantized, float]] = module.__dict__.setdefault("_fp8_weight_workspaces", {})
+    if not first and i in kept:
+        operand, fp8.sw[i] = kept[i]
+        return operand
+    operand = fp8.forward_w(i, w.detach().clone())  # a workspace owns its data: the gathered buffer is reused
+    kept[i] = (operand, fp8.sw[i])
+    return operand
+
+
 def for_forward(module: torch.nn.Module, n: int) -> CallScaling | None:
     """The recipe state of ``module``'s forward when an ``autocast`` is active, else None.
 
