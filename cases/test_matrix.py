@@ -244,11 +244,12 @@ def test_constraints_on_construction():
     with pytest.raises(MatrixError, match="weight='megatron' and weight='megatron_fp8' require world_size >= 2"):
         Cell(**{**base, "weight": "megatron", "consumer": "ddp"})
     native = {**base, "weight": "megatron_fp8", "consumer": "ddp", "world_size": 2}
-    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in current, mxfp8"):
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in delayed, current, mxfp8"):
         Cell(**native)
-    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in current, mxfp8"):
-        Cell(**{**native, "recipe": "delayed"})
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in delayed, current, mxfp8"):
+        Cell(**{**native, "recipe": "blockwise"})
     Cell(**{**native, "recipe": "mxfp8"})
+    Cell(**{**native, "recipe": "delayed"})
     with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):
         Cell(**{**base, "dtype": "fp64"})
     with pytest.raises(MatrixError, match="world_size must be an int >= 1, got world_size=0"):

@@ -179,12 +179,11 @@ _KINDS = (
 KINDS: dict[str, WeightKind] = {k.name: k for k in _KINDS}
 NAMES: tuple[str, ...] = tuple(KINDS)
 #: the recipes a native weight (``WeightKind.native``) is built for: MXFP8, the path Megatron's
-#: native GTP is written for (its padding strips MXFP8 and NVFP4 shards), and per-tensor
-#: current scaling, whose shards each carry their own scale. Not built: ``delayed`` (a native
-#: weight keeps the codes of its initial scale while the recipe's scale moves on; the oracle
-#: has no rule for that yet) and ``blockwise`` (Megatron cannot strip a padded block-scaled
-#: shard; docs/megatron.md)
-NATIVE_RECIPES: tuple[str, ...] = ("current", "mxfp8")
+#: native GTP is written for (its padding strips MXFP8 and NVFP4 shards), per-tensor current
+#: scaling, whose shards each carry their own scale, and delayed scaling, whose shards keep the
+#: codes of the initial scale (the oracle's cached-weight rule). Not built: ``blockwise``
+#: (Megatron cannot strip a padded block-scaled shard; docs/megatron.md)
+NATIVE_RECIPES: tuple[str, ...] = ("delayed", "current", "mxfp8")
 #: what a backend exposes to build a native weight's module (TE's own ``quantized_model_init``)
 NATIVE_API = "quantized_model_init"
 #: Megatron's alignment per recipe (``configure_gtp_remat_from_recipe``): 32 rows under MXFP8

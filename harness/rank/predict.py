@@ -251,10 +251,14 @@ class Predictor:
             ref = self._view(name, view).outputs[mb]
             if isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(ref.value.shape):
                 out[name] = ratio_outside(actual, Interval(ref.value, ref.value), compare.bound(ref, precision))
-        if self._native_views() and isinstance(actual, torch.Tensor) and actual.numel():
+        if self._per_tensor_native() and isinstance(actual, torch.Tensor) and actual.numel():
             # a weight read from a buffer nothing wrote (te-cpu: NaN-filled): every element NaN
             out["unwritten_weight_buffer"] = 0.0 if bool(torch.isnan(actual).all()) else math.inf
         return out
+
+    def _per_tensor_native(self) -> bool:
+        """A native weight under a per-tensor recipe (current or delayed scaling)."""
+        return self.native_rows is not None and self.recipe in ("current", "delayed")
 
     def _native_views(self) -> dict[str, dict[str, Any]]:
         """``native_local_scale`` for a native weight under per-tensor current scaling."""

@@ -432,12 +432,14 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
     # a native weight's too: the whole weight's scale
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cell.first_mb)
+    # a native weight is never re-quantized: every microbatch multiplies its codes, as a cached one
+    native = weights.KINDS[cell.weight].native
+    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cell.first_mb or native)
     native_rows = gtp.rows_per_rank if weights.KINDS[cell.weight].native and gtp is not None else None
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
     models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows,
-                               cell.first_mb)
+                               cell.first_mb or native)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)
