@@ -56,8 +56,7 @@ def valid(assign: dict) -> bool:
         return False
     if assign.get("weight") in ("megatron", "megatron_fp8") and assign.get("world_size", 2) < 2:
         return False
-    if assign.get("first_mb") and (CLASS.get(assign.get("module")) == "ops" or assign.get("microbatches", 2) < 2
-                                   or assign.get("recipe") == "delayed"):
+    if assign.get("first_mb") and (CLASS.get(assign.get("module")) == "ops" or assign.get("microbatches", 2) < 2):
         return False
     return True
 
@@ -300,11 +299,11 @@ def test_full_size_is_product_minus_invalid():
     assert len(everything) == len({c.id for c in everything})
     full = unflagged(everything)
     # the flagged cells: every unflagged cell that can take the flag (two microbatches, a module
-    # whose forward takes it, no delayed scaling), once more with it
+    # whose forward takes it), once more with it
     flagged = [c for c in everything if c.first_mb]
-    takes = [c for c in full if c.microbatches == 2 and CLASS[c.module] != "ops" and c.recipe != "delayed"]
+    takes = [c for c in full if c.microbatches == 2 and CLASS[c.module] != "ops"]
     assert {dataclasses.replace(c, first_mb=False) for c in flagged} == set(takes)
-    assert len(flagged) == len(takes) == 69120 and len(everything) == 235008 + 69120
+    assert len(flagged) == len(takes) == 82080 and len(everything) == 235008 + 82080
     assert {c.weight for c in full} == {"distributed", "plain", "gtp_mcore", "gtp_nograd"}
     # linear cells exist only with num_gemms=1, which is in the default domain
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
