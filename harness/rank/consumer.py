@@ -1,11 +1,11 @@
 """The consumer: who owns the gradient of record (CONTRACTS §4).
 
 ``ddp`` stands in for Megatron's DDP: fp32 ``main_grad`` buffers starting at a seeded
-non-zero value (at zero when the cell passes ``is_first_microbatch``: the flag says the first
-microbatch produces the step's first gradient, which TE may write instead of accumulate, as
-Megatron zeroes its buffers at the step start), a reducer that folds ``.grad`` into ``main_grad`` (from a post-accumulate
-hook, or from the module's wgrad hook for parameters marked ``skip_backward_post_hook``),
-and an end-of-step average of replicated parameters. ``autograd`` is plain PyTorch: the
+non-zero value (a parameter whose first microbatch's gradient replaces it under
+``is_first_microbatch`` counts from zero: :meth:`Consumer.base`), a reducer that folds
+``.grad`` into ``main_grad`` (from a post-accumulate hook, or from the module's wgrad hook
+for parameters marked ``skip_backward_post_hook``), and an end-of-step average of
+replicated parameters. ``autograd`` is plain PyTorch: the
 gradient of record is ``.grad``.
 """
 

@@ -431,15 +431,16 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
-    # a native weight's too: the whole weight's scale
-    # a native weight is never re-quantized: every microbatch multiplies its codes, as a cached one
+    # a native weight's oracle too has the whole weight's scale; a native weight is never
+    # re-quantized, so every microbatch multiplies its codes, as a cached FP8 weight's
     native = weights.KINDS[cell.weight].native
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cell.first_mb or native)
-    native_rows = gtp.rows_per_rank if weights.KINDS[cell.weight].native and gtp is not None else None
+    cached = cell.first_mb or native
+    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cached)
+    native_rows = gtp.rows_per_rank if native and gtp is not None else None
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.defects)
     models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows,
-                               cell.first_mb or native)
+                               cached)
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)

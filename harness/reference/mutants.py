@@ -13,10 +13,8 @@ each in the reference (:data:`IMPLEMENTATIONS`).
 
 from __future__ import annotations
 
-import dataclasses
-
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -464,7 +462,7 @@ class _FirstMicrobatchIgnored:
 
     def plain_wgrads(self, call: GemmCall, origins: Sequence[Any], grad_outs: Sequence[torch.Tensor],
                      inps: Sequence[torch.Tensor], compute_dtype: torch.dtype) -> list[torch.Tensor]:
-        return super().plain_wgrads(dataclasses.replace(call, first_microbatch=None),  # Fault
+        return super().plain_wgrads(replace(call, first_microbatch=None),  # Fault
                                     origins, grad_outs, inps, compute_dtype)
 
 
