@@ -355,3 +355,26 @@ def test_fp8_weight_caching_under_delayed_scaling_is_judged(monkeypatch):
     fresh = _fp8.cached_weight
     monkeypatch.setattr(_fp8, "cached_weight", lambda fp8, module, i, w, first: fresh(fp8, module, i, w, None))
     assert all("mb1.output" in _failed(reference, c) for c in cells)
+
+
+def test_fp8_scales_name_a_model_only_when_they_are_its_scales(monkeypatch):
+    """A failing ``fp8_scales`` carries 0 for a dgrad-weight model exactly when the scales are
+    that model's: the requantizing fault (TE's behaviour) matches ``dgrad_weight_requantized``
+    with a tagged weight; a weight scale off for any other reason matches no model."""
+    from harness.rank import runner
+    from harness.reference import mutants
+
+    cell = _cell(module="linear", weight="gtp_tagged", num_gemms=1, delay_wgrad=False, recipe="delayed")
+
+    def scales(backend):
+        res = run_cell(backend, cell, RankContext())
+        return next(c for c in res.comparisons if c.name == "fp8_scales")
+
+    assert scales(reference).ok
+    requantized = scales(mutants.get("fp8-dgrad-weight-requantized"))
+    assert not requantized.ok and requantized.models == {"dgrad_weight_requantized": 0.0}
+    true_scales = runner.lowp.scales_after
+    monkeypatch.setattr(runner.lowp, "scales_after",
+                        lambda m: {**true_scales(m), "weight": [2 * s for s in true_scales(m)["weight"]]})
+    off = scales(reference)
+    assert not off.ok and off.models == {"dgrad_weight_requantized": math.inf}
