@@ -154,6 +154,9 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      "(ops_grouped_linear, ops_grouped_linear_tensor) does not"),
     ("microbatches", "first_mb", lambda n, f: not f or n >= 2,
      "first_mb (is_first_microbatch: True, then False) requires microbatches >= 2"),
+    ("dtype", "recipe", lambda d, r: not (d == "fp16" and r in recipes.NO_FP16),
+     f"recipe {' / '.join(recipes.NO_FP16)} with dtype='fp16' does not exist in TE: its FP4 GEMM refuses "
+     f"an fp16 output ('FP4 GEMM does not support FP16 output!')"),
     ("hooks", "recipe", lambda h, r: not (h == "checkpoint" and r == "delayed"),
      "hooks='checkpoint' with recipe='delayed' is not built: torch's checkpoint recomputes the forward "
      "with the scales the step has since updated (TE restores them only under its own checkpoint)"),

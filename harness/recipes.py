@@ -3,8 +3,10 @@
 ``none`` is every cell the harness ran before the axis existed: no ``autocast``, GEMMs in the
 cell's dtype. The others run the step under TE's ``autocast`` with a TE recipe object built
 with its defaults (``harness.rank.lowp``); the oracle quantizes the operands TE quantizes, as
-the recipe says (``harness.rank.quantized``; docs/low-precision.md). NVFP4 is not a value:
-docs/low-precision.md says why it is not built.
+the recipe says (``harness.rank.quantized``; docs/low-precision.md). ``nvfp4`` is TE's
+``NVFP4BlockScaling`` with its random Hadamard transform and stochastic rounding switched
+off (TE's own ``disable_rht`` / ``disable_stochastic_rounding``): the deterministic form, the
+one a CPU can reproduce (docs/low-precision.md says why the defaults cannot be).
 
 The matrix, the CLI and the reports import this module in the parent process, so it stays
 free of torch.
@@ -15,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "JUDGED", "judged", "unmodelled"]
+__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "JUDGED", "judged", "unmodelled",
+           "NO_FP16"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,15 @@ class RecipeKind:
             the gradient operand (the output gradient): ``e4m3`` / ``e5m2``, None for ``none``.
         block: how a scale is shared: ``"tensor"`` (one fp32 scale per tensor), ``"mxfp8"``
             (one E8M0 scale per 32 elements along the GEMM's K), ``"block"`` (one fp32 scale per
-            1x128 block of an input or gradient, per 128x128 tile of a weight).
+            1x128 block of an input or gradient, per 128x128 tile of a weight), ``"nvfp4"`` (one
+            E4M3 scale per 16 elements along K - per 16x16 tile of a weight - and one fp32
+            scale per tensor from its amax).
         align: every dimension a quantized GEMM sees is a multiple of this (TE: "FP8
             execution requires ... the last dimension to be divisible by 16", the FP8 GEMM's
             leading-dimension rule on the wgrad GEMM's K, which is the rows; MXFP8 "requires
             tensor dims that are divisible by 32"): a cell's features and rows, and each
             group's rows, are rounded up to it (``harness.shape.aligned``).
+        options: keyword arguments of the TE class other than its defaults, as pairs.
     """
 
     name: str
@@ -45,6 +51,7 @@ class RecipeKind:
     backward: str | None = None
     block: str = "tensor"
     align: int = 1
+    options: tuple[tuple[str, object], ...] = ()
 
     @property
     def quantized(self) -> bool:
@@ -62,6 +69,10 @@ _ALL = (
     RecipeKind("blockwise", "Float8BlockScaling: E4M3, power-of-two fp32 scales per 1x128 block "
                "(inputs, gradients) and 128x128 tile (weights)", "Float8BlockScaling", "e4m3", "e4m3",
                "block", 16),
+    RecipeKind("nvfp4", "NVFP4BlockScaling (no Hadamard transform, no stochastic rounding): E2M1, one "
+               "E4M3 scale per 16 elements (16x16 tiles for weights) and one fp32 scale per tensor "
+               "(Blackwell)", "NVFP4BlockScaling", "e2m1", "e2m1", "nvfp4", 16,
+               (("disable_rht", True), ("disable_stochastic_rounding", True))),
 )
 KINDS: dict[str, RecipeKind] = {k.name: k for k in _ALL}
 NAMES: tuple[str, ...] = tuple(KINDS)
@@ -78,7 +89,11 @@ MODELLED: dict[str, tuple[str, ...]] = {
     "delayed": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
     "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
     "blockwise": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "nvfp4": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
 }
+#: the recipes whose GEMMs refuse an fp16 output (TE's ``cublaslt_gemm.cu``: "FP4 GEMM does
+#: not support FP16 output!"): no fp16 cell runs them (``harness.matrix``'s constraints)
+NO_FP16: tuple[str, ...] = ("nvfp4",)
 
 
 #: the recipe axis's default in the ``ci`` and ``full`` presets: ``none`` and every recipe the

@@ -53,12 +53,14 @@ def fresh_state(backend: ModuleType) -> None:
 
 
 def recipe_object(backend: ModuleType, recipe: str) -> Any:
-    """A fresh recipe object of the recipe's TE class, with TE's defaults: from the backend's
+    """A fresh recipe object of the recipe's TE class, with TE's defaults but the recipe's
+    ``options`` (``nvfp4``: no Hadamard transform, no stochastic rounding): from the backend's
     ``recipe`` namespace when it has one (the reference, which needs no TE), else TE's."""
     namespace = getattr(backend, "recipe", None)
     if namespace is None:
         from transformer_engine.common import recipe as namespace  # only ranks running a recipe
-    return getattr(namespace, recipes.KINDS[recipe].te_class)()
+    kind = recipes.KINDS[recipe]
+    return getattr(namespace, kind.te_class)(**dict(kind.options))
 
 
 Wrap = Callable[[Callable[[torch.Tensor], torch.Tensor]], Callable[[torch.Tensor], torch.Tensor]]

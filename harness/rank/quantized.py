@@ -18,6 +18,8 @@ scale_inv`` with ``scale_inv = fp32(1 / scale)``.
 - ``mxfp8`` and ``blockwise`` (``MXFP8BlockScaling``, ``Float8BlockScaling``): every block of
   an operand along its GEMM's K has a power-of-two scale of its own, so each GEMM reads its
   own quantization of a tensor (:class:`BlockScaling`).
+- ``nvfp4`` (``NVFP4BlockScaling``, no Hadamard transform, no stochastic rounding): E2M1
+  blocks of 16 along K with E4M3 scales under a tensor scale (:class:`Nvfp4Scaling`).
 
 The module is the float64 twin of te-cpu's kernels (``harness/te_cpu/quant/``, which a rank
 may not import: te-cpu is one backend among others); ``cases/test_quantized_oracle.py``
@@ -43,7 +45,7 @@ SCALE_U = 2 * 2.0**-24
 #: the bounds ``(lo, hi)`` of a GEMM input known only within them, per (rank, microbatch)
 Bounds = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
-__all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "BlockScaling", "UnquantizedDgradWeight",
+__all__ = ["Fp8", "FORMATS", "cast", "current_scale", "Quantizer", "BlockScaling", "Nvfp4Scaling", "UnquantizedDgradWeight",
            "for_recipe", "ShardScaled"]
 
 
@@ -428,6 +430,121 @@ class BlockScaling(Quantizer):
         return self._along(t, 0 if backward else 1)
 
 
+#: NVFP4's two maxima (E4M3 block scales, E2M1 elements) and the E2M1 values
+NVFP4_GLOBAL = 448.0 * 6.0
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: an NVFP4 GEMM folds both tensor amaxes into ``alpha`` (``amax_A * amax_B``, times the
+#: fp32 constant ``1 / (6 * 6 * 448 * 448)``, three roundings) and multiplies the accumulator
+#: by it (a fourth): te-cpu's ``quant/nvfp4.py gemm_alpha``, cuBLASLt's scale mode likewise
+NVFP4_SCALE_U = 4 * 2.0**-24
+
+
+def e2m1(v: torch.Tensor) -> torch.Tensor:
+    """The E2M1 value (float64) nearest ``v`` (fp32 values), ties to the even code, saturating
+    at +-6 (``cvt.rn.satfinite.e2m1x2.f32``)."""
+    grid = torch.tensor(E2M1_GRID, dtype=F64)
+    mag = v.to(F64).abs().clamp(max=6.0)
+    dist = (mag.unsqueeze(-1) - grid).abs()
+    best = dist.min(-1, keepdim=True).values
+    ties = dist == best
+    odd = torch.arange(len(E2M1_GRID)) % 2 == 1
+    # of two nearest grid points one has an even index; prefer it
+    pick = torch.where((ties & ~odd).any(-1, keepdim=True), ties & ~odd, ties).to(torch.int64).argmax(-1)
+    return torch.where(torch.signbit(v.to(F64)), -grid[pick], grid[pick])
+
+
+def nvfp4_scales(amax: float) -> tuple[float, float]:
+    """NVFP4's tensor scales from the tensor's fp32 amax: ``S_enc = fp32(448 * 6 / amax)`` (at
+    most fp32's max; amax 0: 1) and ``S_dec = fp32(1 / S_enc)``."""
+    if amax == 0.0:
+        return 1.0, 1.0
+    enc = min(_fp32(NVFP4_GLOBAL / _fp32(amax)), FP32_MAX) if amax != float("inf") else 1.0
+    enc = 1.0 if enc == 0.0 else enc
+    return enc, _fp32(1.0 / enc)
+
+
+def _nvfp4_values(t: torch.Tensor, blocks_amax: torch.Tensor, amax: float) -> torch.Tensor:
+    """``t`` (``[..., blocks, 16]``, float64) quantize-dequantized as NVFP4 with each block's
+    amax ``blocks_amax`` (``[..., blocks, 1]``) and the tensor amax ``amax``: ``e2m1(x * inv) *
+    scale * amax / (448 * 6)``, ``scale = e4m3(block_amax * fp32(S_enc * fp32(1 / 6)))``,
+    ``inv = fp32(1 / fp32(scale * S_dec))``."""
+    enc, dec = nvfp4_scales(amax)
+    mult = _fp32(enc * _fp32(1.0 / 6.0))
+    dec_b = (blocks_amax.to(torch.float32) * mult).to(F64).clamp(max=FP32_MAX)
+    scale = cast(dec_b, 1.0, FORMATS["e4m3"])
+    inv = (1.0 / (scale * dec).to(torch.float32).to(F64)).to(torch.float32).to(F64).clamp(max=FP32_MAX)
+    codes = e2m1((t.to(F64) * inv).to(torch.float32))
+    return codes * scale * (amax / NVFP4_GLOBAL)
+
+
+def nvfp4_blocked(t: torch.Tensor, axis: int, amax: float | None = None) -> torch.Tensor:
+    """``t`` (2-D) as an NVFP4 GEMM reads it: blocks of 16 along ``axis`` (the GEMM's K), the
+    tensor scale from ``amax`` (``t``'s own unless given)."""
+    a = _amax(t) if amax is None else amax
+    blocks = _blocks_of(t, axis, 16)
+    return _unblock(_nvfp4_values(blocks, _block_amax(blocks, (-1,)).unsqueeze(-1), a), t, axis)
+
+
+def nvfp4_tiled(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (2-D) in 16x16 tiles, one E4M3 scale each (TE's NVFP4 weights: the same tiles
+    whichever way a GEMM reads them)."""
+    r, c = t.shape
+    br, bc = -(-r // 16), -(-c // 16)
+    padded = torch.nn.functional.pad(t.to(F64), (0, bc * 16 - c, 0, br * 16 - r))
+    tiles = padded.reshape(br, 16, bc, 16).permute(0, 2, 1, 3).reshape(br, bc, 256)
+    vals = _nvfp4_values(tiles, _block_amax(tiles, (-1,)).unsqueeze(-1), _amax(t))
+    return vals.reshape(br, bc, 16, 16).permute(0, 2, 1, 3).reshape(br * 16, bc * 16)[:r, :c]
+
+
+def nvfp4_box(lo: torch.Tensor, hi: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The centre and half-width of what :func:`nvfp4_blocked` can give for a tensor known only
+    within ``[lo, hi]``: the tensor amax and each block's amax at either end of what they can
+    be (:func:`amax_bounds`), every element at either end of its interval."""
+    least_t, most_t = amax_bounds(lo, hi)
+    blo, bhi = _blocks_of(lo, axis, 16), _blocks_of(hi, axis, 16)
+    least = torch.where(blo * bhi > 0, torch.minimum(blo.abs(), bhi.abs()), torch.zeros_like(blo))
+    most = torch.maximum(blo.abs(), bhi.abs())
+    vals = [_nvfp4_values(x, _block_amax(b, (-1,)).unsqueeze(-1), a)
+            for a in (least_t, most_t) for b in (least, most) for x in (blo, bhi)]
+    vmin, vmax = torch.stack(vals).min(0).values, torch.stack(vals).max(0).values
+    return _unblock((vmin + vmax) / 2, lo, axis), _unblock((vmax - vmin) / 2, lo, axis)
+
+
+class Nvfp4Scaling(Quantizer):
+    """``NVFP4BlockScaling`` without the Hadamard transform and stochastic rounding: every
+    operand E2M1 in blocks of 16 along its GEMM's K with an E4M3 scale each, under a tensor
+    scale from the whole tensor's amax (a GroupedLinear's group: its own rows); the weight in
+    16x16 tiles (TE's 2-D weight quantization), the same for both directions. Stateless, as the
+    block recipes: a re-quantize gives the forward's codes again."""
+
+    quantized = True
+    scale_u = NVFP4_SCALE_U
+    by_direction = True
+
+    def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return nvfp4_blocked(t, 1)
+
+    def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return nvfp4_blocked(t, 0)
+
+    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return nvfp4_box(lo, hi, 1)
+
+    def x_box_wgrad(self, r: int, m: int, g: int, lo: torch.Tensor,
+                    hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return nvfp4_box(lo, hi, 0)
+
+    def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return nvfp4_blocked(t, 1)
+
+    def dy_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
+        return nvfp4_blocked(t, 0)
+
+    def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
+        return nvfp4_tiled(t)
+
+
 class _Delegating(Quantizer):
     """``base`` with one rule changed by a subclass; everything else is ``base``'s."""
 
@@ -499,6 +616,8 @@ class ShardScaled(_Delegating):
 def scale_u(recipe: str) -> float:
     """What applying ``recipe``'s scale-inverses costs a GEMM (``Quantizer.scale_u``)."""
     kind = recipes.KINDS[recipe]
+    if kind.block == "nvfp4":
+        return NVFP4_SCALE_U
     return SCALE_U if kind.quantized and kind.block == "tensor" else 0.0
 
 
@@ -529,6 +648,8 @@ def _for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float
         return Quantizer()
     if recipe == "current":
         return CurrentScaling(FORMATS[kind.forward], FORMATS[kind.backward])
+    if kind.block == "nvfp4":
+        return Nvfp4Scaling()
     if kind.block in ("mxfp8", "block"):
         return BlockScaling(kind.block, FORMATS[kind.forward], inputs.dtype if inputs is not None else torch.float32)
     if recipe == "delayed" and inputs is not None:

@@ -48,7 +48,10 @@ __all__ = ["Quantized", "autocast", "ModuleScaling", "for_forward"]
 _F32 = torch.float32
 _FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
 _KINDS = {"DelayedScaling": "delayed", "Float8CurrentScaling": "current",
-          "MXFP8BlockScaling": "mxfp8", "Float8BlockScaling": "blockwise"}
+          "MXFP8BlockScaling": "mxfp8", "Float8BlockScaling": "blockwise", "NVFP4BlockScaling": "nvfp4"}
+#: E2M1's non-negative values; NVFP4's global scale bound (E4M3 max x E2M1 max)
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_NVFP4_BOUND = 448.0 * 6.0
 
 
 def _f32(v: float) -> torch.Tensor:
@@ -120,10 +123,54 @@ def _block_values(blocks: torch.Tensor, dims: tuple[int, ...], rule: str, fmt: s
     return (blocks * scale).clamp(-fmax, fmax).to(fp8).to(_F32) / scale
 
 
+def _to_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """fp32 ``v`` rounded to the nearest E2M1 value, ties to the value whose code is even
+    (0, 1, 2, 4 among the halves' neighbours), saturating at 6."""
+    sign = torch.where(torch.signbit(v), -1.0, 1.0)
+    m = v.abs().clamp(max=6.0)
+    # E2M1 is a 1-bit-mantissa float: spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6]
+    step = torch.where(m < 2.0, 0.5, torch.where(m < 4.0, 1.0, 2.0))
+    q = torch.round(m / step) * step  # torch.round: half to even, on the step count
+    return sign * q.clamp(max=6.0)
+
+
+def nvfp4_codes(src: torch.Tensor, tile: bool, amax: torch.Tensor) -> torch.Tensor:
+    """``src`` (2-D fp32, K along its last axis) as ``code * block_scale`` (fp32, exact): 16-long
+    blocks along the last axis (``tile``: 16x16 tiles), E4M3 block scales from each block's
+    amax under the tensor scale of ``amax``; the tensor factor ``amax / (448 * 6)`` is the
+    GEMM's (``BlockQuantized.__matmul__``)."""
+    r, c = src.shape
+    enc = torch.clamp(_f32(_NVFP4_BOUND) / amax, max=torch.finfo(_F32).max)
+    enc = torch.where((amax == 0) | (enc == 0), _f32(1.0), enc)
+    dec = torch.tensor(1.0 / float(enc), dtype=torch.float64).to(_F32)
+    rows, nb = (-(-r // 16) * 16 if tile else r), -(-c // 16)
+    x = torch.nn.functional.pad(src, (0, nb * 16 - c, 0, rows - r))
+    blocks = x.reshape(rows, nb, 16)
+    bamax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(-1)
+    if tile:
+        bamax = bamax.reshape(rows // 16, 16, nb).amax(1).repeat_interleave(16, dim=0)
+    scale = (bamax * (enc * _f32(1.0 / 6.0))).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(_F32)
+    inv = torch.clamp(_f32(1.0) / (scale * dec), max=torch.finfo(_F32).max)
+    vals = _to_e2m1(blocks * inv.unsqueeze(-1)) * scale.unsqueeze(-1)
+    return vals.reshape(rows, nb * 16)[:r, :c]
+
+
+def nvfp4_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
+    """What an NVFP4 GEMM multiplies its accumulator by: ``amax_a * amax_b * fp32(1 / (6 * 6 *
+    448 * 448))``, fp32."""
+    return amax_a * amax_b * (_f32(1.0) / _f32(_NVFP4_BOUND * _NVFP4_BOUND))
+
+
 def block_quantized(src: torch.Tensor, rule: str, axis: int, fmt: str, dtype: torch.dtype) -> torch.Tensor:
     """``src`` (2-D fp32) quantize-dequantized by ``rule``: ``"mxfp8"`` (blocks of 32 along
     ``axis``), ``"1d"`` (blocks of 128 along ``axis``), ``"2d"`` (128x128 tiles, ``axis``
-    ignored); a short last block is a block too. Exact: every scale is a power of two."""
+    ignored); a short last block is a block too. Exact: every scale is a power of two.
+    ``"nvfp4"`` / ``"nvfp4-2d"`` (16 along ``axis`` / 16x16 tiles): ``code * block_scale``,
+    without the tensor factor (:func:`nvfp4_codes`)."""
+    if rule.startswith("nvfp4"):
+        amax = torch.nan_to_num(src.abs(), nan=0.0).max() if src.numel() else _f32(0.0)
+        v = src.movedim(axis, -1)
+        return nvfp4_codes(v, rule == "nvfp4-2d", amax).movedim(-1, axis)
     if rule == "2d":
         r, c = src.shape
         br, bc = -(-r // 128), -(-c // 128)
@@ -169,8 +216,16 @@ class BlockQuantized:
         vals = block_quantized(self.src, self.rule, k_axis ^ int(self.transposed), self.fmt, self.dtype)
         return vals.t() if self.transposed else vals
 
+    def amax(self) -> torch.Tensor:
+        """The tensor's amax (fp32): an NVFP4 operand's tensor scale comes from it."""
+        a = torch.nan_to_num(self.src.abs(), nan=0.0)
+        return a.max() if a.numel() else _f32(0.0)
+
     def __matmul__(self, other: "Quantized | BlockQuantized") -> torch.Tensor:
-        return self.along(1) @ other.along(0)
+        out = self.along(1) @ other.along(0)
+        if self.rule.startswith("nvfp4") and isinstance(other, BlockQuantized) and other.rule.startswith("nvfp4"):
+            return out * nvfp4_alpha(self.amax(), other.amax())
+        return out
 
 
 #: a quantized GEMM operand of any recipe
@@ -273,6 +328,11 @@ def _new_state(recipe: Any, n: int, group: Any) -> ModuleScaling:
 
 def _block_rules(recipe: Any, kind: str) -> tuple[str, str, str]:
     """The block rules of ``recipe`` (input, weight, gradient); () for a per-tensor one."""
+    if kind == "nvfp4":
+        if not (getattr(recipe, "disable_rht", False) and getattr(recipe, "disable_stochastic_rounding", False)):
+            raise NotImplementedError("the reference runs NVFP4BlockScaling with disable_rht and "
+                                      "disable_stochastic_rounding only")
+        return ("nvfp4", "nvfp4" if getattr(recipe, "disable_2d_quantization", False) else "nvfp4-2d", "nvfp4")
     if kind == "mxfp8":
         if getattr(recipe, "enable_2d_quantization", False):
             raise NotImplementedError("the reference runs MXFP8 with 1-D blocks only")

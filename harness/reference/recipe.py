@@ -11,7 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Format", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling"]
+__all__ = ["Format", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling",
+           "NVFP4BlockScaling"]
 
 
 class Format(enum.Enum):
@@ -59,3 +60,15 @@ class Float8BlockScaling:
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
+
+
+@dataclass
+class NVFP4BlockScaling:
+    """E2M1 elements, one E4M3 scale per 16 elements along K (per 16x16 tile for the weight,
+    ``disable_2d_quantization`` off) and one fp32 scale per tensor (TE's defaults). The
+    reference runs it with the Hadamard transform and stochastic rounding off only
+    (``disable_rht``, ``disable_stochastic_rounding``: what the harness asks for)."""
+
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False

@@ -194,6 +194,9 @@ def _answers() -> dict[str, tuple[Any, str, str]]:
                   "(bias-gradient buffers) use device='cuda'; the modules' parameters use 'cuda:0'"),
         "ones": (_factory(torch.ones), device_arg,
                  "quantization.py DelayedScalingRecipeState.__init__ (the scales, device='cuda')"),
+        "eye": (_factory(torch.eye), device_arg,
+                "tensor/nvfp4_tensor.py get_rht_matrix (NVFP4Quantizer's Hadamard matrix, "
+                "device=torch.cuda.current_device(), an int)"),
         "zeros": (_factory(torch.zeros), device_arg,
                   "ops/basic/grouped_linear.py reset_parameters (device='cuda:0')"),
         "version.cuda": (CUDA_VERSION, CUDA_VERSION,

@@ -253,6 +253,8 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     else:
         a = _operand(A, transA, "A")
         b = _operand(B, not transB, "B")
+        if a.amax is not None or b.amax is not None:
+            alpha = _nvfp4_alpha(a, b, float(alpha), out_dtype)
         acc = qgemm.accumulate(b, a)
         out = qgemm.epilogue(acc, out_shape=shape, out_dtype=out_dtype, out=hp_out, alpha=float(alpha),
                              beta=float(beta), bias=None if grad else bias)
@@ -261,6 +263,17 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     if quantizer is not None:
         out = quantize(out, quantizer, D)
     return [out, bias_grad, None, extra_output]
+
+
+def _nvfp4_alpha(a: qgemm.Operand, b: qgemm.Operand, alpha: float, out_dtype: torch.dtype) -> float:
+    """An NVFP4 GEMM's ``alpha`` with both tensor amaxes folded in (``cublaslt_gemm.cu``:
+    both operands NVFP4 - ``CanonicalizeGemmInput`` has no form for an NVFP4 operand beside
+    another and names it - and no FP16 output)."""
+    if a.amax is None or b.amax is None:
+        raise RuntimeError(f"{'A' if a.amax is not None else 'B'} has unsupported scaling mode")
+    if out_dtype == torch.float16:
+        raise RuntimeError("FP4 GEMM does not support FP16 output!")
+    return _family_module("nvfp4").gemm_alpha(alpha, a.amax, b.amax)
 
 
 def _fake_dtype(t: Any) -> torch.dtype:

@@ -40,13 +40,15 @@ class Operand:
 
     ``values`` are exact fp32 (stored values, times their block scales where those are folded
     in exactly); ``k_scales`` (``[rows, K / k_block]``), when given, multiply each K block's
-    partial sum; ``factor`` (a 0-d fp32 tensor) multiplies the accumulator.
+    partial sum; ``factor`` (a 0-d fp32 tensor) multiplies the accumulator; ``amax`` (NVFP4
+    only) is the tensor amax the GEMM folds into ``alpha`` (``nvfp4.gemm_alpha``).
     """
 
     values: torch.Tensor
     factor: torch.Tensor
     k_scales: torch.Tensor | None = None
     k_block: int = 0
+    amax: torch.Tensor | None = None
 
 
 def plain_operand(x: torch.Tensor) -> Operand:
