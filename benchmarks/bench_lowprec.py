@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import machine  # noqa: E402
 
-RECIPES = ("delayed", "current", "mxfp8", "blockwise")
+RECIPES = ("delayed", "current", "mxfp8", "blockwise", "nvfp4")
 
 
 def _median_ms(fn: Callable[[], None], steps: int) -> float:
@@ -52,7 +52,8 @@ def bench_steps(h: int, steps: int) -> dict[str, float]:
     from transformer_engine.common import recipe as R
     te = sys.modules["transformer_engine.pytorch"]
     make = {"delayed": R.DelayedScaling, "current": R.Float8CurrentScaling, "mxfp8": R.MXFP8BlockScaling,
-            "blockwise": R.Float8BlockScaling}
+            "blockwise": R.Float8BlockScaling,
+            "nvfp4": lambda: R.NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True)}
     out: dict[str, float] = {}
     for name in ("none", *RECIPES):
         device.present(device.capability_for(name))

@@ -77,7 +77,7 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
         # ci selects the judged recipes by default: a backend without autocast is told the way out
         "backend without autocast under a recipe": (
             ["sweep", "--preset", "ci", "--modules", "linear", "--backend", str(no_layernorm)],
-            "has no autocast: it cannot run the recipes delayed, current, mxfp8, blockwise; select --recipes none "
+            "has no autocast: it cannot run the recipes delayed, current, mxfp8, blockwise, nvfp4; select --recipes none "
             "or another backend"),
         # native quantized shards are built by TE's quantized_model_init, which the reference lacks
         "reference backend with a native weight": (

@@ -176,6 +176,8 @@ def cells(draw):
     d["recipe"] = "none" if d["module"] in TENSOR else draw(st.sampled_from(recipes.NAMES))
     if d["recipe"] == "delayed" and d["hooks"] == "checkpoint":
         d["recipe"] = "current"
+    if d["recipe"] in recipes.NO_FP16 and d["dtype"] == "fp16":
+        d["dtype"] = "bf16"
     if d["consumer"] == "autograd":
         d["fused"] = False
         if d["weight"] in NEEDS_DDP:
@@ -303,7 +305,7 @@ def test_full_size_is_product_minus_invalid():
     flagged = [c for c in everything if c.first_mb]
     takes = [c for c in full if c.microbatches == 2 and CLASS[c.module] != "ops"]
     assert {dataclasses.replace(c, first_mb=False) for c in flagged} == set(takes)
-    assert len(flagged) == len(takes) == 82080 and len(everything) == 235008 + 82080
+    assert len(flagged) == len(takes) == 92880 and len(everything) == 265248 + 92880
     assert {c.weight for c in full} == {"distributed", "plain", "gtp_mcore", "gtp_nograd"}
     # linear cells exist only with num_gemms=1, which is in the default domain
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
@@ -319,14 +321,17 @@ def test_full_size_is_product_minus_invalid():
     judged = {"linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"}
     assert {(c.recipe, c.module) for c in lowp} == {(r, m) for r in recipes.JUDGED if r != "none"
                                                     for m in recipes.MODELLED[r]} == {
-        (r, m) for r in ("current", "delayed", "mxfp8", "blockwise") for m in judged}
+        (r, m) for r in ("current", "delayed", "mxfp8", "blockwise", "nvfp4") for m in judged}
     for module, count in (("linear", 6480), ("grouped_linear", 12960), ("ops_grouped_linear", 12960),
                           ("layernorm_linear", 6480), ("rmsnorm_linear", 6480)):
         twins = sum(c.module == module for c in none)
         for r in ("current", "mxfp8", "blockwise"):
             assert sum(c.recipe == r and c.module == module for c in lowp) == twins == count, (r, module)
         assert sum(c.recipe == "delayed" and c.module == module for c in lowp) == twins * 4 // 5, module
-    assert len(full) == 62640 + 3 * 45360 + 36288 == 235008
+        # nvfp4: no fp16 cell (TE's FP4 GEMM refuses an fp16 output), a third of the dtypes
+        assert sum(c.recipe == "nvfp4" and c.module == module for c in lowp) == twins * 2 // 3, module
+    assert not any(c.recipe == "nvfp4" and c.dtype == "fp16" for c in full)
+    assert len(full) == 62640 + 3 * 45360 + 36288 + 30240 == 265248
     # the oracle judges every pair the matrix can generate; the guard still names any other
     assert recipes.unmodelled((c.recipe, c.module) for c in full) == []
     assert recipes.unmodelled([("mxfp8", "grouped_linear_tensor")]) == ["mxfp8/grouped_linear_tensor"]
@@ -402,14 +407,16 @@ def test_ci_coverage_under_random_overrides(overrides):
 
 def assert_recipe_pairs(cells, domains):
     """Each judged recipe's cells cover every pair of values of its domain: the modules it is
-    judged on, every hook mode but ``checkpoint`` under ``delayed`` (not built)."""
+    judged on, every hook mode but ``checkpoint`` under ``delayed`` (not built), every dtype but
+    fp16 under ``nvfp4`` (not in TE)."""
     for r in recipes.JUDGED[1:]:
         mods = tuple(m for m in domains["module"] if m in recipes.MODELLED[r])
         mine = [c for c in cells if c.recipe == r]
         assert {c.module for c in mine} <= set(mods)
         d = {**domains, "recipe": (r,), "module": mods,
-             "hooks": tuple(h for h in domains["hooks"] if not (r == "delayed" and h == "checkpoint"))}
-        if not mods or not d["hooks"] or not mine:
+             "hooks": tuple(h for h in domains["hooks"] if not (r == "delayed" and h == "checkpoint")),
+             "dtype": tuple(x for x in domains["dtype"] if not (r in recipes.NO_FP16 and x == "fp16"))}
+        if not mods or not d["hooks"] or not d["dtype"] or not mine:
             assert not mine or mods
             continue
         assert_pairwise(mine, d)
@@ -545,7 +552,7 @@ def test_megatron_ci_size():
     hooked no-input-gradient and delayed-wgrad interactions (n) and (d)."""
     ci = unflagged(select("ci", {"weight": ["megatron"]}))
     assert {c.world_size for c in ci} == {2, 4}
-    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 120
+    assert 60 <= sum(c.recipe == "none" for c in ci) <= 120 and sum(c.recipe != "none" for c in ci) <= 160
 
 
 def test_seed_preset_is_the_production_combination():
@@ -577,7 +584,7 @@ def test_presets_keep_their_cells_and_add_the_judged_recipes():
     assert (len(none), matrix.ids_digest(none)) == CI_BEFORE_RECIPES
     only_none = unflagged(select("ci", {"recipe": ["none"]}))
     assert (len(only_none), matrix.ids_digest(only_none)) == CI_BEFORE_RECIPES
-    assert recipes.JUDGED == ("none", "delayed", "current", "mxfp8", "blockwise")
+    assert recipes.JUDGED == ("none", "delayed", "current", "mxfp8", "blockwise", "nvfp4")
     assert {c.recipe for c in ci} == set(recipes.JUDGED) == {c.recipe for c in select("full")}
     assert {c.module for c in ci if c.recipe != "none"} == {"linear", "grouped_linear", "ops_grouped_linear",
                                                           "layernorm_linear", "rmsnorm_linear"}
@@ -595,8 +602,8 @@ def test_ci_recipe_cells_are_all_pairs_on_the_judged_modules():
     ci = unflagged(select("ci"))
     assert_recipe_pairs(ci, DEFAULTS)
     lowp = [c for c in ci if c.recipe != "none"]
-    assert 60 <= len(lowp) <= 260
-    for r in ("current", "delayed", "mxfp8", "blockwise"):
+    assert 60 <= len(lowp) <= 330
+    for r in ("current", "delayed", "mxfp8", "blockwise", "nvfp4"):
         for m in recipes.MODELLED[r]:
             assert any(c.recipe == r and c.module == m and c.weight == "distributed" and c.hooks == "off"
                        and c.input_grad and not c.delay_wgrad for c in lowp), (r, m)
@@ -614,8 +621,11 @@ def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
     assert Cell.from_dict(old) == base
     with pytest.raises(MatrixError, match="Malformed cell id"):
         Cell.from_id(base.id + "-xcurrent")
-    with pytest.raises(MatrixError, match="Unknown value 'nvfp4' for axis recipe"):
-        Cell.from_id(base.id + "-rnvfp4")
+    with pytest.raises(MatrixError, match="Unknown value 'fp4' for axis recipe"):
+        Cell.from_id(base.id + "-rfp4")
+    assert Cell.from_id(base.id + "-rnvfp4").recipe == "nvfp4"
+    with pytest.raises(MatrixError, match="recipe nvfp4 with dtype='fp16' does not exist in TE"):
+        Cell(**{**base.serialize(), "dtype": "fp16", "recipe": "nvfp4"})
     for m in sorted(TENSOR):
         with pytest.raises(MatrixError, match="a recipe on a grouped-tensor path"):
             Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": "delayed"})
@@ -646,9 +656,9 @@ def test_first_microbatch_cells():
     keep their ids; the flag is named in the id only when passed; smoke and seed pass none."""
     ci = select("ci")
     flagged = [c for c in ci if c.first_mb]
-    assert 30 <= len(flagged) <= 120 and len(unflagged(ci)) == 685
+    assert 30 <= len(flagged) <= 120 and len(unflagged(ci)) == 748
     assert {c.microbatches for c in flagged} == {2} and not any(CLASS[c.module] == "ops" for c in flagged)
-    assert {c.recipe for c in flagged} == {"none", "delayed", "current", "mxfp8", "blockwise"}
+    assert {c.recipe for c in flagged} == {"none", "delayed", "current", "mxfp8", "blockwise", "nvfp4"}
     mods = tuple(m for m in DEFAULTS["module"] if CLASS[m] != "ops")
     domains = {**DEFAULTS, "first_mb": (True,), "module": mods, "microbatches": (2,),
                "recipe": ("none", "current", "mxfp8", "blockwise")}

@@ -103,7 +103,7 @@ def test_catalog_matches_bugs_md():
     """docs/fault-classes.md's ten classes in order, then the four only a Megatron-like implementer exposes,
     then the one only an exact check catches, four subtle numeric faults, the four of
     GroupedLinear's grouped-tensor path and LayerNormLinear's normalization, the five of
-    the FP8 path (cells under a recipe only), the one of MXFP8 and the two of
+    the FP8 path (cells under a recipe only), the one of MXFP8, the one of NVFP4 and the two of
     ``is_first_microbatch`` (flagged cells only)."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
@@ -115,13 +115,15 @@ def test_catalog_matches_bugs_md():
         "grouped-tensor-path-no-dw", "norm-dgamma-dropped", "norm-dbeta-on-gamma",
         "norm-zero-centered-ignored-in-backward", "fp8-per-shard-amax", "fp8-stale-weight-workspace",
         "fp8-e4m3-gradient", "fp8-dgrad-weight-unquantized", "fp8-dgrad-weight-requantized",
-        "mxfp8-scale-rounded-down", "first-microbatch-ignored", "first-microbatch-overwrites-distributed",
+        "mxfp8-scale-rounded-down", "nvfp4-shard-tensor-scale", "first-microbatch-ignored",
+        "first-microbatch-overwrites-distributed",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description
         assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
         assert set(m.modules) <= set(modules.NAMES)
-        assert m.recipes is None or (m.name.startswith(("fp8-", "mxfp8-")) and set(m.recipes) <= set(recipes.QUANTIZED))
+        assert m.recipes is None or (m.name.startswith(("fp8-", "mxfp8-", "nvfp4-"))
+                                     and set(m.recipes) <= set(recipes.QUANTIZED))
         assert m.first_mb == m.name.startswith("first-microbatch-")
         for attr in ("Linear", "GroupedLinear", "LayerNormLinear"):
             assert isinstance(getattr(m.backend, attr), type)

@@ -18,6 +18,7 @@ scaling = load("scaling")
 per_tensor = load("per_tensor")
 mxfp8 = load("mxfp8")
 blockwise = load("blockwise")
+nvfp4 = load("nvfp4")
 
 
 def _every_value(fmt: quantized.Fp8) -> torch.Tensor:
@@ -250,9 +251,58 @@ def test_block_quantization_of_an_empty_group(rule):
                                         torch.bfloat16).shape == shape
 
 
+def _nvfp4_cases(dtype):
+    g = torch.Generator().manual_seed(11)
+    wide = (torch.randn(48, 80, generator=g) * torch.exp(torch.randn(48, 80, generator=g) * 3)).to(dtype)
+    zero_block = torch.randn(32, 32, generator=g).to(dtype)
+    zero_block[:16, :16] = 0
+    return [wide, zero_block, torch.zeros(16, 16, dtype=dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("axis,tile", [(1, False), (0, False), (1, True)])
+def test_nvfp4_gives_te_cpus_values(dtype, axis, tile):
+    """The oracle's (float64) and the reference's NVFP4 quantize-dequantize are te-cpu's, value
+    for value: 1-D blocks along either axis (row-wise data, the transpose's for column-wise)
+    and 16x16 tiles, with the tensor factor ``amax / (448 * 6)`` applied exactly."""
+    from harness.reference import _fp8
+
+    for t in _nvfp4_cases(dtype):
+        x = t.to(torch.float32)
+        amax = nvfp4._amax(x)
+        src = x if axis == 1 else x.t().contiguous()
+        data, scales = nvfp4.quantize_rows(src, amax, tile)
+        theirs = nvfp4.decode_rows(data, scales).to(torch.float64) * (float(amax) / 2688.0)
+        theirs = theirs if axis == 1 else theirs.t()
+        ours = quantized.nvfp4_tiled(t) if tile else quantized.nvfp4_blocked(t, axis)
+        ref = _fp8.block_quantized(x, "nvfp4-2d" if tile else "nvfp4", axis, "e4m3", dtype).to(torch.float64) \
+            * (float(amax) / 2688.0)
+        assert torch.equal(ours, theirs), (axis, tile, (ours - theirs).abs().max())
+        assert torch.equal(ref, theirs), (axis, tile, (ref - theirs).abs().max())
+
+
+def test_nvfp4_quantizes_each_gemm_along_its_k_and_the_weight_in_tiles():
+    """The wgrad GEMM reads the input and the gradient blocked along the rows, the others along
+    the features; the weight in the same 16x16 tiles both ways; an empty group is empty; the
+    scale-inverse term is the GEMM's alpha (four fp32 roundings)."""
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(64, 64, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 64, dtype=torch.float64)
+    q = quantized.for_recipe("nvfp4")
+    assert isinstance(q, quantized.Nvfp4Scaling) and q.by_direction
+    assert q.scale_u == quantized.NVFP4_SCALE_U == quantized.scale_u("nvfp4") == 4 * 2.0**-24
+    assert not torch.equal(q.x(0, 0, 0, t), q.x_wgrad(0, 0, 0, t))
+    assert not torch.equal(q.dy(0, 0, 0, t), q.dy_wgrad(0, 0, 0, t))
+    assert torch.equal(q.weight(0, 0, t, False), q.weight(0, 0, t, True))
+    assert not torch.equal(q.weight(0, 0, t, False), q.x(0, 0, 0, t))  # tiles, not 1-D blocks
+    for shape in ((0, 32), (32, 0)):
+        empty = torch.zeros(shape, dtype=torch.float64)
+        assert q.x(0, 0, 0, empty).shape == shape and q.x_wgrad(0, 0, 0, empty).shape == shape
+        assert q.x_box(0, 0, 0, empty, empty)[1].shape == shape
+
+
 @pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise", "nvfp4"])
 def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recipe):
     """LayerNormLinear's normalized rows under a block recipe: the normalization in fp32,
     rounded to the cell's dtype or not, quantized in blocks along the features (forward) and
@@ -264,7 +314,7 @@ def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recip
     from harness.shape import Example
 
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    rule = "mxfp8" if recipe == "mxfp8" else "1d"
+    rule = {"mxfp8": "mxfp8", "blockwise": "1d", "nvfp4": "nvfp4"}[recipe]
     for seed in range(4):
         inputs = make_inputs(seed, Example(64, 32, 64), dtype, 1, 1, 1, True, norm=norm, unit=32)
         gi = oracle.gemm_inputs(inputs, recipe)
@@ -277,6 +327,8 @@ def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recip
         for h in (h32.to(torch_dtype).float(), h32):
             for axis, c, s in ((1, centre, slack), (0, centre_w, slack_w)):
                 q = _fp8.block_quantized(h, rule, axis, "e4m3", torch_dtype).to(torch.float64)
+                if recipe == "nvfp4":  # the reference leaves the tensor factor to its GEMM
+                    q = q * (float(h.abs().max()) / 2688.0)
                 assert bool(((q - c).abs() <= s).all()), (seed, recipe, dtype, axis)
         unquantized = oracle._normalize(x.to(torch.float64), n).h
         assert bool(((unquantized - centre).abs() > slack).any())

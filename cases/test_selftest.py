@@ -121,7 +121,8 @@ def test_selftest_multirank(ci_selftest):
     # a row per recipe of ci (its bias gradient is the unquantized one: no row under a recipe)
     assert set(rows) == {("none", d, k) for d in ("fp32", "bf16", "fp16")
                          for k in ("output", "input_grad", "weight_grad", "bias_grad")} | {
-        (r, d, k) for r in ("delayed", "current", "mxfp8", "blockwise") for d in ("fp32", "bf16", "fp16")
+        (r, d, k) for r in ("delayed", "current", "mxfp8", "blockwise", "nvfp4") for d in ("fp32", "bf16", "fp16")
+        if not (r == "nvfp4" and d == "fp16")  # TE's FP4 GEMM refuses an fp16 output: no such cell
         for k in ("output", "input_grad", "weight_grad")}, sorted(rows)
     for r in rows.values():
         assert r["smallest_caught"] in r["tried"], r

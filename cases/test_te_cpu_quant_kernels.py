@@ -25,6 +25,7 @@ mxfp8 = load("mxfp8")
 blockwise = load("blockwise")
 per_tensor = load("per_tensor")
 qgemm = load("qgemm")
+nvfp4 = load("nvfp4")
 
 
 # ---- FP8: a reference rounding in plain Python ----------------------------------------------
@@ -216,6 +217,58 @@ def test_blockwise_1d_and_2d_scales() -> None:
     assert formats.E4M3.decode(data)[0, 5].item() == 384.0
     d2, s2 = blockwise.quantize_2d(x, formats.E4M3, _Q(), torch.bfloat16)
     assert s2.tolist() == [[1 / 128, 1 / 256]]
+
+
+def _round32(v: float) -> float:
+    """``v`` rounded to fp32 (plain Python, not the code under test)."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def test_nvfp4_two_level_hand_values() -> None:
+    """NVFP4 worked by hand. Tensor amax 10.5: ``S_enc = 2688 / 10.5 = 256``, ``S_dec = 2^-8``.
+    Block 0 (amax 10.5): ``10.5 * fp32(256 * fp32(1/6)) = 448.0000134`` -> fp32 448 -> E4M3 448;
+    elements times ``fp32(1 / (448 * 2^-8)) = fp32(1/1.75)``: 10.5 -> 6, 1 -> 0.571 -> 0.5,
+    -2 -> -1.143 -> -1, 0.4375 -> ``0.25000001118`` rounded to fp32 is 0.25, the tie between
+    0 and 0.5 -> 0 (the even code), 2.625 -> 1.5.
+    Block 1 (amax 0.65625): ``0.65625 * 42.666668 = 28.0000008`` -> fp32 28 -> E4M3 28; elements
+    times ``fp32(256 / 28)``: 0.65625 -> 6, 7/128 -> fp32 0.5 -> 0.5, 7/64 -> 1."""
+    x = torch.zeros(1, 32)
+    x[0, :5] = torch.tensor([10.5, 1.0, -2.0, 0.4375, 2.625])
+    x[0, 16:19] = torch.tensor([0.65625, 7 / 128, 7 / 64])
+    assert _round32(10.5 * _round32(256 * _round32(1 / 6))) == 448.0 and _round32(0.65625 * _round32(256 * _round32(1 / 6))) == 28.0
+    data, scales = nvfp4.quantize_rows(x, torch.tensor(10.5), tile=False)
+    assert formats.E4M3.decode(scales).tolist() == [[448.0, 28.0]]
+    codes = formats.e2m1_decode(formats.unpack_fp4(data))
+    assert _round32(0.4375 * _round32(1 / 1.75)) == 0.25
+    assert codes[0, :5].tolist() == [6.0, 0.5, -1.0, 0.0, 1.5] and codes[0, 5:16].abs().sum() == 0
+    assert codes[0, 16:19].tolist() == [6.0, 0.5, 1.0] and codes[0, 19:].abs().sum() == 0
+    assert nvfp4.decode_rows(data, scales)[0, :3].tolist() == [2688.0, 224.0, -448.0]
+    # the GEMM's alpha: amax_A * amax_B * fp32(1 / (6 * 6 * 448 * 448)), fp32 left to right
+    assert nvfp4.gemm_alpha(1.0, torch.tensor(10.5), torch.tensor(2.0)) == \
+        _round32(_round32(10.5 * 2.0) * _round32(1 / 7225344))
+    # a zero tensor: S_enc 1, scales 0, codes 0
+    zd, zs = nvfp4.quantize_rows(torch.zeros(16, 16), torch.tensor(0.0), tile=True)
+    assert zd.abs().sum() == 0 and zs.abs().sum() == 0
+
+
+def test_nvfp4_tiles_share_one_scale_both_ways() -> None:
+    """2-D (TE's weights): one E4M3 scale per 16x16 tile, the same for the row-wise data and the
+    transpose's; 1-D blocks of a row see only their own 16 elements."""
+    x = torch.ones(32, 32)
+    x[3, 20] = 12.0  # tile (0, 1)
+    amax = torch.tensor(12.0)
+    _, s_rows = nvfp4.quantize_rows(x, amax, tile=True)
+    _, s_cols = nvfp4.quantize_rows(x.t().contiguous(), amax, tile=True)
+    tiles = formats.E4M3.decode(s_rows)
+    assert torch.equal(tiles[::16], formats.E4M3.decode(s_cols)[::16].t())  # one row per tile
+    assert tiles[:16, 1].unique().tolist() == [448.0] and tiles[:16, 0].unique().tolist() == [tiles[0, 0].item()]
+    assert tiles[0, 0].item() < 448.0  # the tile without the 12 has its own, smaller scale
+    _, s_1d = nvfp4.quantize_rows(x, amax, tile=False)
+    assert formats.E4M3.decode(s_1d)[3, 1].item() == 448.0 and formats.E4M3.decode(s_1d)[4, 1].item() < 448.0
+    assert nvfp4.scale_shape([32, 48], columnwise=False) == [128, 4]
+    assert nvfp4.scale_shape([32, 48], columnwise=True) == [128, 4]
+    with pytest.raises(RuntimeError, match="divisible by 16"):
+        nvfp4.scale_shape([8, 32], columnwise=False)
 
 
 # ---- the quantized GEMM ---------------------------------------------------------------------

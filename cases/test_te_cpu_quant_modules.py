@@ -25,7 +25,7 @@ import torch
 
 from fixtures.te_script import run_te_script
 
-RECIPES = ("delayed", "current", "mxfp8", "blockwise")
+RECIPES = ("delayed", "current", "mxfp8", "blockwise", "nvfp4")
 MODULES = ("linear", "layernorm_linear", "rmsnorm_linear", "grouped", "ops_grouped")
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
 
@@ -41,12 +41,15 @@ _SCRIPT = """
     MODULES = {MODULES}
     H, ROWS = 64, 64
     make = {{"delayed": R.DelayedScaling, "current": R.Float8CurrentScaling,
-             "mxfp8": R.MXFP8BlockScaling, "blockwise": R.Float8BlockScaling}}
+             "mxfp8": R.MXFP8BlockScaling, "blockwise": R.Float8BlockScaling,
+             "nvfp4": lambda: R.NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True)}}
 
     def dense(op):  # an Operand as a float64 [rows, K] matrix
         v = op.values.double()
         if op.k_scales is not None:
             v = v * op.k_scales.double().repeat_interleave(op.k_block, dim=1)[:, :v.shape[1]]
+        if op.amax is not None:  # NVFP4: the tensor factor the GEMM folds into alpha, exact here
+            v = v * (float(op.amax) / (6 * 448))
         return v * float(op.factor)
 
     records = []
@@ -141,7 +144,26 @@ _SCRIPT = """
         block_cmp.append(dict(x=x, te_row=t.dequantize(dtype=torch.float32), ours_row=qb.dequantize(t, tex.DType.kFloat32),
                               te_col=col_only.dequantize(dtype=torch.float32),
                               ours_col=qb.dequantize(col_only, tex.DType.kFloat32)))
-    saved["ref_cmp"], saved["block_cmp"] = ref_cmp, block_cmp
+    from transformer_engine.pytorch.custom_recipes.reference_nvfp4 import NVFP4QuantizerRef
+    from transformer_engine.pytorch.custom_recipes.reference_utils import Fp4Formats
+    from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+    device.present(device.BLACKWELL)
+    nvfp4_cmp = []
+    for tile in (False, True):
+        for x in inputs + [(torch.randn(48, 80, generator=g) * torch.exp(torch.randn(48, 80, generator=g) * 3)).float()]:
+            q = NVFP4Quantizer(rowwise=True, columnwise=True, with_2d_quantization=tile)
+            got = tex.quantize(x, q)
+            ref = NVFP4QuantizerRef(dtype=Fp4Formats.E2M1, quant_tile_shape=(16, 16) if tile else (1, 16))
+            qx, sx, qx_t, sx_t, amax_r, amax_c = ref._quantize(x)
+            r, c = x.shape
+            nvfp4_cmp.append(dict(data=got._rowwise_data.clone(), ref=qx.clone(), data_t=got._columnwise_data.clone(),
+                                  ref_t=qx_t.clone(), scales=got._rowwise_scale_inv[:r, :c // 16].clone(),
+                                  ref_scales=sx.view(torch.uint8)[:r, :c // 16].clone(),
+                                  scales_t=got._columnwise_scale_inv[:c, :r // 16].clone(),
+                                  ref_scales_t=sx_t.view(torch.uint8)[:c, :r // 16].clone(),
+                                  amax=(got._amax_rowwise.clone(), got._amax_columnwise.clone()),
+                                  ref_amax=(amax_r.clone(), amax_c.clone())))
+    saved["ref_cmp"], saved["block_cmp"], saved["nvfp4_cmp"] = ref_cmp, block_cmp, nvfp4_cmp
     torch.save(saved, os.environ["DW_TE_SCRIPT_OUT"])
 """
 
@@ -171,7 +193,8 @@ def _bound(r: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("module", MODULES)
 def test_quantized_gemms_are_float64_of_the_same_operands(te_runs: dict[str, Any], recipe: str, module: str) -> None:
-    """Forward, dgrad and wgrad GEMMs of both microbatches: only accumulation and output rounding."""
+    """Forward, dgrad and wgrad GEMMs of both microbatches: only accumulation and output rounding
+    (NVFP4: its tensor factors taken exactly, their fp32 product in alpha within the 8 spare units)."""
     run = te_runs["runs"][(recipe, module)]
     recs = run["records"]
     grouped = module in ("grouped", "ops_grouped")
@@ -229,3 +252,14 @@ def test_blockwise_decode_matches_tes_python_dequantize(te_runs: dict[str, Any])
         floor = 2.0 ** -10 * 2 * x.abs().max() / 448
         for deq in (c["ours_row"], c["ours_col"]):
             assert ((deq.double() - x).abs() <= 2.0 ** -4 * x.abs() + floor).all()
+
+
+def test_nvfp4_matches_tes_reference_quantizer(te_runs: dict[str, Any]) -> None:
+    """te-cpu's NVFP4 quantize (1-D blocks and 16x16 tiles) equals TE's ``NVFP4QuantizerRef``
+    byte for byte: the E2M1 data, the E4M3 block scales and the amax, row-wise and column-wise
+    (the transpose's quantization); an all-zero tensor and a wide-range one included."""
+    assert len(te_runs["nvfp4_cmp"]) == 8
+    for c in te_runs["nvfp4_cmp"]:
+        for ours, ref in (("data", "ref"), ("data_t", "ref_t"), ("scales", "ref_scales"), ("scales_t", "ref_scales_t")):
+            assert torch.equal(c[ours], c[ref]), ours
+        assert all(torch.equal(a.reshape(-1), b.reshape(-1)) for a, b in zip(c["amax"], c["ref_amax"]))

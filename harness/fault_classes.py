@@ -213,6 +213,11 @@ _ALL = (
                "MXFP8: the weight's E8M0 block scale is rounded down from amax / 448, not up, so "
                "a block's largest elements saturate",
                modules=_MXFP8_MODULES, recipes=("mxfp8",), evidence=("check:mb*.output",)),
+    FaultClass("nvfp4-shard-tensor-scale",
+               "NVFP4: a distributed weight's tensor scale is taken from the amax of this rank's "
+               "shard, not of the whole gathered weight (the other shards' largest elements saturate)",
+               modules=recipes.MODELLED["nvfp4"], min_world_size=2, recipes=("nvfp4",),
+               evidence=("check:mb*.output",)),
     FaultClass("first-microbatch-ignored",
                "is_first_microbatch=True is ignored: a fused plain weight's first wgrad is added "
                "to main_grad instead of replacing it",

@@ -145,7 +145,7 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("weight", "recipe", lambda w, r: not weights.KINDS[w].native or r in weights.NATIVE_RECIPES,
      f"weight='megatron_fp8' (native quantized shards) requires a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
-     f"native blockwise weight is not built (docs/megatron.md)"),
+     f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
     ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
      "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
      "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),

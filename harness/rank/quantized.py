@@ -496,18 +496,53 @@ def nvfp4_tiled(t: torch.Tensor) -> torch.Tensor:
     return vals.reshape(br, bc, 16, 16).permute(0, 2, 1, 3).reshape(br * 16, bc * 16)[:r, :c]
 
 
+def _e4m3_grid() -> torch.Tensor:
+    """Every non-negative finite E4M3 value, ascending (float64)."""
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8)  # 0x7F is NaN
+    return codes.view(torch.float8_e4m3fn).to(F64)
+
+
 def nvfp4_box(lo: torch.Tensor, hi: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The centre and half-width of what :func:`nvfp4_blocked` can give for a tensor known only
-    within ``[lo, hi]``: the tensor amax and each block's amax at either end of what they can
-    be (:func:`amax_bounds`), every element at either end of its interval."""
+    within ``[lo, hi]``. The tensor amax lies in ``[least, most]`` (:func:`amax_bounds`), each
+    block's likewise; the result is not monotone in them (a block scale rounds to another E4M3
+    value, the elements' codes follow), so the enclosure is built per block scale: every E4M3
+    value the block's scale can take (between the one of the smallest block amax under the
+    largest tensor amax and the one of the largest under the smallest), and for each the codes
+    at the corners of ``x`` in ``[lo, hi]`` and ``S_dec`` in its range (the code is monotone in
+    both), times the scale, times the tensor factor at either end."""
     least_t, most_t = amax_bounds(lo, hi)
+    (enc_hi, dec_lo), (enc_lo, dec_hi) = nvfp4_scales(least_t), nvfp4_scales(most_t)
     blo, bhi = _blocks_of(lo, axis, 16), _blocks_of(hi, axis, 16)
-    least = torch.where(blo * bhi > 0, torch.minimum(blo.abs(), bhi.abs()), torch.zeros_like(blo))
-    most = torch.maximum(blo.abs(), bhi.abs())
-    vals = [_nvfp4_values(x, _block_amax(b, (-1,)).unsqueeze(-1), a)
-            for a in (least_t, most_t) for b in (least, most) for x in (blo, bhi)]
-    vmin, vmax = torch.stack(vals).min(0).values, torch.stack(vals).max(0).values
-    return _unblock((vmin + vmax) / 2, lo, axis), _unblock((vmax - vmin) / 2, lo, axis)
+    least_b = _block_amax(torch.where(blo * bhi > 0, torch.minimum(blo.abs(), bhi.abs()), torch.zeros_like(blo)), (-1,))
+    most_b = _block_amax(torch.maximum(blo.abs(), bhi.abs()), (-1,))
+    fmt = FORMATS["e4m3"]
+
+    def scale_of(bamax: torch.Tensor, enc: float) -> torch.Tensor:
+        dec_b = (bamax.to(torch.float32) * _fp32(enc * _fp32(1.0 / 6.0))).to(F64).clamp(max=FP32_MAX)
+        return cast(dec_b, 1.0, fmt)
+
+    grid = _e4m3_grid()
+    first = torch.searchsorted(grid, scale_of(least_b, enc_lo))
+    last = torch.searchsorted(grid, scale_of(most_b, enc_hi))
+    factors = (least_t / NVFP4_GLOBAL, most_t / NVFP4_GLOBAL)
+    vmin = vmax = None
+    for k in range(int((last - first).max()) + 1 if first.numel() else 1):
+        sc = grid[torch.minimum(first + k, last)].unsqueeze(-1)  # a scale the block can take
+        vals = []
+        for dec in (dec_lo, dec_hi):
+            inv = (1.0 / (sc * dec).to(torch.float32).to(F64)).to(torch.float32).to(F64).clamp(max=FP32_MAX)
+            for x in (blo, bhi):
+                code = e2m1((x * inv).to(torch.float32))
+                vals += [code * sc * f for f in factors]
+        stack = torch.stack(vals)
+        lo_k, hi_k = stack.min(0).values, stack.max(0).values
+        vmin = lo_k if vmin is None else torch.minimum(vmin, lo_k)
+        vmax = hi_k if vmax is None else torch.maximum(vmax, hi_k)
+    # the tensor factor makes the values inexact in float64: the centre's and the half-width's
+    # own roundings (an ulp of the larger end) are added, so both ends stay inside
+    half = (vmax - vmin) / 2 + 2.0**-52 * torch.maximum(vmin.abs(), vmax.abs())
+    return _unblock((vmin + vmax) / 2, lo, axis), _unblock(half, lo, axis)
 
 
 class Nvfp4Scaling(Quantizer):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -161,16 +161,19 @@ def nvfp4_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
     return amax_a * amax_b * (_f32(1.0) / _f32(_NVFP4_BOUND * _NVFP4_BOUND))
 
 
-def block_quantized(src: torch.Tensor, rule: str, axis: int, fmt: str, dtype: torch.dtype) -> torch.Tensor:
+def block_quantized(src: torch.Tensor, rule: str, axis: int, fmt: str, dtype: torch.dtype,
+                    amax: float | None = None) -> torch.Tensor:
     """``src`` (2-D fp32) quantize-dequantized by ``rule``: ``"mxfp8"`` (blocks of 32 along
     ``axis``), ``"1d"`` (blocks of 128 along ``axis``), ``"2d"`` (128x128 tiles, ``axis``
     ignored); a short last block is a block too. Exact: every scale is a power of two.
     ``"nvfp4"`` / ``"nvfp4-2d"`` (16 along ``axis`` / 16x16 tiles): ``code * block_scale``,
-    without the tensor factor (:func:`nvfp4_codes`)."""
+    without the tensor factor (:func:`nvfp4_codes`), under the tensor amax ``amax`` (``src``'s
+    own when None)."""
     if rule.startswith("nvfp4"):
-        amax = torch.nan_to_num(src.abs(), nan=0.0).max() if src.numel() else _f32(0.0)
+        a = _f32(amax) if amax is not None else (torch.nan_to_num(src.abs(), nan=0.0).max() if src.numel()
+                                                  else _f32(0.0))
         v = src.movedim(axis, -1)
-        return nvfp4_codes(v, rule == "nvfp4-2d", amax).movedim(-1, axis)
+        return nvfp4_codes(v, rule == "nvfp4-2d", a).movedim(-1, axis)
     if rule == "2d":
         r, c = src.shape
         br, bc = -(-r // 128), -(-c // 128)
@@ -199,6 +202,8 @@ class BlockQuantized:
     dtype: torch.dtype
     recipe: str
     transposed: bool = False
+    #: NVFP4: the amax its tensor scale comes from, when not the tensor's own (a planted fault)
+    tensor_amax: float | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -209,15 +214,18 @@ class BlockQuantized:
         return self.src.device
 
     def t(self) -> "BlockQuantized":
-        return BlockQuantized(self.src, self.rule, self.fmt, self.dtype, self.recipe, not self.transposed)
+        return replace(self, transposed=not self.transposed)
 
     def along(self, k_axis: int) -> torch.Tensor:
         """The dequantized values (as this operand is oriented) blocked along ``k_axis``."""
-        vals = block_quantized(self.src, self.rule, k_axis ^ int(self.transposed), self.fmt, self.dtype)
+        vals = block_quantized(self.src, self.rule, k_axis ^ int(self.transposed), self.fmt, self.dtype,
+                               self.tensor_amax)
         return vals.t() if self.transposed else vals
 
     def amax(self) -> torch.Tensor:
         """The tensor's amax (fp32): an NVFP4 operand's tensor scale comes from it."""
+        if self.tensor_amax is not None:
+            return _f32(self.tensor_amax)
         a = torch.nan_to_num(self.src.abs(), nan=0.0)
         return a.max() if a.numel() else _f32(0.0)
 

@@ -457,6 +457,19 @@ class _Mxfp8ScaleRoundedDown:
         return _fp8.Quantized(_mxfp8_rounded_down(gemm_weight), 1.0, gemm_weight.dtype, "mxfp8")  # Fault
 
 
+class _Nvfp4ShardTensorScale:
+    """NVFP4: a distributed weight's tensor scale (``S_enc`` and the GEMM's factor) from the
+    amax of this rank's shard, not of the whole gathered weight: where the shard holds smaller
+    values than the weight, the other shards' largest elements saturate."""
+
+    def fp8_weight_forward(self, call: GemmCall, i: int, weight: Any, gemm_weight: torch.Tensor) -> Any:
+        q = super().fp8_weight_forward(call, i, weight, gemm_weight)
+        if not call.distributed or call.fp8.state.kind != "nvfp4":
+            return q
+        shard = weight.detach().abs()
+        return replace(q, tensor_amax=float(shard.max()) if shard.numel() else 0.0)  # Fault: the shard's amax
+
+
 class _FirstMicrobatchIgnored:
     """``is_first_microbatch=True`` ignored: a fused plain weight accumulates its first wgrad."""
 
@@ -509,6 +522,7 @@ IMPLEMENTATIONS: dict[str, type] = {
     "fp8-dgrad-weight-unquantized": _Fp8DgradWeightUnquantized,
     "fp8-dgrad-weight-requantized": _Fp8DgradWeightRequantized,
     "mxfp8-scale-rounded-down": _Mxfp8ScaleRoundedDown,
+    "nvfp4-shard-tensor-scale": _Nvfp4ShardTensorScale,
     "first-microbatch-ignored": _FirstMicrobatchIgnored,
     "first-microbatch-overwrites-distributed": _FirstMicrobatchOverwritesDistributed,
 }
