@@ -164,6 +164,8 @@ _SCRIPT = """
                                   amax=(got._amax_rowwise.clone(), got._amax_columnwise.clone()),
                                   ref_amax=(amax_r.clone(), amax_c.clone())))
     saved["ref_cmp"], saved["block_cmp"], saved["nvfp4_cmp"] = ref_cmp, block_cmp, nvfp4_cmp
+    t = torch.arange(2 * 3 * 8, dtype=torch.uint8).reshape(2, 3, 8)
+    saved["swap"] = (t, tex.swap_first_dims(t), tex.swap_first_dims(t, out=torch.empty(3, 2, 8, dtype=torch.uint8)))
     torch.save(saved, os.environ["DW_TE_SCRIPT_OUT"])
 """
 
@@ -263,3 +265,11 @@ def test_nvfp4_matches_tes_reference_quantizer(te_runs: dict[str, Any]) -> None:
         for ours, ref in (("data", "ref"), ("data_t", "ref_t"), ("scales", "ref_scales"), ("scales_t", "ref_scales_t")):
             assert torch.equal(c[ours], c[ref]), ours
         assert all(torch.equal(a.reshape(-1), b.reshape(-1)) for a, b in zip(c["amax"], c["ref_amax"]))
+
+
+def test_swap_first_dims_reorders_gathered_data(te_runs: dict[str, Any]) -> None:
+    """``swap_first_dims`` (TE's NVFP4 all-gather reorders column-wise data with it): ``[w, a,
+    b]`` -> ``[a, w, b]``, contiguous, into a new tensor or ``out``."""
+    t, new, into = te_runs["swap"]
+    want = t.transpose(0, 1).contiguous()
+    assert torch.equal(new, want) and new.is_contiguous() and torch.equal(into, want)

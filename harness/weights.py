@@ -183,7 +183,7 @@ NAMES: tuple[str, ...] = tuple(KINDS)
 #: scaling, whose shards each carry their own scale, and delayed scaling, whose shards keep the
 #: codes of the initial scale (the oracle's cached-weight rule). Not built: ``blockwise``
 #: (Megatron cannot strip a padded block-scaled shard) and ``nvfp4`` (TE's NVFP4 all-gather
-#: needs a kernel te-cpu lacks; docs/megatron.md)
+#: runs a Triton kernel of TE's Python that te-cpu does not replace; docs/megatron.md)
 NATIVE_RECIPES: tuple[str, ...] = ("delayed", "current", "mxfp8")
 #: what a backend exposes to build a native weight's module (TE's own ``quantized_model_init``)
 NATIVE_API = "quantized_model_init"

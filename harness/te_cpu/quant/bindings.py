@@ -132,6 +132,19 @@ def fp8_transpose(input: torch.Tensor, otype: Any, out: torch.Tensor | None = No
     return out
 
 
+def swap_first_dims(tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``swap_first_dims`` (``extensions/transpose.cpp``): ``[d0, d1, ...]`` -> ``[d1, d0, ...]``,
+    contiguous (TE's NVFP4 all-gather reorders gathered column-wise data with it)."""
+    src = tensor.contiguous()
+    if src.dim() < 2:
+        raise RuntimeError(f"Invalid input tensor dimensions (shape={list(src.shape)})")
+    swapped = src.transpose(0, 1)
+    if out is None:
+        return swapped.contiguous()
+    out.copy_(swapped)
+    return out
+
+
 def bgrad_quantize(grad_output: torch.Tensor, quantizer: Any) -> list[Any]:
     """``bgrad_quantize`` (``extensions/bias.cpp``): the bias gradient (column sums, fp32
     accumulation, rounded to the gradient's dtype - as the fused dbias kernels and
@@ -338,6 +351,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "create_empty_quantized_tensor": create_empty_quantized_tensor,
     "split_quantize": split_quantize,
     "fp8_transpose": fp8_transpose,
+    "swap_first_dims": swap_first_dims,
     "bgrad_quantize": bgrad_quantize,
     "compute_amax": compute_amax,
     "fused_amax_and_scale_update_after_reduction": fused_amax_and_scale_update_after_reduction,
