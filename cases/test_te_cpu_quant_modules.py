@@ -164,6 +164,21 @@ _SCRIPT = """
                                   amax=(got._amax_rowwise.clone(), got._amax_columnwise.clone()),
                                   ref_amax=(amax_r.clone(), amax_c.clone())))
     saved["ref_cmp"], saved["block_cmp"], saved["nvfp4_cmp"] = ref_cmp, block_cmp, nvfp4_cmp
+    from harness.te_cpu.quant import nvfp4 as nv
+    big = (torch.randn(128, 256, generator=g) * torch.exp(torch.randn(128, 256, generator=g))).to(torch.bfloat16)
+    tensors = []
+    for gemm_layout in (True, False):  # TE's 2-D kernel writes swizzled scales for 128-aligned shapes
+        q = NVFP4Quantizer(rowwise=True, columnwise=True, with_2d_quantization=True)
+        q.optimize_for_gemm = gemm_layout
+        tensors.append(tex.quantize(big, q))
+    sw, lin = tensors
+    saved["nvfp4_swizzle"] = dict(flags=(sw._with_gemm_swizzled_scales, lin._with_gemm_swizzled_scales),
+                                  data=(torch.equal(sw._rowwise_data, lin._rowwise_data),
+                                        torch.equal(sw._columnwise_data, lin._columnwise_data)),
+                                  scales_differ=not torch.equal(sw._rowwise_scale_inv, lin._rowwise_scale_inv),
+                                  rows=(nv.decode_rowwise(sw), nv.decode_rowwise(lin)),
+                                  cols=(nv.decode_columnwise(sw), nv.decode_columnwise(lin)),
+                                  deq=(qb.dequantize(sw, tex.DType.kFloat32), qb.dequantize(lin, tex.DType.kFloat32)))
     t = torch.arange(2 * 3 * 8, dtype=torch.uint8).reshape(2, 3, 8)
     saved["swap"] = (t, tex.swap_first_dims(t), tex.swap_first_dims(t, out=torch.empty(3, 2, 8, dtype=torch.uint8)))
     torch.save(saved, os.environ["DW_TE_SCRIPT_OUT"])
@@ -273,3 +288,14 @@ def test_swap_first_dims_reorders_gathered_data(te_runs: dict[str, Any]) -> None
     t, new, into = te_runs["swap"]
     want = t.transpose(0, 1).contiguous()
     assert torch.equal(new, want) and new.is_contiguous() and torch.equal(into, want)
+
+
+def test_nvfp4_swizzled_scales_decode_as_the_linear_ones(te_runs: dict[str, Any]) -> None:
+    """A 2-D NVFP4 quantizer asked to optimize for the GEMM writes its E4M3 scales in the GEMM's
+    swizzled layout where TE's kernel does (Blackwell, both dimensions multiples of 128): the
+    same codes, the scales in another order, and every decode - row-wise, column-wise,
+    ``dequantize`` - equal to the linear layout's."""
+    c = te_runs["nvfp4_swizzle"]
+    assert c["flags"] == (True, False) and c["data"] == (True, True) and c["scales_differ"]
+    for a, b in (c["rows"], c["cols"], c["deq"]):
+        assert torch.equal(a, b)
