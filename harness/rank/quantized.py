@@ -441,16 +441,15 @@ NVFP4_SCALE_U = 4 * 2.0**-24
 
 def e2m1(v: torch.Tensor) -> torch.Tensor:
     """The E2M1 value (float64) nearest ``v`` (fp32 values), ties to the even code, saturating
-    at +-6 (``cvt.rn.satfinite.e2m1x2.f32``)."""
+    at +-6 (``cvt.rn.satfinite.e2m1x2.f32``): the number of midpoints between neighbouring
+    values below ``|v|`` is the lower neighbour's index; on a midpoint the even index wins."""
     grid = torch.tensor(E2M1_GRID, dtype=F64)
-    mag = v.to(F64).abs().clamp(max=6.0)
-    dist = (mag.unsqueeze(-1) - grid).abs()
-    best = dist.min(-1, keepdim=True).values
-    ties = dist == best
-    odd = torch.arange(len(E2M1_GRID)) % 2 == 1
-    # of two nearest grid points one has an even index; prefer it
-    pick = torch.where((ties & ~odd).any(-1, keepdim=True), ties & ~odd, ties).to(torch.int64).argmax(-1)
-    return torch.where(torch.signbit(v.to(F64)), -grid[pick], grid[pick])
+    mids = (grid[1:] + grid[:-1]) / 2
+    mag = v.to(F64).abs().clamp(max=6.0).contiguous()
+    i = torch.searchsorted(mids, mag)  # midpoints strictly below
+    tie = (i < len(mids)) & (mag == mids[i.clamp(max=len(mids) - 1)])
+    i = torch.where(tie & (i % 2 == 1), i + 1, i)
+    return torch.where(torch.signbit(v.to(F64)), -grid[i], grid[i])
 
 
 def nvfp4_scales(amax: float) -> tuple[float, float]:
