@@ -97,20 +97,19 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """fp32 values as E2M1 codes (one per uint8): round to nearest, ties to the even code,
-    saturating at +-6; the sign bit kept (also for values that round to zero)."""
+    saturating at +-6; the sign bit kept (also for values that round to zero); NaN -> +6.
+
+    E2M1 is a float with one mantissa bit: its values are evenly spaced by 0.5 below 2, by 1
+    in [2, 4), by 2 in [4, 6]; rounding the count of steps half to even rounds to the even
+    code (the codes count the values up from 0)."""
     x32 = x.to(torch.float32)
-    mag = x32.abs().clamp(max=E2M1_MAX)
-    grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=x.device)
-    # index of the largest grid value <= mag, then decide between it and the next one
-    lo = torch.bucketize(mag, grid, right=True) - 1
-    lo = lo.clamp(0, len(E2M1_VALUES) - 1)
-    hi = (lo + 1).clamp(max=len(E2M1_VALUES) - 1)
-    lo_v, hi_v = grid[lo], grid[hi]
-    below, above = mag - lo_v, hi_v - mag
-    pick_hi = (above < below) | ((above == below) & (lo % 2 == 1))
-    code = torch.where(pick_hi & (hi != lo), hi, lo)
-    sign = torch.signbit(x32) & ~torch.isnan(x32)
-    return (code + sign.to(code.dtype) * 8).to(torch.uint8)
+    nan = torch.isnan(x32)
+    mag = torch.where(nan, torch.full_like(x32, E2M1_MAX), x32.abs()).clamp(max=E2M1_MAX)
+    step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+    q = (torch.round(mag / step) * step).clamp(max=E2M1_MAX)  # an exact power-of-two division
+    code = torch.where(q < 2.0, q * 2, torch.where(q < 4.0, q + 2, q / 2 + 4)).to(torch.uint8)
+    sign = torch.signbit(x32) & ~nan
+    return code + sign.to(torch.uint8) * 8
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
