@@ -42,15 +42,19 @@ def _cells(run: Path) -> list[dict]:
 
 def _reordered(cell: dict) -> bool:
     """A cell whose module pairs gradients with the re-registered parameters by position. Under
-    NVFP4 the op's dgrad of the unquantized re-gathered weights fails first (``B has unsupported
-    scaling mode``, grouped-distributed-dgrad-weight-unquantized): :func:`_nvfp4_dgrad_first`."""
+    MXFP8 and NVFP4 the op's dgrad of the unquantized re-gathered weights fails first (``B has
+    unsupported scaling mode``, grouped-distributed-dgrad-weight-unquantized): :func:`_dgrad_first`."""
     axes = cell["axes"]
-    return axes["module"] in OPS and axes["bias"] and not axes["delay_wgrad"] and axes.get("recipe") != "nvfp4"
+    return axes["module"] in OPS and axes["bias"] and not axes["delay_wgrad"] and axes.get("recipe") not in PAIRED
 
 
-def _nvfp4_dgrad_first(cell: dict) -> bool:
+#: the recipes whose GEMM refuses their operand beside an unquantized one
+PAIRED = ("mxfp8", "nvfp4")
+
+
+def _dgrad_first(cell: dict) -> bool:
     axes = cell["axes"]
-    return axes["module"] in OPS and axes["bias"] and not axes["delay_wgrad"] and axes.get("recipe") == "nvfp4"
+    return axes["module"] in OPS and axes["bias"] and not axes["delay_wgrad"] and axes.get("recipe") in PAIRED
 
 
 def test_te_with_megatrons_weight_is_green_under_the_ledger(te_runs):
@@ -65,9 +69,9 @@ def test_te_with_megatrons_weight_is_green_under_the_ledger(te_runs):
     assert sorted(c["id"] for c in reordered) == sorted(c.id for c in expected) and len(expected) >= 21
     assert all(c["known"] == [ENTRY] and c["raw_status"] == "error" for c in reordered), \
         [(c["id"], c["known"]) for c in reordered if c["known"] != [ENTRY]]
-    nvfp4 = [c for c in cells if _nvfp4_dgrad_first(c)]
-    assert nvfp4 and all(c["known"] == ["grouped-distributed-dgrad-weight-unquantized"] for c in nvfp4), \
-        [(c["id"], c["known"]) for c in nvfp4]
+    paired = [c for c in cells if _dgrad_first(c)]
+    assert paired and all(c["known"] == ["grouped-distributed-dgrad-weight-unquantized"] for c in paired), \
+        [(c["id"], c["known"]) for c in paired]
     assert all(ENTRY not in (c.get("known") or []) for c in cells if not _reordered(c))
     delayed = {c["id"]: c["known"] for c in cells if c["axes"]["delay_wgrad"]
                and c["axes"]["module"] in ("linear", "layernorm_linear", "rmsnorm_linear")}

@@ -264,6 +264,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         if out.numel() and not accumulate:
             out.data.zero_()
     else:
+        _check_block_pair(A, B)
         a = _operand(A, transA, "A")
         b = _operand(B, not transB, "B")
         if a.amax is not None or b.amax is not None:
@@ -278,10 +279,24 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     return [out, bias_grad, None, extra_output]
 
 
+#: the families whose GEMM path ``CanonicalizeGemmInput`` takes only when both operands have it
+_PAIRED = ("mxfp8", "nvfp4")
+
+
+def _check_block_pair(A: Any, B: Any) -> None:
+    """``CanonicalizeGemmInput`` (``cublaslt_gemm.cu``): an MXFP8 or NVFP4 operand has a path
+    only beside another of its format (``mxfp8 = is_mxfp_scaling(A) && is_mxfp_scaling(B)``,
+    ``nvfp4`` likewise); beside anything else - an unquantized tensor, another format - it
+    falls through to "A has unsupported scaling mode" (A checked first) or B's."""
+    fa, fb = (storage_module(t) if is_quantized(t) else None for t in (A, B))
+    for name, mine, other in (("A", fa, fb), ("B", fb, fa)):
+        if mine in _PAIRED and mine != other:
+            raise RuntimeError(f"{name} has unsupported scaling mode")
+
+
 def _nvfp4_alpha(a: qgemm.Operand, b: qgemm.Operand, alpha: float, out_dtype: torch.dtype) -> float:
     """An NVFP4 GEMM's ``alpha`` with both tensor amaxes folded in (``cublaslt_gemm.cu``:
-    both operands NVFP4 - ``CanonicalizeGemmInput`` has no form for an NVFP4 operand beside
-    another and names it - and no FP16 output)."""
+    both operands NVFP4, :func:`_check_block_pair`; no FP16 output)."""
     if a.amax is None or b.amax is None:
         raise RuntimeError(f"{'A' if a.amax is not None else 'B'} has unsupported scaling mode")
     if out_dtype == torch.float16:
