@@ -81,8 +81,12 @@ CATEGORIES: dict[str, str] = {
     "test_te_cpu_grouped": "te-cpu",
     "test_te_cpu_norm": "te-cpu",
     "test_te_tree": "te-cpu",
+    "test_recipes_te": "te-cpu",
+    "test_te_cpu_quant_modules": "te-cpu",
     # `python -m harness sweep|selftest`, `pytest cases/test_cells.py` or run_torchrun in a subprocess
     "test_cells": "torchrun",             # the pytest plugin: one torchrun launch per world size
+    "test_earned_green": "torchrun",
+    "test_sample": "torchrun",
     "test_external_launch": "torchrun",
     "test_faults": "torchrun",
     "test_faults_packed": "torchrun",
@@ -109,7 +113,7 @@ CATEGORIES: dict[str, str] = {
         "test_attach", "test_checks", "test_cpu_gemm", "test_failure_classes", "test_gtp",
         "test_hooks_regression", "test_ledger", "test_matrix", "test_mutants", "test_path_evidence",
         "test_phases", "test_record_file", "test_reference", "test_reports", "test_sensitivity",
-        "test_stream")},
+        "test_stream", "test_predict", "test_quantized_oracle", "test_te_cpu_quant_kernels")},
 }
 CATEGORY_LABELS: dict[str, str] = {
     "torchrun": "launches torchrun (sweep/selftest/pytest subprocess)",
