@@ -28,12 +28,9 @@ import torch
 from . import scaling
 from .formats import Fp8Format, fp8_format
 from .qgemm import Operand, QGemmError
+from .tensors import new_tensor, roundup as _roundup
 
 BLOCK = 128
-
-
-def _roundup(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def _dims(shape: list[int]) -> tuple[int, int]:
@@ -121,11 +118,7 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype) -> Any:
         columnwise_data=torch.empty(t_shape, dtype=torch.uint8) if cols else None,
         columnwise_scale_inv=torch.empty(scale_shape(shape, True, dim), dtype=torch.float32) if cols else None,
         fp8_dtype=quantizer.dtype, quantizer=quantizer, is_2D_scaled=dim == 2)
-    if quantizer.internal:
-        return Float8BlockwiseQTensorStorage(fake_dtype=fake_dtype, **kwargs)
-    stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    return Float8BlockwiseQTensor(shape=list(shape), stride=stride, dtype=fake_dtype, device=torch.device("cpu"),
-                                  **kwargs)
+    return new_tensor(Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage, shape, fake_dtype, **kwargs)
 
 
 def convert_and_update(quantizer: Any, tensor: Any) -> list[int]:

@@ -22,12 +22,9 @@ import torch
 from . import swizzle as _swz
 from .formats import Fp8Format, e8m0_decode, e8m0_reciprocal, e8m0_round_up, fp8_format
 from .qgemm import Operand
+from .tensors import missing as _missing, new_tensor, roundup as _roundup
 
 BLOCK = 32
-
-
-def _roundup(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def scale_shape(shape: list[int], columnwise: bool) -> list[int]:
@@ -85,17 +82,7 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype) -> Any:
         columnwise_scale_inv=torch.empty(col_s, dtype=torch.uint8) if cols else None,
         fp8_dtype=quantizer.dtype, quantizer=quantizer,
         with_gemm_swizzled_scales=bool(quantizer.optimize_for_gemm))
-    if quantizer.internal:
-        return MXFP8TensorStorage(fake_dtype=fake_dtype, **kwargs)
-    stride = [_prod(shape[i + 1:]) for i in range(len(shape))]
-    return MXFP8Tensor(shape=list(shape), stride=stride, dtype=fake_dtype, device=torch.device("cpu"), **kwargs)
-
-
-def _prod(xs: list[int]) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
+    return new_tensor(MXFP8Tensor, MXFP8TensorStorage, shape, fake_dtype, **kwargs)
 
 
 def convert_and_update(quantizer: Any, tensor: Any) -> list[int]:
@@ -199,8 +186,3 @@ def operand(tensor: Any, rowwise: bool, name: str) -> Operand:
     if tensor._columnwise_data is None:
         raise RuntimeError(f"Input {name} is missing column-wise usage")
     return Operand(decode_columnwise(tensor).t().contiguous(), one)
-
-
-def _missing(detail: str) -> Exception:
-    import importlib
-    return importlib.import_module("harness.te_cpu.extension").missing("quantize", detail)

@@ -39,6 +39,7 @@ import torch
 from . import swizzle as _swz
 from .formats import E4M3, E2M1_MAX, e2m1_decode, e2m1_encode, pack_fp4, unpack_fp4
 from .qgemm import Operand
+from .tensors import missing as _missing, new_tensor, roundup as _roundup
 
 BLOCK = 16
 FP8_MAX = 448.0
@@ -48,10 +49,6 @@ FP32_MAX = torch.finfo(F32).max
 _FP4_MAX_INV = torch.tensor(1.0 / 6.0, dtype=F32)
 _GEMM_FACTOR_INV = torch.tensor(1.0, dtype=F32) / torch.tensor(6.0 * 6.0 * FP8_MAX * FP8_MAX, dtype=F32)
 _DEQ_FACTOR_INV = torch.tensor(1.0, dtype=F32) / torch.tensor(6.0 * FP8_MAX, dtype=F32)
-
-
-def _roundup(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def _dims(shape: list[int]) -> tuple[int, int]:
@@ -158,17 +155,7 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype) -> Any:
         amax_columnwise=torch.zeros(1, dtype=F32) if c else None,
         fp4_dtype=quantizer.dtype, quantizer=quantizer,
         with_gemm_swizzled_scales=_swizzled(quantizer, shape))
-    if quantizer.internal:
-        return NVFP4TensorStorage(fake_dtype=fake_dtype, **kwargs)
-    stride = [_prod(shape[i + 1:]) for i in range(len(shape))]
-    return NVFP4Tensor(shape=list(shape), stride=stride, dtype=fake_dtype, device=torch.device("cpu"), **kwargs)
-
-
-def _prod(xs: list[int]) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
+    return new_tensor(NVFP4Tensor, NVFP4TensorStorage, shape, fake_dtype, **kwargs)
 
 
 def _logical_shape(tensor: Any) -> list[int]:
@@ -300,8 +287,3 @@ def operand(tensor: Any, rowwise: bool, name: str) -> Operand:
     if tensor._columnwise_data is None:
         raise RuntimeError(f"Input {name} is missing column-wise usage")
     return Operand(decode_columnwise(tensor).contiguous(), one, amax=tensor._amax_columnwise)
-
-
-def _missing(detail: str) -> Exception:
-    import importlib
-    return importlib.import_module("harness.te_cpu.extension").missing("quantize", detail)

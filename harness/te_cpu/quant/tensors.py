@@ -8,6 +8,8 @@ The compiled extension converts a Python quantizer to its C++ twin by type
 
 from __future__ import annotations
 
+import importlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,3 +60,25 @@ def is_quantized(t: Any) -> bool:
     if storage_module(t) is not None:
         return True
     return not isinstance(t, torch.Tensor) or getattr(t, "_quantizer", None) is not None
+
+
+def roundup(x: int, m: int) -> int:
+    """``x`` rounded up to a multiple of ``m`` (TE's ``roundup``: padded scale buffers)."""
+    return (x + m - 1) // m * m
+
+
+def new_tensor(tensor_cls: type, storage_cls: type, shape: list[int], fake_dtype: torch.dtype,
+               **buffers: Any) -> Any:
+    """The end of a quantizer's ``create_tensor``: its storage class when the quantizer (in
+    ``buffers``, as TE's constructors take it) is ``internal``, else its tensor class of
+    ``shape`` (contiguous strides, on the CPU)."""
+    if buffers["quantizer"].internal:
+        return storage_cls(fake_dtype=fake_dtype, **buffers)
+    stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    return tensor_cls(shape=list(shape), stride=stride, dtype=fake_dtype, device=torch.device("cpu"), **buffers)
+
+
+def missing(detail: str) -> Exception:
+    """``MissingCpuKernel`` for an option of ``quantize`` te-cpu cannot honour (imported when
+    called: the extension module imports the quantization surface)."""
+    return importlib.import_module("harness.te_cpu.extension").missing("quantize", detail)
