@@ -410,13 +410,16 @@ class BlockScaling(Quantizer):
     def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self._along(t, 0)
 
+    def _box(self, lo: torch.Tensor, hi: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return blocked_box(lo, hi, axis, self.size, self.fmt, self.rule, self.dtype)
+
     def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
               hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return blocked_box(lo, hi, 1, self.size, self.fmt, self.rule, self.dtype)
+        return self._box(lo, hi, 1)
 
     def x_box_wgrad(self, r: int, m: int, g: int, lo: torch.Tensor,
                     hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return blocked_box(lo, hi, 0, self.size, self.fmt, self.rule, self.dtype)
+        return self._box(lo, hi, 0)
 
     def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return self._along(t, 1)
@@ -544,36 +547,25 @@ def nvfp4_box(lo: torch.Tensor, hi: torch.Tensor, axis: int) -> tuple[torch.Tens
     return _unblock((vmin + vmax) / 2, lo, axis), _unblock(half, lo, axis)
 
 
-class Nvfp4Scaling(Quantizer):
+class Nvfp4Scaling(BlockScaling):
     """``NVFP4BlockScaling`` without the Hadamard transform and stochastic rounding: every
     operand E2M1 in blocks of 16 along its GEMM's K with an E4M3 scale each, under a tensor
     scale from the whole tensor's amax (a GroupedLinear's group: its own rows); the weight in
     16x16 tiles (TE's 2-D weight quantization), the same for both directions. Stateless, as the
-    block recipes: a re-quantize gives the forward's codes again."""
+    block recipes: a re-quantize gives the forward's codes again. The directions are
+    :class:`BlockScaling`'s; the block rule, the box and the weight's tiles are NVFP4's."""
 
-    quantized = True
     scale_u = NVFP4_SCALE_U
-    by_direction = True
 
-    def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
-        return nvfp4_blocked(t, 1)
+    def __init__(self) -> None:
+        super().__init__("nvfp4", FORMATS["e4m3"], torch.float32)
+        self.size = 16
 
-    def x_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
-        return nvfp4_blocked(t, 0)
+    def _along(self, t: torch.Tensor, axis: int) -> torch.Tensor:
+        return nvfp4_blocked(t, axis)
 
-    def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
-              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return nvfp4_box(lo, hi, 1)
-
-    def x_box_wgrad(self, r: int, m: int, g: int, lo: torch.Tensor,
-                    hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return nvfp4_box(lo, hi, 0)
-
-    def dy(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
-        return nvfp4_blocked(t, 1)
-
-    def dy_wgrad(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
-        return nvfp4_blocked(t, 0)
+    def _box(self, lo: torch.Tensor, hi: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return nvfp4_box(lo, hi, axis)
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         return nvfp4_tiled(t)
