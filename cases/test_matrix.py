@@ -690,3 +690,50 @@ def test_first_microbatch_cells():
     for m in mods:  # where TE's first microbatch overwrites main_grad
         assert any(c.module == m and c.weight == "plain" and c.fused and c.consumer == "ddp" for c in flagged), m
 
+
+
+# --- the enumeration and the feasibility search against brute force ------------------------
+
+
+def _brute(domains):
+    """Every valid cell of the product of ``domains``, straight from the definition: each
+    combination in ``itertools.product`` order, an ungrouped module's num_gemms 1, ``Cell``'s
+    own checks deciding."""
+    out = {}
+    for combo in itertools.product(*(domains[n] for n in AXIS_NAMES)):
+        assign = dict(zip(AXIS_NAMES, combo))
+        if not modules.KINDS[assign["module"]].grouped:
+            assign["num_gemms"] = 1
+        try:
+            out.setdefault(Cell(**assign))
+        except MatrixError:
+            pass
+    return list(out)
+
+
+@st.composite
+def _small_domains(draw):
+    """Random sub-domains small enough to enumerate, every constrained value reachable."""
+    return {n: tuple(draw(st.lists(st.sampled_from(DEFAULTS[n] if n != "weight" else weights.NAMES),
+                                   min_size=1, max_size=3 if n in ("module", "weight", "recipe") else 2,
+                                   unique=True)))
+            for n in AXIS_NAMES}
+
+
+@settings(max_examples=60, deadline=None)
+@given(_small_domains(), st.randoms(use_true_random=False))
+def test_enumeration_and_feasibility_match_brute_force(domains, rnd):
+    """The pruned enumeration behind ``full`` yields exactly the valid cells in product order,
+    and ``_feasible`` (arc consistency, then a search) answers a partial assignment exactly as
+    "some valid cell agrees with it" - including values no cell can take and a constrained
+    axis's value outside its domain (num_gemms=1 for an ungrouped module among them; the
+    callers check the unconstrained axes' values against their domains themselves)."""
+    cells = _brute(domains)
+    assert matrix._valid(domains) == cells
+    constrained = {a for axes, _ in matrix._COMPONENTS for a in axes}
+    for _ in range(40):
+        names = rnd.sample(AXIS_NAMES, rnd.randint(1, 4))
+        assign = {n: rnd.choice(DEFAULTS[n] if n != "weight" else weights.NAMES)
+                  if n in constrained and rnd.random() < 0.3 else rnd.choice(domains[n]) for n in names}
+        expect = any(all(getattr(c, n) == v for n, v in assign.items()) for c in cells)
+        assert matrix._feasible(assign, domains) == expect, assign

@@ -49,7 +49,7 @@ The ``weight`` axis's default domain is every value that needs nothing installed
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import hashlib
 import itertools
 from collections import Counter
@@ -289,7 +289,7 @@ class Cell:
 
     def serialize(self) -> dict[str, Any]:
         """Return the axis values as a JSON-able dict (bools stay bools)."""
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in AXIS_NAMES}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Cell:
@@ -398,25 +398,50 @@ _FEASIBLE: dict[tuple[Any, ...], bool] = {}
 def _feasible(assign: Assignment, domains: Domains) -> bool:
     """True when the partial assignment extends to a valid cell (exact: a backtracking search
     per connected group of constrained axes; groups share no axis, so they are independent)."""
-    for index, (axes, cons) in enumerate(_COMPONENTS):
+    for index, (axes, _) in enumerate(_COMPONENTS):
         fixed = tuple((a, assign[a]) for a in axes if a in assign)
         key = (index, fixed, tuple(domains[a] for a in axes))
         if key not in _FEASIBLE:
             if len(_FEASIBLE) > 200_000:  # bounded: a long-lived process selects many presets
                 _FEASIBLE.clear()
-            _FEASIBLE[key] = _component_feasible(axes, cons, dict(fixed), domains)
+            live = _supported(index, key[2])
+            _FEASIBLE[key] = (all(v in live[a] for a, v in fixed if a in live)
+                              and _component_feasible(index, dict(fixed), {**domains, **live}))
         if not _FEASIBLE[key]:
             return False
     return True
 
 
-def _component_feasible(axes: list[str], cons: list[tuple[str, str, Callable[[Any, Any], bool], str]],
-                        fixed: Assignment, domains: Domains) -> bool:
-    """Whether ``fixed`` extends over ``axes`` with every constraint of ``cons`` holding: a
-    backtracking search in axis order that checks each constraint once, as soon as both its
-    axes have values (a fixed axis has its value from the start), and remembers the dead
-    ends: what remains from axis ``i`` on depends only on the earlier values that later
-    constraints read, so a dead end is never searched twice."""
+@functools.lru_cache(maxsize=1024)
+def _supported(index: int, component_domains: tuple[tuple[Any, ...], ...]) -> dict[str, tuple[Any, ...]]:
+    """Component ``index``'s domains (``component_domains``, in its axis order) without the
+    values no valid cell can take: each value must meet, under every constraint, some value
+    of the other axis, until nothing changes (arc consistency). Sound: only impossible
+    values go, so the search over what is left stays exact; it finds at once what it would
+    otherwise prove by trying every earlier axis (``microbatches=1`` when every cell passes
+    ``first_mb``). ``num_gemms`` keeps its domain (an ungrouped module takes 1 outside it)."""
+    axes, cons = _COMPONENTS[index]
+    live = {a: list(d) for a, d in zip(axes, component_domains) if a != "num_gemms"}
+    pairs = [(a, b, ok) for a, b, ok, _ in cons if a in live and b in live]
+    changed = True
+    while changed:
+        changed = False
+        for a, b, ok in pairs:
+            keep_a = [va for va in live[a] if any(ok(va, vb) for vb in live[b])]
+            keep_b = [vb for vb in live[b] if any(ok(va, vb) for va in keep_a)]
+            if len(keep_a) != len(live[a]) or len(keep_b) != len(live[b]):
+                live[a], live[b], changed = keep_a, keep_b, True
+    return {a: tuple(v) for a, v in live.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _search_plan(index: int, fixed: frozenset[str]) -> tuple[list[list[tuple[str, str, Callable[[Any, Any], bool]]]],
+                                                             list[list[str]]]:
+    """For component ``index`` with the axes ``fixed`` given: the constraints due at each axis
+    (checked as soon as both their axes have values; a fixed axis has its value from the
+    start) and the earlier free axes the search from each axis on reads. The same few
+    shapes of question recur thousands of times in a preset."""
+    axes, cons = _COMPONENTS[index]
     position = {a: -1 if a in fixed else i for i, a in enumerate(axes)}
     due: list[list[tuple[str, str, Callable[[Any, Any], bool]]]] = [[] for _ in axes]
     for a, b, ok, _ in cons:
@@ -425,7 +450,16 @@ def _component_feasible(axes: list[str], cons: list[tuple[str, str, Callable[[An
     reads = [{a for later in due[i:] for con in later for a in con[:2] if 0 <= position[a] < i}
              | ({"module"} if "num_gemms" in axes[i:] and 0 <= position.get("module", -1) < i else set())
              for i in range(len(axes))]
-    frontier = [sorted(r, key=position.__getitem__) for r in reads]
+    return due, [sorted(r, key=position.__getitem__) for r in reads]
+
+
+def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> bool:
+    """Whether ``fixed`` extends over component ``index``'s axes with every one of its
+    constraints holding: a backtracking search in axis order (:func:`_search_plan`) that
+    remembers the dead ends: what remains from axis ``i`` on depends only on the earlier
+    values that later constraints read, so a dead end is never searched twice."""
+    axes = _COMPONENTS[index][0]
+    due, frontier = _search_plan(index, frozenset(fixed))
     partial = dict(fixed)
     dead: set[tuple[Any, ...]] = set()
 
@@ -438,8 +472,12 @@ def _component_feasible(axes: list[str], cons: list[tuple[str, str, Callable[[An
         name = axes[i]
         for v in _options(name, partial, domains):
             partial[name] = v
-            if all(ok(partial[a], partial[b]) for a, b, ok in due[i]) and extend(i + 1):
-                return True
+            for a, b, ok in due[i]:
+                if not ok(partial[a], partial[b]):
+                    break
+            else:
+                if extend(i + 1):
+                    return True
         if name in fixed:
             partial[name] = fixed[name]
         else:
@@ -490,21 +528,45 @@ def _domains(overrides: Mapping[str, Sequence[Any] | Axis] | None) -> Domains:
 def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
     """All valid cells of the cartesian product; axes not given keep their defaults.
 
-    Cells of ungrouped modules take ``num_gemms=1`` whatever the num_gemms domain
-    (deduplicated).
+    Cells of ungrouped modules take ``num_gemms=1`` whatever the num_gemms domain (once).
     """
-    return list(dict.fromkeys(_valid(_domains({a.name: a for a in axes}))))
+    return list(_valid(_domains({a.name: a for a in axes})))
 
 
-def _valid(domains: Domains) -> Iterator[Cell]:
-    """The valid cells of the product of ``domains``, lazily (with repeats: an ungrouped
-    module's cells take num_gemms=1 for every num_gemms value)."""
-    for combo in itertools.product(*(domains[n] for n in AXIS_NAMES)):
-        assign = dict(zip(AXIS_NAMES, combo))
-        if not modules.KINDS[assign["module"]].grouped:
-            assign["num_gemms"] = 1
-        if all(ok(assign[a], assign[b]) for a, b, ok, _ in _CONSTRAINTS):
-            yield Cell(**assign)
+def _valid(domains: Domains) -> list[Cell]:
+    """The valid cells of the product of ``domains``, in the order of
+    ``itertools.product`` over ``AXIS_NAMES`` (an ungrouped module's cells take num_gemms=1,
+    once). Each constraint is checked as soon as both its axes have values, so a dead
+    prefix is never extended; the cells come out validated and are built without checking
+    again (``_trusted``): ``full`` is hundreds of thousands of them."""
+    position = {n: i for i, n in enumerate(AXIS_NAMES)}
+    due: list[list[tuple[int, int, Callable[[Any, Any], bool]]]] = [[] for _ in AXIS_NAMES]
+    for a, b, ok, _ in _CONSTRAINTS:
+        due[max(position[a], position[b])].append((position[a], position[b], ok))
+    values = [domains[n] for n in AXIS_NAMES]
+    ungrouped = {m for m in domains["module"] if not modules.KINDS[m].grouped}
+    gemms, module_at = position["num_gemms"], position["module"]
+    rows: list[tuple[Any, ...]] = [()]
+    for i, checks in enumerate(due):  # breadth first: the same order as depth first
+        grown: list[tuple[Any, ...]] = []
+        for row in rows:
+            for v in (1,) if i == gemms and row[module_at] in ungrouped else values[i]:
+                cand = (*row, v)
+                for a, b, ok in checks:
+                    if not ok(cand[a], cand[b]):
+                        break
+                else:
+                    grown.append(cand)
+        rows = grown
+    return [_trusted(row) for row in rows]
+
+
+def _trusted(values: Sequence[Any]) -> Cell:
+    """A cell from axis values in ``AXIS_NAMES`` order already known legal and valid (from
+    :func:`_valid`): ``Cell``'s own checks skipped."""
+    cell = object.__new__(Cell)
+    cell.__dict__.update(zip(AXIS_NAMES, values))
+    return cell
 
 
 def restricts(expr: str) -> bool:
@@ -690,15 +752,12 @@ def _all_pairs(domains: Domains, seed: list[Cell]) -> list[Cell]:
         for name in AXIS_NAMES:
             if name in assign:
                 continue
-            best, gain = None, -1
-            for v in _options(name, assign, domains):
-                if not _feasible({**assign, name: v}, domains):
-                    continue
-                g = sum(((o, assign[o]), (name, v)) in uncovered if order[o] < order[name]
-                        else ((name, v), (o, assign[o])) in uncovered for o in assign)
-                if g > gain:
-                    best, gain = v, g
-            assign[name] = best
+            # the feasible value covering the most uncovered pairs, the first such in option
+            # order: gains are cheap, feasibility is a search, so only the best are searched
+            gains = [(-sum(((o, assign[o]), (name, v)) in uncovered if order[o] < order[name]
+                           else ((name, v), (o, assign[o])) in uncovered for o in assign), i, v)
+                     for i, v in enumerate(_options(name, assign, domains))]
+            assign[name] = next(v for _, _, v in sorted(gains) if _feasible({**assign, name: v}, domains))
         cell = Cell(**assign)
         cells.setdefault(cell)
         uncovered.difference_update(_pairs(cell))
@@ -743,9 +802,11 @@ def compile_filter(expr: str) -> Callable[[Cell], bool]:
     except filters.FilterError as exc:
         raise MatrixError(str(exc)) from None
 
+    with_id = "id" in filters.names_in(expr)  # a cell's id is built only for a filter that reads it
+
     def on_cell(cell: Cell) -> bool:
         try:
-            return pred({**cell.serialize(), "id": cell.id})
+            return pred({**cell.serialize(), "id": cell.id} if with_id else cell.serialize())
         except filters.FilterError as exc:
             raise MatrixError(str(exc)) from None
     return on_cell
