@@ -211,8 +211,9 @@ def test_parent_process_torch_is_untouched(te_cpu_info) -> None:
 _MEMO_SCRIPT = '''
 import os, torch
 import harness.te_cpu  # noqa: F401 (TE on CPU, triton's interpreter with the launch memory)
-from harness.te_cpu import launch_memo
+from harness.te_cpu import kernel_standins, launch_memo
 os.environ[launch_memo.CACHE_ENV] = {cache!r}
+os.environ[kernel_standins.INTERPRET_ENV] = "1"  # the kernel interpreted: what the memory keeps
 from transformer_engine.pytorch.triton.grouped_dbias_dscales import compute_grouped_dbias
 
 g = torch.Generator().manual_seed(7)

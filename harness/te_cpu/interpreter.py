@@ -18,8 +18,9 @@ bias gradients with float64 cover it.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 _INSTALLED = "_dw_builtin_names"
 
@@ -56,4 +57,26 @@ def install() -> bool:
 
     setattr(patch_builtin, _INSTALLED, names)
     interpreter._patch_builtin = patch_builtin
+    return True
+
+
+def wrap_launch(marker: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Replace the interpreter's kernel launch (``InterpretedFunction.run``) by ``wrap(run)``
+    once per process, marked ``marker``; False (nothing changed) on a triton without it.
+
+    Wrappers stack (te-cpu's launch memory, then its kernel stand-ins outermost), and each
+    keeps the markers of those it wraps, so installing one again is a no-op whatever is
+    wrapped around it since."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return False
+    run = getattr(InterpretedFunction, "run", None)
+    if run is None:
+        return False
+    if getattr(run, marker, False):
+        return True
+    wrapped = functools.update_wrapper(wrap(run), run)  # keeps the markers of ``run``
+    setattr(wrapped, marker, True)
+    InterpretedFunction.run = wrapped
     return True

@@ -64,15 +64,13 @@ def launches() -> Counts:
 
 def install() -> bool:
     """Wrap the interpreter's kernel launch; False (nothing changed) on a triton without it."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:
-        return False
-    run = getattr(InterpretedFunction, "run", None)
-    if run is None:
-        return False
-    if hasattr(run, _INSTALLED):
-        return True
+    from harness.te_cpu import interpreter  # here: importing the package applies the CPU layer
+
+    return interpreter.wrap_launch(_INSTALLED, _remembering)
+
+
+def _remembering(run: Any) -> Any:
+    """``run`` with the launch memory around it."""
     memory: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
 
     def remembered_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
@@ -105,9 +103,7 @@ def install() -> bool:
         if len(memory) > CAPACITY:
             memory.popitem(last=False)
 
-    setattr(remembered_run, _INSTALLED, True)
-    InterpretedFunction.run = remembered_run
-    return True
+    return remembered_run
 
 
 def _storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, torch.Tensor] | None:

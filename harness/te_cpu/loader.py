@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import te_tree
-from harness.te_cpu import evidence, extension, interpreter, launch_memo
+from harness.te_cpu import evidence, extension, interpreter, kernel_standins, launch_memo
 
 #: the TE release whose extension surface ``extension`` reproduces (enums, referenced names)
 SUPPORTED_VERSIONS: tuple[str, ...] = ("2.20.2",)
@@ -184,6 +184,7 @@ def import_te() -> ModuleType:
     if os.environ.get("TRITON_INTERPRET") == "1":
         interpreter.install()
         launch_memo.install()
+        kernel_standins.install()  # outermost: a proven stand-in runs before the memo is asked
     return _from_tree(te, source)
 
 
