@@ -3,7 +3,11 @@
 Why: TE's bias-gradient kernel (``ops.GroupedLinear`` and GroupedLinear's grouped-tensor
 path) runs in Triton's CPU interpreter at about 10 ms a program, and a hooked cell runs it
 twice on the same numbers: once in the cell and once in its hook-free twin, which must
-match it bit for bit. The twin's launches were half of such a cell's time.
+match it bit for bit. The twin's launches were half of such a cell's time. (TE 2.20.2's own
+copy of that kernel now takes a proven stand-in before it gets here,
+``harness/te_cpu/kernel_standins.py``; what reaches the interpreter - and this memory - is
+any other kernel, e.g. a TE tree's changed copy, and every launch under
+``DW_TE_CPU_INTERPRET=1``.)
 
 How: a launch's effect is a function of what it is given - the kernel, the grid, the
 scalar and constexpr arguments, and every byte each tensor argument spans (the kernel
