@@ -12,7 +12,6 @@ leading dimensions), under the same scale. Dequantizing multiplies by ``scale_in
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from . import scaling
 from .formats import Fp8Format, fp8_format
 from .qgemm import Operand, QGemmError
+from .tensors import new_tensor
 
 
 def cast(x: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
@@ -78,13 +78,8 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, *, delayed
     data = _uninitialized(shape) if (quantizer.rowwise_usage or nt) else None
     transpose = _uninitialized(_transpose_shape(shape)) if (quantizer.columnwise_usage and not nt) else None
     scale_inv = torch.reciprocal(quantizer.scale) if delayed else _uninitialized([1], torch.float32)
-    if quantizer.internal:
-        return Float8TensorStorage(data=data, fp8_scale_inv=scale_inv, fp8_dtype=quantizer.dtype,
-                                   data_transpose=transpose, quantizer=quantizer, fake_dtype=fake_dtype)
-    stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    return Float8Tensor(shape=list(shape), stride=stride, dtype=fake_dtype, data=data, fp8_scale_inv=scale_inv,
-                        fp8_dtype=quantizer.dtype, data_transpose=transpose, quantizer=quantizer,
-                        device=torch.device("cpu"))
+    return new_tensor(Float8Tensor, Float8TensorStorage, shape, fake_dtype, data=data, fp8_scale_inv=scale_inv,
+                      fp8_dtype=quantizer.dtype, data_transpose=transpose, quantizer=quantizer)
 
 
 def convert_and_update(quantizer: Any, tensor: Any) -> list[int]:
