@@ -640,11 +640,30 @@ class ShardScaled(_Delegating):
 
 
 def scale_u(recipe: str) -> float:
-    """What applying ``recipe``'s scale-inverses costs a GEMM (``Quantizer.scale_u``)."""
+    """What applying ``recipe``'s scale-inverses costs a GEMM: its quantizer class's
+    ``scale_u`` (the one home of that rule)."""
+    return _quantizer_class(recipe).scale_u
+
+
+def _quantizer_class(recipe: str) -> type[Quantizer]:
+    """The oracle's quantizer class for ``recipe``.
+
+    Raises:
+        NotImplementedError: the oracle does not model ``recipe`` yet (``recipes.MODELLED``).
+    """
     kind = recipes.KINDS[recipe]
+    if not kind.quantized:
+        return Quantizer
+    if recipe == "current":
+        return CurrentScaling
     if kind.block == "nvfp4":
-        return NVFP4_SCALE_U
-    return SCALE_U if kind.quantized and kind.block == "tensor" else 0.0
+        return Nvfp4Scaling
+    if kind.block in ("mxfp8", "block"):
+        return BlockScaling
+    if recipe == "delayed":
+        return DelayedScaling
+    raise NotImplementedError(f"the oracle does not model recipe {recipe!r} yet "
+                              f"(it models {', '.join(recipes.MODELLED)})")
 
 
 def for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float, float] = (1.0, 1.0),
@@ -669,17 +688,13 @@ def _for_recipe(recipe: str, inputs: CellInputs | None = None, tags: tuple[float
         NotImplementedError: the oracle does not model ``recipe`` yet (``recipes.MODELLED``;
             the CLI refuses such cells before a launch), or delayed scaling without ``inputs``.
     """
-    kind = recipes.KINDS[recipe]
-    if not kind.quantized:
-        return Quantizer()
-    if recipe == "current":
+    kind, cls = recipes.KINDS[recipe], _quantizer_class(recipe)
+    if cls in (Quantizer, Nvfp4Scaling):
+        return cls()
+    if cls is CurrentScaling:
         return CurrentScaling(FORMATS[kind.forward], FORMATS[kind.backward])
-    if kind.block == "nvfp4":
-        return Nvfp4Scaling()
-    if kind.block in ("mxfp8", "block"):
+    if cls is BlockScaling:
         return BlockScaling(kind.block, FORMATS[kind.forward], inputs.dtype if inputs is not None else torch.float32)
-    if recipe == "delayed" and inputs is not None:
-        return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed, x_bounds,
-                              cached)
-    raise NotImplementedError(f"the oracle does not model recipe {recipe!r} yet "
-                              f"(it models {', '.join(recipes.MODELLED)})")
+    if inputs is None:
+        raise NotImplementedError("the oracle models delayed scaling from a cell's inputs: none given")
+    return DelayedScaling(FORMATS[kind.forward], FORMATS[kind.backward], inputs, tags, distributed, x_bounds, cached)
