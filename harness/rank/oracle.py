@@ -142,11 +142,11 @@ class _GemmInputs:
         self._wgrad: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
         self._normed: dict[tuple[int, int], _Normalized] = {}
 
-    def _normalized(self, r: int, m: int) -> _Normalized:
-        """(rank, microbatch)'s input normalized in float64, once (the GEMM input and the
+    def _normalized(self, r: int, m: int, x: torch.Tensor) -> _Normalized:
+        """(rank, microbatch)'s input ``x`` (float64) normalized, once (the GEMM input and the
         bounds of either chain both start from it)."""
         if (r, m) not in self._normed:
-            self._normed[r, m] = _normalize(self.inputs.x[r][m].to(F64), self.inputs.norm)
+            self._normed[r, m] = _normalize(x, self.inputs.norm)
         return self._normed[r, m]
 
     def __call__(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor, _Normalized | None]:
@@ -156,13 +156,13 @@ class _GemmInputs:
                 x = self._per_group(self.quant.x, r, m, x)
                 self._done[r, m] = x, x.abs(), None
             elif self.quant.quantized:
-                normed = self._normalized(r, m)
+                normed = self._normalized(r, m, x)
                 self._bounds[r, m] = _normalized_bounds(x, normed, self.inputs.dtype, self.quant.norm_rounded)
                 centre, slack = self._boxed(self.quant.x_box, r, m)
                 self._done[r, m] = centre, centre.abs() + slack, normed
                 self._slack[r, m] = slack
             else:
-                normed = self._normalized(r, m)
+                normed = self._normalized(r, m, x)
                 self._done[r, m] = normed.h, normed.magnitude, normed
         return self._done[r, m]
 
@@ -182,7 +182,8 @@ class _GemmInputs:
     def bounds(self, r: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The normalized rows' bounds, either chain (``quantized.Bounds``: delayed scaling's
         amaxes)."""
-        return _normalized_bounds(self.inputs.x[r][m].to(F64), self._normalized(r, m), self.inputs.dtype, None)
+        x = self.inputs.x[r][m].to(F64)
+        return _normalized_bounds(x, self._normalized(r, m, x), self.inputs.dtype, None)
 
     def dy(self, r: int, m: int) -> torch.Tensor:
         """The output gradient the dgrad GEMM multiplies (and the wgrad GEMM, but under a
