@@ -37,6 +37,24 @@ def test_round_to_is_round_to_nearest_even(dtype, torch_dtype):
     assert bool(same.all()), x[~same][:5]
 
 
+def test_round_to_fp32_is_the_cast_of_any_float64():
+    """The fp32 rounding is float64 -> float32 cast: equal to the format's definition on
+    float64 values fp32 cannot hold - ties to even at every exponent, subnormals and their ties,
+    the overflow boundary, signed zeros."""
+    g = torch.Generator().manual_seed(1)
+    f64 = torch.float64
+    wide = torch.randn(200_000, generator=g, dtype=f64) * torch.exp(torch.randn(200_000, generator=g, dtype=f64) * 30)
+    f = torch.randn(50_000, generator=g).to(torch.float32)
+    ties = (f.to(f64) + torch.nextafter(f, torch.full_like(f, float("inf"))).to(f64)) / 2
+    sub = torch.randint(-2**23, 2**23, (50_000,), generator=g).to(f64) * 2.0**-149
+    top = 2.0**128 - 2.0**103  # the midpoint between fp32's largest value and the next power of two
+    edges = torch.tensor([0.0, -0.0, top, -top, top * (1 - 2**-52), 1e39, 2.0**-150, -2.0**-150, 3 * 2.0**-151,
+                          2.0**-151, float("inf"), float("-inf")], dtype=f64)
+    x = torch.cat([wide, ties, -ties, sub + 2.0**-150, sub + 2.0**-151, edges])
+    got, want = predict.round_to(x, "fp32"), predict.round_by_spacing(x, "fp32")
+    assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want))
+
+
 def test_a_sum_in_bf16_in_any_order_lands_in_the_interval():
     g = torch.Generator().manual_seed(1)
     terms = [torch.randn(4000, generator=g).to(BF16) for _ in range(4)]

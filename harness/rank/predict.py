@@ -37,7 +37,17 @@ MAX_ENUMERATED = 4
 
 def round_to(x: torch.Tensor, dtype: str) -> torch.Tensor:
     """``x`` (float64) rounded to nearest, ties to even, to ``dtype``, subnormals and overflow
-    included, exactly: ``x / spacing`` is exact in float64 and ``torch.round`` ties to even."""
+    included, exactly: ``x / spacing`` is exact in float64 and ``torch.round`` ties to even.
+    To fp32 it is the cast itself (float64 -> float32 rounds once, to nearest even, with
+    subnormals and overflow; cases/test_predict.py holds the two equal) - torch's casts to
+    bf16 and fp16 go through fp32 and would round twice."""
+    if dtype == "fp32":
+        return x.to(torch.float32).to(F64)
+    return round_by_spacing(x, dtype)
+
+
+def round_by_spacing(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """:func:`round_to` from the format's definition, for every ``dtype``."""
     bits, emin, largest = _FORMATS[dtype]
     _, e = torch.frexp(x)
     spacing = torch.ldexp(torch.ones_like(x), torch.clamp(e - 1, min=emin) - (bits - 1))

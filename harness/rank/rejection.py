@@ -85,22 +85,25 @@ def judge(exc: BaseException, roots: tuple[Path, ...]) -> str | None:
 def _statement_at(file: str, line: int) -> str | None:
     """``"raise"``, ``"assert"`` or the statement kind (``"expression"``...) of the innermost
     statement spanning ``line`` of ``file``; None when the source cannot be read or parsed."""
-    tree = _parse(file)
-    if tree is None:
+    spans = _statement_spans(file)
+    if spans is None:
         return None
-    best: ast.stmt | None = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is None or node.lineno >= best.lineno:
-                best = node
-    if best is None:
-        return None
-    return {ast.Raise: "raise", ast.Assert: "assert"}.get(type(best), type(best).__name__.lower())
+    best: tuple[int, int, str] | None = None
+    for span in spans:
+        if span[0] <= line <= span[1] and (best is None or span[0] >= best[0]):
+            best = span
+    return best[2] if best else None
 
 
 @functools.lru_cache(maxsize=64)
-def _parse(file: str) -> ast.Module | None:
+def _statement_spans(file: str) -> tuple[tuple[int, int, str], ...] | None:
+    """(first line, last line, kind) of every statement of ``file``, in ``ast.walk``'s order:
+    walked once per file (TE's module files hold thousands of nodes; a rank judges many
+    expected errors raised from the same few files)."""
     try:
-        return ast.parse(Path(file).read_text(), filename=file)
+        tree = ast.parse(Path(file).read_text(), filename=file)
     except (OSError, SyntaxError, ValueError):
         return None
+    kinds = {ast.Raise: "raise", ast.Assert: "assert"}
+    return tuple((node.lineno, node.end_lineno or node.lineno, kinds.get(type(node), type(node).__name__.lower()))
+                 for node in ast.walk(tree) if isinstance(node, ast.stmt))

@@ -149,6 +149,8 @@ def _factory(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 def _tensor_to_wrapper(to: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     @functools.wraps(to)
     def tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not kwargs and len(args) == 1 and type(args[0]) is torch.dtype:
+            return to(self, args[0])  # the common call (a dtype only): nothing to map
         if "device" in kwargs:
             kwargs["device"] = _on_cpu(kwargs["device"])
         if args and not isinstance(args[0], (torch.dtype, torch.Tensor)):
