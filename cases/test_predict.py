@@ -60,7 +60,6 @@ def test_a_sum_in_bf16_in_any_order_lands_in_the_interval():
     terms = [torch.randn(4000, generator=g).to(BF16) for _ in range(4)]
     ivs = [predict.Interval(t.to(torch.float64), t.to(torch.float64)) for t in terms]
     got = predict.summed(ivs, "bf16")
-    assert len(predict._trees((0, 1, 2, 3))) == 15
     for order in itertools.permutations(range(4)):
         acc = terms[order[0]]
         for i in order[1:]:
@@ -72,6 +71,47 @@ def test_a_sum_in_bf16_in_any_order_lands_in_the_interval():
     # no wider than the classical bound's interval: 2 (W - 1) u sum|terms|
     size = sum(t.to(torch.float64).abs() for t in terms)
     assert bool((got.hi - got.lo <= 2 * 3 * 2.0**-8 * size).all())
+
+
+def _trees(leaves: tuple[int, ...]) -> list:
+    """Every binary summation tree over ``leaves``, up to swapping two operands."""
+    if len(leaves) == 1:
+        return [leaves[0]]
+    first, rest = leaves[0], leaves[1:]
+    out = []
+    for k in range(len(rest)):
+        for joined in itertools.combinations(rest, k):
+            right = tuple(x for x in rest if x not in joined)
+            out += [(a, b) for a in _trees((first, *joined)) for b in _trees(right)]
+    return out
+
+
+def _evaluate(tree, terms: list[torch.Tensor], dtype: str) -> torch.Tensor:
+    if isinstance(tree, int):
+        return terms[tree]
+    return predict.round_to(_evaluate(tree[0], terms, dtype) + _evaluate(tree[1], terms, dtype), dtype)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_summed_interval_is_the_extremes_over_every_summation_tree(world, dtype):
+    """``summed`` takes each subset's extreme over its splits; tree by tree, it is the
+    same interval: the lowest and highest value any tree gives, and the exact sum rounded once."""
+    assert [len(_trees(tuple(range(n)))) for n in (2, 3, 4)] == [1, 3, 15]
+    g = torch.Generator().manual_seed(world)
+    scale = 2.0 ** torch.randint(-6, 7, (world, 1), generator=g).double()
+    los = list(torch.randn(world, 5000, generator=g, dtype=torch.float64) * scale)
+    his = [lo + torch.rand(5000, generator=g, dtype=torch.float64) * lo.abs() * 2.0**-7 for lo in los]
+    got = predict.summed([predict.Interval(lo, hi) for lo, hi in zip(los, his)], dtype)
+    trees = _trees(tuple(range(world)))
+    want_lo = predict.round_to(sum(los), dtype)
+    want_hi = predict.round_to(sum(his), dtype)
+    for t in trees:
+        want_lo = torch.minimum(want_lo, _evaluate(t, los, dtype))
+        want_hi = torch.maximum(want_hi, _evaluate(t, his, dtype))
+    assert bool((got.lo == want_lo).all()) and bool((got.hi == want_hi).all())
+    if world > 2:  # the orders do widen it (two terms have one order: the exact sum rounded)
+        assert bool((got.lo < predict.round_to(sum(los), dtype)).any())
 
 
 def _inputs(world: int, microbatches: int = 2, dtype: str = "bf16"):
