@@ -114,7 +114,7 @@ CATEGORIES: dict[str, str] = {
         "test_attach", "test_checks", "test_cpu_gemm", "test_failure_classes", "test_gtp",
         "test_hooks_regression", "test_ledger", "test_matrix", "test_mutants", "test_path_evidence",
         "test_phases", "test_record_file", "test_reference", "test_reports", "test_sensitivity",
-        "test_stream", "test_predict", "test_quantized_oracle", "test_te_cpu_quant_kernels")},
+        "test_stream", "test_predict", "test_quantized_oracle", "test_te_cpu_quant_kernels", "test_placement")},
 }
 CATEGORY_LABELS: dict[str, str] = {
     "torchrun": "launches torchrun (sweep/selftest/pytest subprocess)",
