@@ -78,8 +78,8 @@ def _place(device: torch.device, local_rank: int) -> None:
     ranks on two cores), bind the rank - and the threads it starts afterwards, gloo's among
     them - to one core, local rank ``i`` to the ``i``-th core modulo their number. Left free,
     the scheduler moves ranks that wake each other in every collective from core to core: a
-    reference ``ci`` sweep on two cores spends a third of its CPU time in the kernel then, 15%
-    longer (docs/performance.md). With a core to spare per rank, or on a GPU, nothing changes."""
+    reference ``ci`` sweep on two cores spends a third of its CPU time in the kernel then, and
+    15-20% longer (docs/performance.md). With a core to spare per rank, or on a GPU, nothing changes."""
     if device.type != "cpu" or not hasattr(os, "sched_setaffinity"):  # Linux only
         return
     cores = sorted(os.sched_getaffinity(0))
