@@ -15,11 +15,12 @@ import torch
 import harness.reference as reference
 import harness.reference.prefix as prefix
 from harness import matrix, modules
-from harness.rank import compare
+from harness.rank import compare, twin
 from harness.rank.oracle import Reference
 from harness.reference import _core, _modules
 from harness.reference._core import ReferenceImpl
 from harness.rank.runner import RankContext, run_cell
+from harness.record import Check, RankResult
 
 
 def _failed(backend, cell: matrix.Cell) -> set[str]:
@@ -269,6 +270,41 @@ def test_reference_equals_its_hooks_off_twin_bitwise(hooks):
     assert res.status == "pass" and len(twins) >= 2 * 2 + 8 + 4, [c.name for c in twins]
     assert {c.name for c in twins} >= {"twin.mb0.output", "twin.mb1.input_grad", "twin.weight3.main_grad",
                                        "twin.materialize_forward_calls"}
+
+
+def _verdicts(res) -> tuple:
+    return res.status, [(c.name, c.ok, c.message) for c in res.comparisons]
+
+
+@pytest.mark.parametrize("backend", [reference, prefix], ids=["reference", "pre-fix"])
+def test_a_kept_twin_gives_the_verdicts_a_twin_run_gives(backend):
+    """A lane's rank keeps the hooks-off runs for the hooked cells after them
+    (``twin.Twins``): the hooks-off cell's own run serves every hook mode's cell, and each
+    verdict - every check, a pre-fix twin failure included - is the one a fresh twin run gives."""
+    cells = [_cell(weight="distributed", hooks=h, fused=False, delay_wgrad=False, dtype="bf16")
+             for h in ("off", "identity", "offload", "save_on_cpu", "checkpoint")]
+    kept = RankContext(twins=twin.Twins())
+    for cell in cells:
+        assert _verdicts(run_cell(backend, cell, kept)) == _verdicts(run_cell(backend, cell, RankContext())), cell.id
+    assert kept.twins.hits == 4  # each hooked cell took the hooks-off cell's run
+    hooked = RankContext(twins=twin.Twins())  # no hooks-off cell first: the first hooked cell runs it
+    for cell in cells[1:]:
+        run_cell(backend, cell, hooked)
+    assert hooked.twins.hits == 3
+
+
+def test_twins_keep_at_most_their_size_and_every_outcome():
+    twins = twin.Twins(size=2)
+    err = RankResult(0, "error", [Check("exception", "exception", False, "boom")], {"type": "RuntimeError"})
+    for i in range(3):
+        twins.put(("b", f"c{i}", "{}"), err if i == 2 else RankResult(0, "pass", [Check("x", "value", True)]),
+                  twin.Kept(outputs=[torch.ones(2, requires_grad=True) * i]))
+    assert twins.get(("b", "c0", "{}")) is None  # the oldest went
+    result, kept = twins.get(("b", "c2", "{}"))
+    assert result.status == "error" and result.comparisons[0].message == "boom"  # an error is kept whole
+    assert not kept.outputs[0].requires_grad and float(kept.outputs[0][0]) == 2.0
+    assert twins.get(("b", "c1", "{}"))[0].comparisons == []  # a run's own checks are not the twin's
+    assert twins.hits == 2
 
 
 def test_pre_fix_backend_fails_its_twin_at_ws1():

@@ -108,9 +108,19 @@ def test_packing_lanes_cover_every_cell_once_in_phases():
     lanes = packing.pack(cells, 4)
     assert sorted(i for lane in lanes for i in lane.tasks) == list(range(len(cells)))
     assert [len(l.ranks) for l in lanes] == sorted((len(l.ranks) for l in lanes), reverse=True)
+    lane_of = {i: n for n, lane in enumerate(lanes) for i in lane.tasks}
+    groups: dict[str, list[int]] = {}
+    for i, c in enumerate(cells):
+        groups.setdefault(packing.twin_id(c), []).append(i)
+    assert any(len(g) > 1 for g in groups.values())
+    for members in groups.values():  # the cells that share a hooks-off twin share a lane
+        assert len({lane_of[i] for i in members}) == 1, [cells[i].id for i in members]
     for lane in lanes:
         assert {cells[i].world_size for i in lane.tasks} == {len(lane.ranks)}
-        assert lane.ranks[0] % len(lane.ranks) == 0 and lane.tasks == sorted(lane.tasks)
+        assert lane.ranks[0] % len(lane.ranks) == 0
+        # selection order by group; in a group the hooks-off cell first, then the hooked ones
+        first = {i: groups[packing.twin_id(cells[i])][0] for i in lane.tasks}
+        assert lane.tasks == sorted(lane.tasks, key=lambda i: (first[i], cells[i].hooks != "off", i))
     assert {len(l.ranks) for l in lanes} == {1, 2, 4} and len(lanes) == 1 + 2 + 4
     # off: one launch per world size; a size that does not divide the largest gets its own
     assert [w for w, _ in packing.launch_groups(cells, packing=False)] == [1, 2, 4]

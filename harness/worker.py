@@ -46,6 +46,7 @@ from harness.shape import Example
 from harness.plan import Lane
 from harness.plan import LaunchPlan
 from harness.record import CellResult, RankResult, kind_ratios
+from harness.rank import twin
 from harness.rank.runner import RankContext, error_info, run_cell
 from harness.status import HARNESS_ERROR
 from harness.stream import ResultStream
@@ -251,7 +252,7 @@ def _run_lane(plan: LaunchPlan, lane: Lane, groups: tuple[Any, Any], tasks: list
     size = len(lane.ranks)
     examples = [plan.examples_of(t) for t in plan.tasks]
     example = Example.from_dict(plan.example) if plan.example else None
-    ctx = RankContext(lane.ranks.index(rank), size, device, group)
+    ctx = RankContext(lane.ranks.index(rank), size, device, group, twin.Twins())
     modules = len(sys.modules)
     loaded, trees = backends
     for i in lane.tasks:

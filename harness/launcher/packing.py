@@ -7,7 +7,10 @@ rank waits in a collective for a peer still busy elsewhere. Within the launch a 
 ever talks to its lane's peers (its own process groups), so a fault stays in its lane.
 
 Cells go to lanes by longest-processing-time first over the ranks' expected finish times
-(``harness.launcher.cost``), across phases; each lane keeps its cells in selection order.
+(``harness.launcher.cost``), across phases - a cell together with the cells that differ from it
+in their hook mode alone, which share one hooks-off twin (``harness.rank.twin.Twins``: a rank
+keeps a twin for the lane's later cells). Each lane keeps its cells in selection order, but
+that a hooks-off cell runs before the hooked cells that take it as their twin.
 """
 
 from __future__ import annotations
@@ -17,6 +20,14 @@ from typing import Sequence
 from harness.launcher.cost import cell_cost
 from harness.plan import Lane
 from harness.matrix import Cell
+
+
+def twin_id(cell: Cell) -> str:
+    """The id of ``cell``'s hooks-off twin (its own id when it has no hook): the id with its
+    hook field ``hooks_off``, as ``Cell.seed`` reads the fields."""
+    parts = cell.id.split("-")
+    parts[2] = "hooks_off"
+    return "-".join(parts)
 
 
 def launch_groups(cells: Sequence[Cell], packing: bool = True, slots: int = 0) -> list[tuple[int, list[int]]]:
@@ -56,14 +67,18 @@ def pack(cells: Sequence[Cell], width: int) -> list[Lane]:
     for k in sorted({c.world_size for c in cells}, reverse=True):
         phase = [Lane(tuple(range(j, j + k))) for j in range(0, width, k)]
         ends = [max(finish[r] for r in lane.ranks) for lane in phase]
-        todo = sorted((i for i, c in enumerate(cells) if c.world_size == k),
-                      key=lambda i: (-cell_cost(cells[i]), i))
-        for i in todo:
+        twins: dict[str, list[int]] = {}  # twin id -> the cells that share it, in selection order
+        for i, c in enumerate(cells):
+            if c.world_size == k:
+                twins.setdefault(twin_id(c), []).append(i)
+        cost = {t: sum(cell_cost(cells[i]) for i in members) for t, members in twins.items()}
+        for t in sorted(twins, key=lambda t: (-cost[t], twins[t][0])):
             j = min(range(len(phase)), key=lambda j: (ends[j], j))
-            phase[j].tasks.append(i)
-            ends[j] += cell_cost(cells[i]) / k
+            phase[j].tasks.extend(twins[t])
+            ends[j] += cost[t] / k
+        first = {i: members[0] for members in twins.values() for i in members}
         for lane, end in zip(phase, ends):
-            lane.tasks.sort()
+            lane.tasks.sort(key=lambda i: (first[i], cells[i].hooks != "off", i))
             for r in lane.ranks:
                 finish[r] = end
         lanes.extend(lane for lane in phase if lane.tasks)

@@ -42,6 +42,8 @@ class RankContext:
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     group: Any = None
+    #: the twins this rank keeps for the lane's later hooked cells (None: every twin runs)
+    twins: twin.Twins | None = None
 
 
 def _backend_class(backend: ModuleType, api: str) -> Any:
@@ -186,7 +188,11 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
         use_path(modules.KINDS[cell.module].path)  # held for the whole cell, twin included
     try:
         if cell.hooks == "off" or cell.expect == "error":
-            result = _run_cell(backend, cell, ctx, example)
+            keep = ctx.twins is not None and cell.hooks == "off" and cell.expect != "error"
+            kept = twin.Kept() if keep else None
+            result = _run_cell(backend, cell, ctx, example, kept=kept)
+            if ctx.twins is not None and kept is not None:  # the hooked cells after it take it as their twin
+                ctx.twins.put(twin.Twins.key(backend, cell.id, example), result, kept)
         else:
             kept = twin.Kept()
             result = _run_cell(backend, cell, ctx, example, kept=kept)
@@ -238,10 +244,18 @@ def _path_mismatch(result: RankResult, why: str) -> None:
 
 def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example,
                      result: RankResult, kept: twin.Kept) -> None:
-    """Run the hooks-off twin on the same inputs and start values; judge bitwise (``harness.rank.twin``)."""
-    twin_kept = twin.Kept()
+    """Run the hooks-off twin on the same inputs and start values - or take the one this rank
+    keeps (``twin.Twins``) - and judge bitwise (``harness.rank.twin``)."""
     twin_cell = dataclasses.replace(cell, hooks="off")
-    twin_result = _run_cell(backend, twin_cell, ctx, example, seed=cell.seed, kept=twin_kept, judge=False)
+    key = twin.Twins.key(backend, twin_cell.id, example)
+    found = ctx.twins.get(key) if ctx.twins is not None else None
+    if found is not None:
+        twin_result, twin_kept = found
+    else:
+        twin_kept = twin.Kept()
+        twin_result = _run_cell(backend, twin_cell, ctx, example, seed=cell.seed, kept=twin_kept, judge=False)
+        if ctx.twins is not None:
+            ctx.twins.put(key, twin_result, twin_kept)
     if twin_result.status != "pass" and twin_result.status != "fail":
         # the backend raised in its twin: the cell's error, as if the hooked run had raised
         # (so the worker treats it as any backend error: the rank's peers may be mid-collective)

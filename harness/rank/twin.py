@@ -13,12 +13,15 @@ with hooks; on CPU none does (checkpointing recomputes the same GEMMs in the sam
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from harness.rank.hooks import forward_executions
-from harness.record import Check
+from harness.record import Check, RankResult
 
 #: the check kind of every twin check: reports show twin failures as their own kind
 KIND = "twin"
@@ -34,6 +37,55 @@ class Kept:
     records: dict[str, torch.Tensor | None] = field(default_factory=dict)
     #: protocol call kind -> calls per group member (empty without a distributed weight)
     calls: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().clone()
+
+
+class Twins:
+    """The hooks-off runs one rank of a lane has done, newest last, for the hooked cells that
+    come after them. A cell's seed leaves its hook mode out (``Cell.seed``), so a hooked cell's
+    twin *is* its hooks-off cell - the same inputs, start values and steps: ``ci``'s 574 hooked
+    cells have 401 distinct twins, 221 of them ``ci`` cells themselves. A twin is kept after it
+    ran (a hooked cell's twin run, or the hooks-off cell's own run) with its outcome, an error
+    too, and served again instead of running again.
+
+    Every rank of a lane runs the lane's cells in the same order and keeps every twin that
+    ran, so the ranks hit and miss together: a hit runs no collective on any rank, a miss runs
+    the twin's on every rank, as before. At most ``size`` twins are kept (the oldest go first,
+    on every rank alike)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self.hits = 0
+        self._kept: OrderedDict[tuple[int, str, str], tuple[RankResult, Kept]] = OrderedDict()
+
+    @staticmethod
+    def key(backend: Any, twin_id: str, example: Any) -> tuple[int, str, str]:
+        """``backend`` (the loaded module object, one per spec for the rank's life), the twin's
+        cell id and the cell's fitted example."""
+        return id(backend), twin_id, json.dumps(example.serialize(), sort_keys=True)
+
+    def get(self, key: tuple[int, str, str]) -> tuple[RankResult, Kept] | None:
+        found = self._kept.get(key)
+        if found is not None:
+            self.hits += 1
+            self._kept.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[int, str, str], result: RankResult, kept: Kept) -> None:
+        """Keep a twin's outcome as ``_add_twin_checks`` reads it - its status, and for an error
+        the error and the checks it made - and detached copies of its tensors."""
+        errored = result.status not in ("pass", "fail")
+        outcome = RankResult(result.rank, result.status, list(result.comparisons) if errored else [],
+                             dict(result.error) if result.error else None)
+        copy = Kept([_detached(t) for t in kept.outputs], [_detached(t) for t in kept.dgrads],
+                    {n: _detached(t) for n, t in kept.records.items()}, {k: list(v) for k, v in kept.calls.items()})
+        self._kept[key] = (outcome, copy)
+        self._kept.move_to_end(key)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
 
 
 def _bitwise(name: str, hooked: torch.Tensor | None, twin: torch.Tensor | None) -> Check:
