@@ -347,7 +347,7 @@ def launch_tasks(width: int, tasks: list[Task], opts: LaunchOptions,
     attempt = 0
     failed_starts = 0
     while remaining:
-        lanes = packing.pack([t.cell for t in remaining], width)
+        lanes = packing.pack([t.cell for t in remaining], width, [t.backend for t in remaining])
         launch = _Launch(width, remaining, opts, _free_launch_name(opts.run_dir, width), lanes)
         proc = launch.start()
         outcome = _Outcome()

@@ -50,8 +50,10 @@ def launch_groups(cells: Sequence[Cell], packing: bool = True, slots: int = 0) -
     return out
 
 
-def pack(cells: Sequence[Cell], width: int) -> list[Lane]:
+def pack(cells: Sequence[Cell], width: int, backends: Sequence[str] | None = None) -> list[Lane]:
     """Assign ``cells`` (world sizes dividing ``width``) to lanes of one launch of ``width`` ranks.
+    ``backends``: each cell's backend, when they differ (a twin is one backend's: cells of
+    different backends never share one, and are not held together).
 
     Returns the non-empty lanes in run order: phases by decreasing world size, lanes of a
     phase by their first rank.
@@ -67,10 +69,10 @@ def pack(cells: Sequence[Cell], width: int) -> list[Lane]:
     for k in sorted({c.world_size for c in cells}, reverse=True):
         phase = [Lane(tuple(range(j, j + k))) for j in range(0, width, k)]
         ends = [max(finish[r] for r in lane.ranks) for lane in phase]
-        twins: dict[str, list[int]] = {}  # twin id -> the cells that share it, in selection order
+        twins: dict[tuple[str, str], list[int]] = {}  # (backend, twin id) -> its cells, in order
         for i, c in enumerate(cells):
             if c.world_size == k:
-                twins.setdefault(twin_id(c), []).append(i)
+                twins.setdefault((backends[i] if backends else "", twin_id(c)), []).append(i)
         cost = {t: sum(cell_cost(cells[i]) for i in members) for t, members in twins.items()}
         for t in sorted(twins, key=lambda t: (-cost[t], twins[t][0])):
             j = min(range(len(phase)), key=lambda j: (ends[j], j))
