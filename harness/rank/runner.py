@@ -191,7 +191,7 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
             keep = ctx.twins is not None and cell.hooks == "off" and cell.expect != "error"
             kept = twin.Kept() if keep else None
             result = _run_cell(backend, cell, ctx, example, kept=kept)
-            if ctx.twins is not None and kept is not None:  # the hooked cells after it take it as their twin
+            if keep:  # the hooked cells after it take it as their twin
                 ctx.twins.put(twin.Twins.key(backend, cell.id, example), result, kept)
         else:
             kept = twin.Kept()
