@@ -21,7 +21,10 @@ from harness.rank.hooks import run_forward
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-HARNESS_VALUES = [w for w, k in weights.KINDS.items() if k.implementer == "harness"]
+#: the harness weight's high-precision values (a native one needs TE's quantized_model_init:
+#: cases/test_megatron_native_differential.py and the te-cpu sweeps judge it)
+HARNESS_VALUES = [w for w, k in weights.KINDS.items() if k.implementer == "harness" and not k.native]
+NATIVE_HARNESS_VALUES = [w for w, k in weights.KINDS.items() if k.implementer == "harness" and k.native]
 
 
 def _linear(out_f: int = 5, in_f: int = 4):
@@ -49,6 +52,14 @@ def test_harness_values_get_their_behaviour(value, in_process_ws1):
     assert group.behaviour == kind.behaviour
     assert group.padded_rows == (16 if kind.pad_multiple == 16 else 5)
     assert bool(module._forward_pre_hooks) == kind.chained
+
+
+@pytest.mark.parametrize("value", NATIVE_HARNESS_VALUES)
+def test_a_native_value_needs_the_full_weights(value, in_process_ws1):
+    """A native shard is quantized from the full weights' values, which the caller passes."""
+    module, _ = _linear()
+    with pytest.raises(ValueError, match="a native weight quantizes each shard from the full weights' values"):
+        attach_weight(module, value, recipe="mxfp8")
 
 
 @pytest.mark.parametrize("mode", ["off", "checkpoint"])

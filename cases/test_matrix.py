@@ -242,12 +242,12 @@ def test_constraints_on_construction():
             Cell(**{**base, "weight": w})
         Cell(**{**base, "weight": w, "consumer": "ddp", "world_size": 2,
                  "recipe": "mxfp8" if weights.KINDS[w].native else "none"})
-    with pytest.raises(MatrixError, match="weight='megatron' and weight='megatron_fp8' require world_size >= 2"):
+    with pytest.raises(MatrixError, match="weight='megatron', 'megatron_fp8' and 'gtp_mcore_fp8' require world_size >= 2"):
         Cell(**{**base, "weight": "megatron", "consumer": "ddp"})
     native = {**base, "weight": "megatron_fp8", "consumer": "ddp", "world_size": 2}
-    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in delayed, current, mxfp8"):
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' and 'gtp_mcore_fp8' .* require a recipe in delayed, current, mxfp8"):
         Cell(**native)
-    with pytest.raises(MatrixError, match="weight='megatron_fp8' .* requires a recipe in delayed, current, mxfp8"):
+    with pytest.raises(MatrixError, match="weight='megatron_fp8' and 'gtp_mcore_fp8' .* require a recipe in delayed, current, mxfp8"):
         Cell(**{**native, "recipe": "blockwise"})
     Cell(**{**native, "recipe": "mxfp8"})
     Cell(**{**native, "recipe": "delayed"})

@@ -140,10 +140,10 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      "TE's grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) exists for "
      "bf16 and fp16 only (its grouped GEMM rejects fp32; TE falls back to the split path)"),
     ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
-     "weight='megatron' and weight='megatron_fp8' require world_size >= 2 (Megatron never builds a "
-     "GTP group of one)"),
+     "weight='megatron', 'megatron_fp8' and 'gtp_mcore_fp8' require world_size >= 2 (Megatron never "
+     "builds a GTP group of one; its native stand-in follows it)"),
     ("weight", "recipe", lambda w, r: not weights.KINDS[w].native or r in weights.NATIVE_RECIPES,
-     f"weight='megatron_fp8' (native quantized shards) requires a recipe in "
+     f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
     ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",

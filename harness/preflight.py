@@ -102,7 +102,7 @@ def check_recipes(info: BackendInfo, selected: Iterable[str]) -> None:
 
 
 def check_native(info: BackendInfo, selected: Iterable[str]) -> None:
-    """A backend that runs a selected native weight (``megatron_fp8``) exposes TE's
+    """A backend that runs a selected native weight (``megatron_fp8``, ``gtp_mcore_fp8``) exposes TE's
     ``quantized_model_init``, under which the weights are born quantized.
 
     Raises:

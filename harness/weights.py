@@ -99,6 +99,8 @@ class WeightKind:
             builds a GTP group of one (``wrap_module_params_gtp`` returns early), and its
             prefetch and asynchronous reduce-scatter read cache buffers that TE's
             collectives do not write at world size 1 (they return their input instead).
+            The native stand-in follows it: at world size 1 TE's gather hands out the shard
+            itself, the parameter, as the gathered weight.
         native: the shards are native quantized parameters (TE's ``quantized_model_init``:
             each rank's shard quantized on its own under the cell's recipe) and the weight
             all-gathers them quantized (Megatron's native-FP8 GTP path); only under a recipe
@@ -146,6 +148,11 @@ class WeightKind:
 _MCORE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale=True,
                    shared_buffers=True, nan_fill=True, per_member_reduce=True, megatron_attach=True)
 
+#: the native stand-in takes every Megatron behaviour but the shared buffers: a quantized
+#: gather has no NaN to hold (its data are codes), and TE reads a native weight's copies once
+_MCORE_NATIVE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale=True,
+                          nan_fill=True, per_member_reduce=True, megatron_attach=True)
+
 _KINDS = (
     WeightKind("distributed", "the harness GTP weight, kind defaults: synchronous, fresh copies, "
                "no padding beyond divisibility", behaviour=Behaviour()),
@@ -169,6 +176,10 @@ _KINDS = (
     WeightKind("gtp_mcore", "every Megatron behaviour at once (async, in-place, shared buffers, "
                "NaN, 16*N padding, Megatron's attach: weights re-registered behind the biases)",
                behaviour=_MCORE, coverage="hooks"),
+    WeightKind("gtp_mcore_fp8", "the harness weight over native quantized shards (TE's "
+               "quantized_model_init), all-gathered quantized as Megatron's native-FP8 path does, "
+               "with gtp_mcore's behaviours; needs a recipe", behaviour=_MCORE_NATIVE, coverage="hooks",
+               min_world_size=2, native=True),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
                "install megatron)", implementer="megatron", min_world_size=2),
     WeightKind("megatron_fp8", "Megatron-Core 0.19.2's GTPShardedParam over native quantized shards "
@@ -190,8 +201,9 @@ NATIVE_API = "quantized_model_init"
 #: Megatron's alignment per recipe (``configure_gtp_remat_from_recipe``): 32 rows under MXFP8
 MEGATRON_MXFP8_PAD = 32
 #: what a selection gets when it does not name weights: every value that needs nothing
-#: installed (Megatron's class is opted into with ``--weights megatron``)
-DEFAULT_NAMES: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.implementer != "megatron")
+#: installed and runs on every backend (Megatron's class is opted into with ``--weights
+#: megatron``; a native weight, which needs TE's ``quantized_model_init``, with its name)
+DEFAULT_NAMES: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.implementer != "megatron" and not k.native)
 #: the ``full`` preset's default: the kind weight, plain, and the two strictest implementers
 #: (every Megatron behaviour at once; TE PR #3517's copies); single-behaviour variants are
 #: for diagnosis with ``--weights``
@@ -229,7 +241,7 @@ def pad_multiple(weight: str, recipe: str = "none") -> int:
     (``configure_gtp_remat_from_recipe``: 32 under MXFP8, else 16); the harness weight's is
     its behaviour's."""
     kind = KINDS[weight]
-    if kind.implementer == "megatron" and recipe == "mxfp8":
+    if recipe == "mxfp8" and (kind.implementer == "megatron" or kind.native):
         return MEGATRON_MXFP8_PAD
     return kind.pad_multiple
 

@@ -16,6 +16,7 @@ pending gradient reaches ``main_grad``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Protocol
 
 import torch
@@ -86,8 +87,10 @@ class ChainHead:
         self.leader.finalize_group_grads(wgrads[0] if len(wgrads) == 1 else wgrads)
 
 
-def _maker(kind: weights.WeightKind, group: Any, values: list[torch.Tensor] | None) -> Maker:
-    """How a module gets the weight of ``kind``; ``values``: native shards quantized from them."""
+def _maker(kind: weights.WeightKind, group: Any, values: list[torch.Tensor] | None,
+           recipe: str = "none") -> Maker:
+    """How a module gets the weight of ``kind``; ``values``: native shards quantized from them
+    (under ``recipe``, whose format sets a native shard's row alignment)."""
     if kind.implementer == "megatron":
         from harness.rank import megatron_gtp
 
@@ -98,6 +101,12 @@ def _maker(kind: weights.WeightKind, group: Any, values: list[torch.Tensor] | No
         if values is not None:
             return lambda m: megatron_gtp.inject_native(m, pg, values)
         return lambda m: megatron_gtp.inject(m, pg)
+    if values is not None:
+        from harness.rank import gtp_native
+
+        # a native MXFP8 shard is whole 32-row blocks (Megatron's alignment under MXFP8)
+        aligned = dataclasses.replace(kind.behaviour, pad_multiple=weights.pad_multiple(kind.name, recipe))
+        return lambda m: gtp_native.inject_native(m, group, values, aligned)
     return lambda m: gtp.inject_gtp(m, group=group, behaviour=kind.behaviour)
 
 
@@ -133,4 +142,4 @@ def attach_weight(module: torch.nn.Module, weight: str, group: Any = None, recip
     names = gtp.weight_names(module)
     if kind.chained and names:  # the previous layer's weight: high precision (a BF16 GTP weight)
         ChainHead(module, getattr(module, names[0]), _maker(kind, group, None))
-    return _maker(kind, group, values if kind.native else None)(module)
+    return _maker(kind, group, values if kind.native else None, recipe)(module)

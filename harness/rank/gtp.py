@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from harness.weights import Behaviour, shard_rows
 
-__all__ = ["GTPWeight", "GTPGroup", "CallLog", "Behaviour", "inject_gtp", "weight_names",
+__all__ = ["GTPWeight", "GTPGroup", "WeightStateLost", "CallLog", "Behaviour", "inject_gtp", "weight_names",
            "shard_rows", "reset_chain"]
 
 #: a distinctive, finite pattern that fresh grad buffers hold, so a backend that
@@ -97,6 +97,12 @@ def _unsupported(exc: BaseException) -> bool:
     return isinstance(exc, NotImplementedError) or "not supported" in text or "unsupported" in text
 
 
+class WeightStateLost(RuntimeError):
+    """A protocol method was called on an object of the weight's class that is not the weight:
+    one autograd rebuilt from a saved tensor (a native quantized weight keeps its class
+    through saving, but not the weight's own state)."""
+
+
 class GTPWeight(torch.nn.Parameter):
     """A parameter holding one rank's shard; ``.shape`` is the (padded) shard shape."""
 
@@ -110,25 +116,33 @@ class GTPWeight(torch.nn.Parameter):
         self.gtp_index = 0
         self._grad_buffer: torch.Tensor | None = None
 
+    def _group(self) -> "GTPGroup":
+        group = getattr(self, "gtp_group", None)
+        if group is None:
+            raise WeightStateLost(f"{type(self).__name__} without its group: a DistributedWeight method was "
+                                  f"called on a copy of the weight (rebuilt from a saved tensor?), not on "
+                                  f"the weight itself")
+        return group
+
     @property
     def logical_shape(self) -> tuple[int, ...]:
-        return self.gtp_group.logical_shape
+        return self._group().logical_shape
 
     @property
     def padded_shape(self) -> tuple[int, ...]:
-        return (self.gtp_group.padded_rows, *self.gtp_group.logical_shape[1:])
+        return (self._group().padded_rows, *self._group().logical_shape[1:])
 
     # ---- the DistributedWeight protocol (keyword arguments such as nvtx_label= accepted) --
     def materialize_group_for_forward(self, **kwargs: Any) -> Any:
-        self.gtp_group.log.add("materialize_forward", self.gtp_index)
-        return self.gtp_group.materialize(forward=True)
+        self._group().log.add("materialize_forward", self.gtp_index)
+        return self._group().materialize(forward=True)
 
     def materialize_group_for_backward(self, **kwargs: Any) -> Any:
-        self.gtp_group.log.add("materialize_backward", self.gtp_index)
-        return self.gtp_group.materialize(forward=False)
+        self._group().log.add("materialize_backward", self.gtp_index)
+        return self._group().materialize(forward=False)
 
     def finalize_group_grads(self, wgrads: Any, **kwargs: Any) -> Any:
-        return self.gtp_group.finalize(self.gtp_index, wgrads)
+        return self._group().finalize(self.gtp_index, wgrads)
 
     def get_data_tensors(self) -> tuple[torch.Tensor, ...]:
         """TE's offload marking (``cpu_offload_v1.mark_activation_offload``) calls this on any
@@ -139,14 +153,14 @@ class GTPWeight(torch.nn.Parameter):
     def grad_buffer(self) -> torch.Tensor:
         main_grad = getattr(self, "main_grad", None)
         dtype = main_grad.dtype if main_grad is not None else self.dtype
-        self.gtp_group.log.add("grad_buffer", self.gtp_index, dtype=str(dtype).replace("torch.", ""))
+        self._group().log.add("grad_buffer", self.gtp_index, dtype=str(dtype).replace("torch.", ""))
         buf = self._grad_buffer
         if buf is None or buf.dtype != dtype:
             shape = self.logical_shape
             poison = torch.arange(math.prod(shape), dtype=torch.float64).remainder_(7).sub_(3)
             buf = (poison * _POISON_SCALE).to(dtype=dtype, device=self.device).reshape(shape)
             self._grad_buffer = buf
-        if self.gtp_group.behaviour.nan_fill:
+        if self._group().behaviour.nan_fill:
             buf.fill_(_NAN)  # uninitialised memory, as Megatron's pool hands out
         return buf
 
@@ -221,8 +235,7 @@ class GTPGroup:
         copies are tracked by weak reference, so the harness can tell whether a backend
         held on to them (they are transient, CONTRACTS §2).
         """
-        if forward and self.behaviour.async_finalize:
-            _CHAIN.join(self)
+        self.join_chain(forward)
         rows = self.logical_shape[0]
         gathered = [g[:rows] for g in self._gather_padded()]
         tag = self.behaviour.tag_forward if forward else self.behaviour.tag_backward
@@ -232,8 +245,17 @@ class GTPGroup:
         out = [c.requires_grad_(m.requires_grad and self.behaviour.copies_require_grad)
                for c, m in zip(copies, self.members)]
         if forward:
-            self._forward_gathers.extend(weakref.ref(t) for t in out)
+            self.track_forward(out)
         return out[0] if len(out) == 1 else out
+
+    def join_chain(self, forward: bool) -> None:
+        """A forward call of a chained (asynchronous) group joins the prefetch chain."""
+        if forward and self.behaviour.async_finalize:
+            _CHAIN.join(self)
+
+    def track_forward(self, copies: list[Any]) -> None:
+        """Remember forward copies by weak reference (:meth:`live_forward_gathers`)."""
+        self._forward_gathers.extend(weakref.ref(t) for t in copies)
 
     def _borrow(self, gathered: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copies valid until the next materialize: the buffers lent by the previous call are
@@ -358,6 +380,21 @@ def weight_names(module: torch.nn.Module) -> list[str]:
     return sorted(found, key=lambda n: int(_WEIGHT_NAME.match(n).group(1) or 0))
 
 
+def sharding(module: torch.nn.Module, group: Any) -> tuple[list[str], Any, int, int]:
+    """``(weight names, process group, world size, rank)`` for sharding ``module``'s weights over
+    ``group`` (the world when None); without a process group: ``(names, None, 1, 0)``.
+
+    Raises:
+        ValueError: the module has no weights.
+    """
+    names = weight_names(module)
+    if not names:
+        raise ValueError(f"{type(module).__name__} has no weight parameters to shard")
+    if not (dist.is_available() and dist.is_initialized()):
+        return names, None, 1, 0
+    return names, group, dist.get_world_size(group), dist.get_rank(group)
+
+
 def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | None = None,
                behaviour: Behaviour | None = None) -> GTPGroup:
     """Replace a module's weight parameters by GTP weights, as Megatron does at construction.
@@ -384,12 +421,7 @@ def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | N
     behaviour = behaviour or Behaviour()
     if pad_multiple is not None:
         behaviour = dataclasses.replace(behaviour, pad_multiple=pad_multiple)
-    names = weight_names(module)
-    if not names:
-        raise ValueError(f"{type(module).__name__} has no weight parameters to shard")
-    initialized = dist.is_available() and dist.is_initialized()
-    world_size = dist.get_world_size(group) if initialized else 1
-    rank = dist.get_rank(group) if initialized else 0
+    names, group, world_size, rank = sharding(module, group)
     full = [getattr(module, n) for n in names]
     logical = tuple(full[0].shape)
     padded_rows, s = shard_rows(logical[0], world_size, behaviour.pad_multiple)
@@ -397,12 +429,11 @@ def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | N
     for w in full:
         data = torch.nn.functional.pad(w.detach(), (0, 0, 0, padded_rows - logical[0]))
         members.append(GTPWeight(data[rank * s:(rank + 1) * s].clone(), requires_grad=w.requires_grad))
-    gtp = GTPGroup(members, logical, padded_rows, group if initialized else None, world_size, rank,
-                   behaviour)
+    gtp = GTPGroup(members, logical, padded_rows, group, world_size, rank, behaviour)
     for i, (name, m) in enumerate(zip(names, members)):
         m.gtp_group, m.gtp_index = gtp, i
         if behaviour.megatron_attach:
-            _attach_like_megatron(module, name, m, full[i], i, grouped=names != ["weight"])
+            attach_like_megatron(module, name, m, full[i], i, grouped=names != ["weight"])
         else:
             setattr(module, name, m)  # the same slot of the registration order
     if behaviour.megatron_attach and names != ["weight"]:
@@ -415,14 +446,15 @@ def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | N
 TP_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride")
 
 
-def _attach_like_megatron(module: torch.nn.Module, name: str, member: GTPWeight, replaced: torch.Tensor,
-                          index: int, grouped: bool) -> None:
+def attach_like_megatron(module: torch.nn.Module, name: str, member: GTPWeight, replaced: torch.Tensor,
+                          index: int, grouped: bool, move: bool = True) -> None:
     """Put ``member`` in place of ``replaced`` as Megatron's ``attach_gtp_to_presharded_module``
     does (``_gtp_wrap_bf16_shard``, ``_gtp_attach_attrs``): re-registered, so it moves behind
     the module's other parameters; the tensor-parallel attributes copied; the routed-expert
     tags of a grouped module. The attributes TE 2.20.2 reads of them: the registration order
     (the op-fuser's parameter list), ``is_routed_expert`` and the leader's ``weight_list``
-    (the fused grouped MLP)."""
+    (the fused grouped MLP). ``move=False``: the member already holds ``replaced``'s slot
+    and keeps it, as Megatron's in-place reclass of a native quantized shard does."""
     for attr in TP_ATTRIBUTES:
         if hasattr(replaced, attr):
             setattr(member, attr, getattr(replaced, attr))
@@ -430,5 +462,6 @@ def _attach_like_megatron(module: torch.nn.Module, name: str, member: GTPWeight,
     member.expert_idx = index if grouped else None
     member.weight_list = None  # the leader's is set once the group is complete
     member._debug_name = name  # Megatron's tag_gtp_params_with_names (module-relative here)
-    delattr(module, name)
-    module._parameters[name] = member
+    if move:
+        delattr(module, name)
+        module._parameters[name] = member

@@ -37,6 +37,7 @@ import torch
 
 from harness import weights
 from harness.rank.gtp import CallLog, weight_names
+from harness.rank.gtp_native import native_shard, quantized
 
 __all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "inject_native", "reset_state", "GTP_MODULE"]
 
@@ -141,7 +142,7 @@ class MegatronGroup:
                 out = method(*args, **kwargs)
                 if name.startswith("materialize_group"):
                     tensors = out if isinstance(out, (list, tuple)) else [out]
-                    entry["quantized"] = all(_quantized(t) for t in tensors)
+                    entry["quantized"] = all(quantized(t) for t in tensors)
                     if name == "materialize_group_for_forward":
                         self._forward_gathers.extend(weakref.ref(t) for t in tensors)
                 if name == "grad_buffer":
@@ -170,14 +171,6 @@ class MegatronGroup:
         return alive
 
 
-def _quantized(tensor: Any) -> bool:
-    """``tensor`` holds TE's quantized data (a quantized tensor or its bare storage): a
-    native weight's gather must hand these to the GEMMs, not a high-precision weight."""
-    from transformer_engine.pytorch.quantized_tensor import QuantizedTensor, QuantizedTensorStorage
-
-    return isinstance(tensor, (QuantizedTensor, QuantizedTensorStorage))
-
-
 @contextmanager
 def _declared_weight_names(module: torch.nn.Module, names: list[str]) -> Iterator[None]:
     """``attach_gtp_to_presharded_module`` reads ``module.weight_names`` when a module
@@ -193,26 +186,6 @@ def _declared_weight_names(module: torch.nn.Module, names: list[str]) -> Iterato
             module.__dict__["weight_names"] = old
         else:
             del module.__dict__["weight_names"]
-
-
-def _native_shard(weight: torch.Tensor, shard: torch.Tensor) -> torch.nn.Parameter:
-    """``shard`` (high precision) quantized as TE's ``quantized_model_init`` quantizes a
-    parameter it builds (``TransformerEngineBaseModule.reset_parameters``: the weight's
-    quantizer, row-wise and column-wise usage, ``internal=False``), as a parameter carrying
-    ``weight``'s attributes - as though TE had built the module shard-sized, which is how
-    Megatron builds a native-FP8 GTP model."""
-    quantizer = getattr(weight, "_quantizer", None)
-    if quantizer is None:
-        raise ValueError(f"{type(weight).__name__} is no native quantized weight (build the module "
-                         f"under quantized_model_init)")
-    quantizer.set_usage(rowwise=True, columnwise=True)  # the module's own quantizer, as TE's init uses it
-    quantizer.internal = False
-    with torch.no_grad():
-        param = torch.nn.Parameter(quantizer(shard.to(weight.dtype)), requires_grad=weight.requires_grad)
-    for name, value in vars(weight).items():  # TE's tensor-parallel attributes and the like
-        if not name.startswith("_") and not hasattr(param, name):
-            setattr(param, name, value)
-    return param
 
 
 def inject_native(module: torch.nn.Module, group: Any, values: list[torch.Tensor]) -> MegatronGroup:
@@ -234,7 +207,7 @@ def inject_native(module: torch.nn.Module, group: Any, values: list[torch.Tensor
     rank = group.rank()
     for name, value in zip(names, values):
         shard = _rank_rows(value, pad_length, rank, shard_rows)
-        module._parameters[name] = _native_shard(getattr(module, name), shard)  # keeps its place
+        module._parameters[name] = native_shard(getattr(module, name), shard)  # keeps its place
     return _attach(gtp, module, group, names, shard_rows, pad_length)
 
 

@@ -4,7 +4,8 @@ Megatron's ``GTPShardedParam`` (0.19.2) is written for CUDA and NCCL. TE's own `
 sites are answered by :mod:`harness.te_cpu` (which :mod:`harness.rank.megatron_gtp` applies
 first); this module answers the few that only Megatron reaches, listed in :data:`SITES`.
 It is applied by :func:`apply`, called only by :mod:`harness.rank.megatron_gtp` when a rank loads
-Megatron's class - never in the parent process or pytest's. Each answer is exact on CPU:
+Megatron's class, and by its native stand-in :mod:`harness.rank.gtp_native`, whose MXFP8
+gather is TE's (the coalescing manager below) - never in the parent process or pytest's. Each answer is exact on CPU:
 
 - Events and streams order GPU work; CPU work is done when a call returns, and Megatron
   only records an event after ``handle.wait()`` of the collective it guards - so recording,
@@ -49,7 +50,9 @@ SITES: tuple[Site, ...] = (
     Site("cuda.current_stream", "_all_gather_weight / _reduce_scatter async paths"),
     Site("cuda.stream", "_wait_param_gather / _wait_reduce_scatter and the async issue sites"),
     Site("distributed._coalescing_manager", "grouped_gather_along_first_dim, "
-                                           "GTPShardedParam._reduce_scatter (groups of N > 1) on gloo"),
+                                           "GTPShardedParam._reduce_scatter (groups of N > 1) on gloo; "
+                                           "TE's _all_gather_mxfp8, which the native stand-in "
+                                           "(harness.rank.gtp_native) reaches too"),
     Site("distributed.all_gather_into_tensor", "TE gather_along_first_dim of a GTPShardedParam "
                                               "(requires grad) on gloo"),
     Site("Quantizer.make_empty", "GTPWeightCache._allocate_buffer of a native quantized shard passes "

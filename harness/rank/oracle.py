@@ -368,9 +368,12 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
                     babs[i] += dy[rows].abs().sum(0)
             if normed is not None:
                 # dgamma = sum(dh * xhat), dbeta = sum(dh), from the dgrad GEMM's dh (under a
-                # recipe, of the quantized output gradient)
+                # recipe, of the quantized output gradient) of rank r, with the weight as rank
+                # r sees it (the same on every rank, but in a view: quantized.ShardScaled)
                 dyq = gemm_input.dy(r, m)
-                dh, dh_mag = dyq @ Wb[m][0], dyq.abs() @ Wb[m][0].abs()
+                seen = quant.seen_by(r)
+                wb = Wb[m][0] if seen is quant else seen.weight(m, 0, W[0] * tags[1], backward=True)
+                dh, dh_mag = dyq @ wb, dyq.abs() @ wb.abs()
                 nsum[0] += (dh * normed.xhat).sum(0)
                 nabs[0] += (dh_mag * normed.xhat.abs()).sum(0)
                 if nparams > 1:

@@ -141,6 +141,11 @@ class Quantizer:
     def x(self, r: int, m: int, g: int, t: torch.Tensor) -> torch.Tensor:
         return t
 
+    def seen_by(self, rank: int) -> "Quantizer":
+        """The quantizer as rank ``rank``'s GEMMs see the weight: the same on every rank,
+        but in a view whose weight depends on the rank (:class:`ShardScaled`)."""
+        return self
+
     def x_box(self, r: int, m: int, g: int, lo: torch.Tensor,
               hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The GEMM input known only within ``[lo, hi]`` (LayerNormLinear's normalized rows):
@@ -630,6 +635,9 @@ class ShardScaled(_Delegating):
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
         self.shard_rows, self.local = shard_rows, local
+
+    def seen_by(self, rank: int) -> "ShardScaled":
+        return self if rank == self.local else ShardScaled(self.base, self.shard_rows, rank)
 
     def weight(self, m: int, g: int, t: torch.Tensor, backward: bool) -> torch.Tensor:
         n, fmt = self.shard_rows, self.base.fwd
