@@ -111,7 +111,7 @@ def test_packing_lanes_cover_every_cell_once_in_phases():
     lane_of = {i: n for n, lane in enumerate(lanes) for i in lane.tasks}
     groups: dict[str, list[int]] = {}
     for i, c in enumerate(cells):
-        groups.setdefault(packing.twin_id(c), []).append(i)
+        groups.setdefault(c.twin_id, []).append(i)
     assert any(len(g) > 1 for g in groups.values())
     for members in groups.values():  # the cells that share a hooks-off twin share a lane
         assert len({lane_of[i] for i in members}) == 1, [cells[i].id for i in members]
@@ -119,7 +119,7 @@ def test_packing_lanes_cover_every_cell_once_in_phases():
         assert {cells[i].world_size for i in lane.tasks} == {len(lane.ranks)}
         assert lane.ranks[0] % len(lane.ranks) == 0
         # selection order by group; in a group the hooks-off cell first, then the hooked ones
-        first = {i: groups[packing.twin_id(cells[i])][0] for i in lane.tasks}
+        first = {i: groups[cells[i].twin_id][0] for i in lane.tasks}
         assert lane.tasks == sorted(lane.tasks, key=lambda i: (first[i], cells[i].hooks != "off", i))
     assert {len(l.ranks) for l in lanes} == {1, 2, 4} and len(lanes) == 1 + 2 + 4
     # off: one launch per world size; a size that does not divide the largest gets its own

@@ -283,9 +283,23 @@ class Cell:
         hooks-off cell (the twin it is compared with bit for bit), so a difference between
         them is the hook's or the weight's alone; and te-cpu's remembered kernel launches
         (``harness/te_cpu/launch_memo.py``) serve all of them from one interpretation."""
+        key = self._id_with(weight="*", hooks="hooks_*")
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 1
+
+    @property
+    def twin_id(self) -> str:
+        """The id of the cell's hooks-off twin (its own id when it has no hook)."""
+        return self._id_with(hooks="hooks_off")
+
+    def _id_with(self, weight: str | None = None, hooks: str | None = None) -> str:
+        """The id with its weight and/or hook field replaced (the one place that knows their
+        positions: ``module-weight-hooks_...-...``)."""
         parts = self.id.split("-")
-        parts[1], parts[2] = "*", "hooks_*"
-        return int.from_bytes(hashlib.sha256("-".join(parts).encode()).digest()[:8], "big") >> 1
+        if weight is not None:
+            parts[1] = weight
+        if hooks is not None:
+            parts[2] = hooks
+        return "-".join(parts)
 
     def serialize(self) -> dict[str, Any]:
         """Return the axis values as a JSON-able dict (bools stay bools)."""

@@ -22,14 +22,6 @@ from harness.plan import Lane
 from harness.matrix import Cell
 
 
-def twin_id(cell: Cell) -> str:
-    """The id of ``cell``'s hooks-off twin (its own id when it has no hook): the id with its
-    hook field ``hooks_off``, as ``Cell.seed`` reads the fields."""
-    parts = cell.id.split("-")
-    parts[2] = "hooks_off"
-    return "-".join(parts)
-
-
 def launch_groups(cells: Sequence[Cell], packing: bool = True, slots: int = 0) -> list[tuple[int, list[int]]]:
     """Which cells share a launch, and its width: ``[(W, [cell index, ...]), ...]``.
 
@@ -72,7 +64,7 @@ def pack(cells: Sequence[Cell], width: int, backends: Sequence[str] | None = Non
         twins: dict[tuple[str, str], list[int]] = {}  # (backend, twin id) -> its cells, in order
         for i, c in enumerate(cells):
             if c.world_size == k:
-                twins.setdefault((backends[i] if backends else "", twin_id(c)), []).append(i)
+                twins.setdefault((backends[i] if backends else "", c.twin_id), []).append(i)
         cost = {t: sum(cell_cost(cells[i]) for i in members) for t, members in twins.items()}
         for t in sorted(twins, key=lambda t: (-cost[t], twins[t][0])):
             j = min(range(len(phase)), key=lambda j: (ends[j], j))
