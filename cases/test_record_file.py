@@ -72,6 +72,25 @@ def test_gz_record_round_trips_and_legacy_json_loads(tmp_path):
         recordfile.read(tmp_path / "broken")
 
 
+@pytest.mark.parametrize("count", [0, 1, 2 * recordfile._BATCH + 3])
+def test_a_record_streams_its_cells_into_the_same_json(tmp_path, count, monkeypatch):
+    """``RunRecord.write`` encodes the cells a few at a time, never the whole record at once,
+    and writes exactly the bytes of the record's JSON in one piece: with no cell, one, and
+    more than two batches; gzipped or plain. And the whole record is never encoded at once."""
+    cells = [_verdict(CELLS[i % len(CELLS)], ("pass", "fail")[i % 2]) for i in range(count)]
+    record = RunRecord("complete", "t0", "t1", 1.0, "cmd", [], BACKEND, {}, {}, {}, [1], cells=cells)
+    whole = json.dumps(record.serialize(), separators=(",", ":")).encode()
+    real_dumps = json.dumps
+
+    def dumps(value, *args, **kwargs):
+        assert not (isinstance(value, dict) and "cells" in value), "the whole record was encoded at once"
+        return real_dumps(value, *args, **kwargs)
+
+    monkeypatch.setattr(recordfile.json, "dumps", dumps)
+    assert record.write(tmp_path / "r.json").read_bytes() == whole
+    assert gzip.decompress(record.write(tmp_path).read_bytes()) == whole
+
+
 def test_interrupted_record_keeps_failing_verdicts(tmp_path, monkeypatch):
     statuses = {CELLS[0].id: "fail", CELLS[1].id: "error"}
     monkeypatch.setattr(sweep, "launch_cells", _fake_launch(statuses, interrupt_after=3))

@@ -326,6 +326,10 @@ class RunRecord:
         return out
 
     def serialize(self) -> dict[str, Any]:
+        return {**self._head(), "cells": [c.serialize(lean=True) for c in self.cells]}
+
+    def _head(self) -> dict[str, Any]:
+        """Everything but the cells (``serialize``'s keys in its order, ``cells`` last)."""
         return {
             "schema": self.schema,
             "status": self.status,
@@ -343,7 +347,6 @@ class RunRecord:
             "counts": self.counts,
             "failure": self.failure,
             "ledger": self.ledger,
-            "cells": [c.serialize(lean=True) for c in self.cells],
         }
 
     @classmethod
@@ -370,8 +373,9 @@ class RunRecord:
 
     def write(self, path: str | Path) -> Path:
         """Write atomically (``harness.recordfile``): into a run folder's ``results.json.gz``,
-        or to a file (plain JSON unless its name ends in ``.gz``). Returns the file."""
-        return recordfile.write(self.serialize(), path)
+        or to a file (plain JSON unless its name ends in ``.gz``). The cells are serialized
+        one at a time as they are written (never the whole record at once). Returns the file."""
+        return recordfile.write(self._head(), path, (c.serialize(lean=True) for c in self.cells))
 
 
 def load(path: str | Path) -> RunRecord:

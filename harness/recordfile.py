@@ -13,7 +13,7 @@ import gzip
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 FILENAME = "results.json.gz"
 #: the uncompressed name records had before (still read)
@@ -30,25 +30,54 @@ def path_in(run_dir: str | Path) -> Path:
     return d / FILENAME
 
 
-def write(data: dict[str, Any], path: str | Path) -> Path:
+#: cells encoded per write when a record's cells are streamed
+_BATCH = 512
+
+
+def write(data: dict[str, Any], path: str | Path, cells: Iterable[Any] | None = None) -> Path:
     """Write ``data`` atomically (a reader or a crash never sees half a record).
 
     ``path`` is a run folder (its ``results.json.gz``) or a file; a file whose name does not
-    end in ``.gz`` is written as plain JSON. Returns the file written.
+    end in ``.gz`` is written as plain JSON. ``cells``: the record's ``cells``, each a JSON
+    value, encoded a few at a time and written last - so a record of a few hundred thousand
+    cells is never one string in memory (a ``full`` sweep's record is gigabytes of JSON before
+    gzip). Returns the file written.
     """
     p = Path(path)
     if p.is_dir():
         p = p / FILENAME
-    text = json.dumps(data, separators=(",", ":")).encode()
     tmp = p.with_name(p.name + ".tmp")
-    if p.suffix == ".gz":
-        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
-                                                   compresslevel=_LEVEL, mtime=0) as f:
-            f.write(text)
-    else:
-        tmp.write_bytes(text)
+    with open(tmp, "wb") as raw:
+        if p.suffix == ".gz":
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=_LEVEL, mtime=0) as f:
+                for chunk in _encoded(data, cells):
+                    f.write(chunk)
+        else:
+            for chunk in _encoded(data, cells):
+                raw.write(chunk)
     os.replace(tmp, p)
     return p
+
+
+def _encoded(data: dict[str, Any], cells: Iterable[Any] | None) -> Iterator[bytes]:
+    """The record's JSON in pieces: ``data``, then ``"cells": [...]`` as its last key."""
+    head = json.dumps(data, separators=(",", ":"))
+    if cells is None:
+        yield head.encode()
+        return
+    if "cells" in data or not head.endswith("}"):
+        raise ValueError("streamed cells go after the other keys: leave 'cells' out of data")
+    yield (head[:-1] + ("," if len(head) > 2 else "") + '"cells":[').encode()
+    batch: list[str] = []
+    first = True
+    for cell in cells:
+        batch.append(json.dumps(cell, separators=(",", ":")))
+        if len(batch) == _BATCH:
+            yield (("" if first else ",") + ",".join(batch)).encode()
+            batch, first = [], False
+    if batch:
+        yield (("" if first else ",") + ",".join(batch)).encode()
+    yield b"]}"
 
 
 def read(path: str | Path) -> dict[str, Any]:
