@@ -96,6 +96,7 @@ CATEGORIES: dict[str, str] = {
     "test_ledger_sweep": "torchrun",
     "test_loopback": "torchrun",
     "test_megatron_differential": "torchrun",
+    "test_megatron_native_differential": "te-cpu",
     "test_megatron_seed": "torchrun",
     "test_multiprocess": "torchrun",
     "test_reports_real": "torchrun",
