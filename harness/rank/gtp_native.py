@@ -33,7 +33,6 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from harness.weights import Behaviour, shard_rows
 from harness.rank.gtp import GTPGroup, GTPWeight, attach_like_megatron, sharding
@@ -125,10 +124,7 @@ class NativeGroup(GTPGroup):
         megatron_shims.apply()  # TE's MXFP8 gather opens a coalescing manager, which gloo lacks
 
         quantizer.set_usage(rowwise=forward, columnwise=not forward)
-        group = self.group if self.group is not None else dist.group.WORLD
-        if self.world_size == 1:
-            group = None if not dist.is_initialized() else group
-        full, _ = gather_along_first_dim(member, group, quantizer=quantizer)
+        full, _ = gather_along_first_dim(member, self.group, quantizer=quantizer)
         return self._strip(full)
 
     def _strip(self, tensor: Any) -> Any:
