@@ -689,6 +689,10 @@ def main() -> int:
         p.error("--clone-of, --with-changes and --out go with --run")
     if args.clone_of and args.with_changes:
         p.error("--with-changes applies this checkout's changes to its HEAD: not with --clone-of")
+    if args.out and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
+        # .ci/run writes into it as CI's fresh artifact folder: an earlier gate's files there
+        # (the self-test's run folder refuses to be overwritten) would fail this gate
+        p.error(f"--out {args.out} is not empty: give a new folder")
     sources, logs = _pairs(args.from_, "--from"), _pairs(args.log, "--log")
     if set(logs) - set(sources):
         p.error(f"--log for a name no --from has: {', '.join(sorted(set(logs) - set(sources)))}")
