@@ -16,7 +16,8 @@ from fixtures.modules import attach_main_grad, build, load_full
 from fixtures.tensors import seeded
 from harness import weights
 from harness.rank.attach import attach_weight
-from harness.rank.gtp import GTPGroup, GTPWeight
+from harness.rank.faults import HarnessBug
+from harness.rank.gtp import GTPGroup, GTPWeight, WeightStateLost
 from harness.rank.hooks import run_forward
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -60,6 +61,22 @@ def test_a_native_value_needs_the_full_weights(value, in_process_ws1):
     module, _ = _linear()
     with pytest.raises(ValueError, match="a native weight quantizes each shard from the full weights' values"):
         attach_weight(module, value, recipe="mxfp8")
+
+
+def test_a_copy_without_state_is_the_backends_a_weight_without_it_the_harnesss(in_process_ws1):
+    """A protocol call on an object of the weight's class that never joined a group (what
+    autograd rebuilds from a saved native weight) is ``WeightStateLost``, a verdict; on a
+    weight that joined and lost its group, a ``HarnessBug`` (exit 3), never a verdict."""
+    module, _ = _linear()
+    group = attach_weight(module, "distributed")
+    weight = module.weight
+    copy = GTPWeight(weight.detach().clone())
+    with pytest.raises(WeightStateLost, match="GTPWeight without its group: a DistributedWeight method was called on a copy"):
+        copy.materialize_group_for_backward()
+    weight.gtp_group = None
+    with pytest.raises(HarnessBug, match="GTPWeight lost its group after joining it"):
+        weight.materialize_group_for_backward()
+    weight.gtp_group = group
 
 
 @pytest.mark.parametrize("mode", ["off", "checkpoint"])

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from harness.rank.faults import HarnessBug
 from harness.weights import Behaviour, shard_rows
 
 __all__ = ["GTPWeight", "GTPGroup", "WeightStateLost", "CallLog", "Behaviour", "inject_gtp", "weight_names",
@@ -103,6 +104,12 @@ class WeightStateLost(RuntimeError):
     through saving, but not the weight's own state)."""
 
 
+#: every weight that joined a group: a protocol call on one of these without its group is the
+#: harness's bug, on any other object of a weight's class a copy the backend was handed
+#: (by id: a tensor's ``==`` is elementwise, so no set of tensors can be asked for membership)
+_JOINED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
 class GTPWeight(torch.nn.Parameter):
     """A parameter holding one rank's shard; ``.shape`` is the (padded) shard shape."""
 
@@ -116,13 +123,20 @@ class GTPWeight(torch.nn.Parameter):
         self.gtp_index = 0
         self._grad_buffer: torch.Tensor | None = None
 
+    def join(self, group: "GTPGroup", index: int) -> None:
+        """Become member ``index`` of ``group`` (the state every protocol method reads)."""
+        self.gtp_group, self.gtp_index = group, index
+        _JOINED[id(self)] = self
+
     def _group(self) -> "GTPGroup":
         group = getattr(self, "gtp_group", None)
-        if group is None:
-            raise WeightStateLost(f"{type(self).__name__} without its group: a DistributedWeight method was "
-                                  f"called on a copy of the weight (rebuilt from a saved tensor?), not on "
-                                  f"the weight itself")
-        return group
+        if group is not None:
+            return group
+        if _JOINED.get(id(self)) is self:  # the weight itself lost its state: the harness's own doing
+            raise HarnessBug(f"{type(self).__name__} lost its group after joining it")
+        raise WeightStateLost(f"{type(self).__name__} without its group: a DistributedWeight method was "
+                              f"called on a copy of the weight (rebuilt from a saved tensor?), not on "
+                              f"the weight itself")
 
     @property
     def logical_shape(self) -> tuple[int, ...]:
@@ -431,7 +445,7 @@ def inject_gtp(module: torch.nn.Module, group: Any = None, pad_multiple: int | N
         members.append(GTPWeight(data[rank * s:(rank + 1) * s].clone(), requires_grad=w.requires_grad))
     gtp = GTPGroup(members, logical, padded_rows, group, world_size, rank, behaviour)
     for i, (name, m) in enumerate(zip(names, members)):
-        m.gtp_group, m.gtp_index = gtp, i
+        m.join(gtp, i)
         if behaviour.megatron_attach:
             attach_like_megatron(module, name, m, full[i], i, grouped=names != ["weight"])
         else:

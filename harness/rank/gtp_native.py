@@ -195,7 +195,7 @@ def inject_native(module: torch.nn.Module, group: Any, values: list[torch.Tensor
         members.append(member)
     native = NativeGroup(members, logical, padded_rows, group, world_size, rank, behaviour)
     for i, (name, m) in enumerate(zip(names, members)):
-        m.gtp_group, m.gtp_index = native, i
+        m.join(native, i)
         # the same slot of the registration order: Megatron reclasses a native shard in place
         # (only a high-precision shard is re-registered behind the other parameters)
         module._parameters[name] = m
