@@ -15,6 +15,7 @@ stay free of torch; :mod:`harness.rank.attach` turns a value into weights inside
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import math
 from dataclasses import dataclass
@@ -150,8 +151,7 @@ _MCORE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale
 
 #: the native stand-in takes every Megatron behaviour but the shared buffers: a quantized
 #: gather has no NaN to hold (its data are codes), and TE reads a native weight's copies once
-_MCORE_NATIVE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale=True,
-                          nan_fill=True, per_member_reduce=True, megatron_attach=True)
+_MCORE_NATIVE = dataclasses.replace(_MCORE, shared_buffers=False)
 
 _KINDS = (
     WeightKind("distributed", "the harness GTP weight, kind defaults: synchronous, fresh copies, "
@@ -238,8 +238,9 @@ def shard_rows(rows: int, world_size: int, pad_multiple: int = 1) -> tuple[int, 
 
 def pad_multiple(weight: str, recipe: str = "none") -> int:
     """The row alignment of a ``weight`` shard under ``recipe``: Megatron's follows the recipe
-    (``configure_gtp_remat_from_recipe``: 32 under MXFP8, else 16); the harness weight's is
-    its behaviour's."""
+    (``configure_gtp_remat_from_recipe``: 32 under MXFP8, else 16), and so does a native
+    harness weight's (an MXFP8 shard is whole 32-row blocks); the harness weight's otherwise
+    is its behaviour's."""
     kind = KINDS[weight]
     if recipe == "mxfp8" and (kind.implementer == "megatron" or kind.native):
         return MEGATRON_MXFP8_PAD

@@ -144,16 +144,19 @@ class GTPWeight(torch.nn.Parameter):
 
     @property
     def padded_shape(self) -> tuple[int, ...]:
-        return (self._group().padded_rows, *self._group().logical_shape[1:])
+        group = self._group()
+        return (group.padded_rows, *group.logical_shape[1:])
 
     # ---- the DistributedWeight protocol (keyword arguments such as nvtx_label= accepted) --
     def materialize_group_for_forward(self, **kwargs: Any) -> Any:
-        self._group().log.add("materialize_forward", self.gtp_index)
-        return self._group().materialize(forward=True)
+        group = self._group()
+        group.log.add("materialize_forward", self.gtp_index)
+        return group.materialize(forward=True)
 
     def materialize_group_for_backward(self, **kwargs: Any) -> Any:
-        self._group().log.add("materialize_backward", self.gtp_index)
-        return self._group().materialize(forward=False)
+        group = self._group()
+        group.log.add("materialize_backward", self.gtp_index)
+        return group.materialize(forward=False)
 
     def finalize_group_grads(self, wgrads: Any, **kwargs: Any) -> Any:
         return self._group().finalize(self.gtp_index, wgrads)
@@ -167,14 +170,15 @@ class GTPWeight(torch.nn.Parameter):
     def grad_buffer(self) -> torch.Tensor:
         main_grad = getattr(self, "main_grad", None)
         dtype = main_grad.dtype if main_grad is not None else self.dtype
-        self._group().log.add("grad_buffer", self.gtp_index, dtype=str(dtype).replace("torch.", ""))
+        group = self._group()
+        group.log.add("grad_buffer", self.gtp_index, dtype=str(dtype).replace("torch.", ""))
         buf = self._grad_buffer
         if buf is None or buf.dtype != dtype:
             shape = self.logical_shape
             poison = torch.arange(math.prod(shape), dtype=torch.float64).remainder_(7).sub_(3)
             buf = (poison * _POISON_SCALE).to(dtype=dtype, device=self.device).reshape(shape)
             self._grad_buffer = buf
-        if self._group().behaviour.nan_fill:
+        if group.behaviour.nan_fill:
             buf.fill_(_NAN)  # uninitialised memory, as Megatron's pool hands out
         return buf
 

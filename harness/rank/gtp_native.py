@@ -93,7 +93,10 @@ class NativeGroup(GTPGroup):
     """A :class:`GTPGroup` whose members are native quantized shards, gathered quantized."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from harness.rank import megatron_shims
+
         super().__init__(*args, **kwargs)
+        megatron_shims.apply()  # TE's MXFP8 gather opens a coalescing manager, which gloo lacks
         self._gather_quantizers: list[Any] = []
         for m in self.members:
             q = m._quantizer.copy()
@@ -118,10 +121,6 @@ class NativeGroup(GTPGroup):
 
     def _gather(self, member: torch.Tensor, quantizer: Any, forward: bool) -> Any:
         from transformer_engine.pytorch.distributed import gather_along_first_dim
-
-        from harness.rank import megatron_shims
-
-        megatron_shims.apply()  # TE's MXFP8 gather opens a coalescing manager, which gloo lacks
 
         quantizer.set_usage(rowwise=forward, columnwise=not forward)
         full, _ = gather_along_first_dim(member, self.group, quantizer=quantizer)
