@@ -65,7 +65,7 @@ def _encoded(data: dict[str, Any], cells: Iterable[Any] | None) -> Iterator[byte
     if cells is None:
         yield head.encode()
         return
-    if "cells" in data or not head.endswith("}"):
+    if "cells" in data:
         raise ValueError("streamed cells go after the other keys: leave 'cells' out of data")
     yield (head[:-1] + ("," if len(head) > 2 else "") + '"cells":[').encode()
     batch: list[str] = []
