@@ -11,8 +11,9 @@ import pytest
 # beside one busy process. Ranks set their own count (``LaunchOptions.threads_per_rank``, 1).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The harness's own plugin (``harness.pytest_plugin.plugin``) comes in through its ``pytest11``
+# entry point, as it does for any pytest in an environment where the project is installed.
 pytest_plugins = [
-    "harness.plugin",
     "fixtures.process_group",
     "fixtures.hook_modes",
 ]
@@ -28,19 +29,19 @@ def _given(config: pytest.Config, *flags: str) -> bool:
     return any(a in flags or a.startswith(tuple(f"{f}=" for f in flags)) for a in config.invocation_params.args)
 
 
-#: te-cpu's cache of Triton launches for this pytest run (``harness/te_cpu/launch_memo.py``):
+#: te-cpu's cache of Triton launches for this pytest run (``harness/backends/te_cpu/launch_memo.py``):
 #: the same TE cells run in several of the suite's sweeps (the installed wheel's, each
 #: patched tree's), and TE's bias-gradient kernel, interpreted on CPU, was most of their
 #: time. The controller makes the folder before xdist starts its workers, which inherit it
 #: with every sweep and rank they start; it goes with the run. The name is
 #: ``launch_memo.CACHE_ENV``, spelled out: importing that module here would run
-#: ``harness.te_cpu``'s package import (TE on CPU, torch patched) in pytest's own process.
+#: ``harness.backends.te_cpu.backend``'s package import (TE on CPU, torch patched) in pytest's own process.
 _LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Under ``-n``, ``harness.plugin`` has every test of a module run on one worker
+    """Under ``-n``, ``harness.pytest_plugin.plugin`` has every test of a module run on one worker
     (``--dist loadscope``); the modules then go out in collection order (``FIRST`` leading),
     not xdist's order by number of tests. The controller makes the run's launch cache."""
     if not hasattr(config, "workerinput") and _LAUNCH_CACHE not in os.environ:

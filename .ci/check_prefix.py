@@ -9,8 +9,8 @@ hooks matter). Everything else must pass, including the whole ops module.
 import sys
 import xml.etree.ElementTree as ET
 
-from harness import modules
-from harness.matrix import Cell
+from harness.vocabulary import modules
+from harness.vocabulary.matrix import Cell
 
 #: the classes whose backward asks the saved tensor (the op-fuser reads its attributes)
 SAVED_TENSOR_DISPATCH = ("Linear", "GroupedLinear", "LayerNormLinear")

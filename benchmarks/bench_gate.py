@@ -41,7 +41,7 @@ The tables (pipe tables: a README can quote them verbatim), one column per named
   ``logs/<launch>/`` and ``ranks/<launch>.*`` files (within ~1 s of the recorded durations,
   checked on the Megatron sweep).
 
-Nothing here imports torch (``harness.recordfile`` is plain gzip + JSON).
+Nothing here imports torch (``harness.records.recordfile`` is plain gzip + JSON).
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def launches_from_files(run_dir: Path) -> tuple[list[int], list[float], int]:
 
 
 def read_launches(run_dir: Path, stage_s: int | None) -> Launches | None:
-    from harness import recordfile                           # plain gzip + JSON, no torch
+    from harness.records import recordfile                           # plain gzip + JSON, no torch
 
     try:
         record = recordfile.read(run_dir)

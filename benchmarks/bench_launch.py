@@ -39,8 +39,8 @@ from typing import Any
 from _common import ROOT, machine, save, table
 
 sys.path.insert(0, str(ROOT))
-from harness import matrix  # noqa: E402
-from harness.launcher import loopback
+from harness.vocabulary import matrix  # noqa: E402
+from harness.vocabulary.plan import agent_command
 from harness.launcher.launch import LaunchOptions, launch_cells  # noqa: E402
 
 _LINE = re.compile(r"^\[rank0\] (\d+\.\d+) (start|done) ")
@@ -69,7 +69,7 @@ def run_cells(cells: list[matrix.Cell], run_dir: Path, device: str) -> dict[str,
     """Run ``cells`` the harness way: one launch per world size, in order."""
     statuses: Counter = Counter()
     launches = []
-    opts = LaunchOptions(backend="harness.reference", run_dir=run_dir, device=device)
+    opts = LaunchOptions(backend="harness.backends.reference", run_dir=run_dir, device=device)
     t_all = time.time()
     for ws, group in matrix.plan(cells).items():
         t0 = time.time()
@@ -109,11 +109,11 @@ def floor_command(world_size: int, launcher: list[str] | None = None) -> list[st
     """A launch whose ranks import torch, join a gloo group and leave.
 
     ``launcher``: the command prefix that takes torchrun's options (default: the harness's,
-    ``harness.launcher.loopback``).
+    ``harness.rank.agent``).
     """
     code = ("import torch, torch.distributed as d; d.init_process_group('gloo'); d.barrier(); "
             "d.destroy_process_group()")
-    return [*(launcher or loopback.command()), "--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
+    return [*(launcher or agent_command()), "--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
             "--no-python", sys.executable, "-c", code]
 
 

@@ -5,7 +5,7 @@ CPU cores; ``--reps``, ``--quick``). Two launchers are compared:
 
 - ``standalone``: what launches used before, ``python -m torch.distributed.run --standalone``
   (a dynamic c10d rendezvous; its stores listen on every interface);
-- ``loopback``: ``python -m harness.loopback`` (``harness/loopback.py``: a static rendezvous
+- ``loopback``: ``python -m harness.rank.agent`` (``harness/rank/agent.py``: a static rendezvous
   on a store pre-bound to 127.0.0.1, gloo pinned to the loopback interface).
 
 Measured for each: (1) the floor, a launch whose ranks only join a gloo group and leave, at
@@ -40,13 +40,13 @@ from _common import ROOT, machine, save, table
 from bench_launch import floor_command, run_cells
 
 sys.path.insert(0, str(ROOT))
-from harness import matrix  # noqa: E402
-from harness.launcher import loopback
+from harness.vocabulary import matrix  # noqa: E402
+from harness.vocabulary.plan import agent_command
 
 #: launcher name -> the command prefix that takes torchrun's options and the script
 LAUNCHERS: dict[str, list[str]] = {
     "standalone": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"],
-    "loopback": loopback.command(),
+    "loopback": agent_command(),
 }
 
 

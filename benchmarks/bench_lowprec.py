@@ -1,6 +1,6 @@
 """Cost of a low-precision TE step on te-cpu against its non-quantized twin, and mmaemu's GEMM.
 
-Run as a script (it imports ``harness.te_cpu``, which patches torch in this process):
+Run as a script (it imports ``harness.backends.te_cpu.backend``, which patches torch in this process):
 
     python benchmarks/bench_lowprec.py [--sizes 32,64,256] [--steps 20] [--out FILE]
 
@@ -47,8 +47,8 @@ def _median_ms(fn: Callable[[], None], steps: int) -> float:
 def bench_steps(h: int, steps: int) -> dict[str, float]:
     import torch
 
-    import harness.te_cpu  # noqa: F401  (applies the CPU layer)
-    from harness.te_cpu import device
+    import harness.backends.te_cpu.backend  # noqa: F401  (applies the CPU layer)
+    from harness.backends.te_cpu import device
     from transformer_engine.common import recipe as R
     te = sys.modules["transformer_engine.pytorch"]
     make = {"delayed": R.DelayedScaling, "current": R.Float8CurrentScaling, "mxfp8": R.MXFP8BlockScaling,
@@ -78,8 +78,8 @@ def bench_steps(h: int, steps: int) -> dict[str, float]:
 def bench_gemm(h: int, steps: int) -> dict[str, Any]:
     import torch
 
-    from harness.te_cpu.quant import qgemm
-    from harness.te_cpu.quant.formats import E4M3
+    from harness.backends.te_cpu.quant import qgemm
+    from harness.backends.te_cpu.quant.formats import E4M3
     g = torch.Generator().manual_seed(0)
     a8 = E4M3.encode(torch.randn(h, h, generator=g) * 40)
     b8 = E4M3.encode(torch.randn(h, h, generator=g) * 40)
@@ -114,7 +114,7 @@ def bench_gemm(h: int, steps: int) -> dict[str, Any]:
 def main() -> int:
     import torch
 
-    torch.set_num_threads(1)  # as a worker rank runs (harness/worker.py: threads_per_rank, 1 by default)
+    torch.set_num_threads(1)  # as a worker rank runs (harness/rank/worker.py: threads_per_rank, 1 by default)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="32,64,256")
     ap.add_argument("--steps", type=int, default=20)

@@ -41,7 +41,7 @@ from _common import machine  # noqa: E402
 
 
 def pairs() -> list[tuple[Any, Any]]:
-    from harness import matrix
+    from harness.vocabulary import matrix
 
     cells = [c for c in matrix.select("ci") if c.recipe != "none"]
     return [(c, dataclasses.replace(c, recipe="none")) for c in cells]
@@ -50,7 +50,7 @@ def pairs() -> list[tuple[Any, Any]]:
 def sweep(cells: list[Any], run_dir: Path) -> dict[str, tuple[float, str]]:
     """One te-cpu sweep of ``cells``: cell id -> (duration_s, status)."""
     from harness.launcher.launch import LaunchOptions
-    from harness.sweep import SweepSpec, run_sweep
+    from harness.orchestration.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec(cells=cells, backend="te-cpu", run_dir=run_dir, selection={"benchmark": "lowprec-cells"},
                      argv=sys.argv, options=LaunchOptions(backend="te-cpu", run_dir=run_dir))

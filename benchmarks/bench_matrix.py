@@ -40,7 +40,7 @@ SELECTIONS = (
 #: its seconds and a digest of its cell ids in order
 _PROBE = """
 import hashlib, json, sys, time
-from harness import matrix
+from harness.vocabulary import matrix
 preset, overrides, expr = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 t = time.perf_counter()
 cells = matrix.select(preset, overrides, expr)

@@ -4,7 +4,7 @@ Run from the repository root: ``python benchmarks/bench_packing.py`` (about 8 mi
 2 CPU cores; ``--quick`` for one repeat and smaller samples). Side by side, in one run:
 
 1. the ``ci`` preset (world sizes 1, 2, 4) and a seeded sample of 500 cells of the ``full``
-   preset (world sizes 1, 2, 4), each run as a whole sweep (``harness.sweep.run_sweep``,
+   preset (world sizes 1, 2, 4), each run as a whole sweep (``harness.orchestration.sweep.run_sweep``,
    record and stream included) twice: ``--packing off`` (one launch per world size) and
    ``--packing on`` (one launch of 4 ranks, sub-groups). The two modes alternate run by run
    (the machine may be shared); the table gives the median and the minimum of the repeats.
@@ -31,11 +31,11 @@ from _common import ROOT, machine, save, table
 from bench_launch import one_launch_per_cell
 
 sys.path.insert(0, str(ROOT))
-from harness import matrix  # noqa: E402
+from harness.vocabulary import matrix  # noqa: E402
 from harness.launcher.launch import LaunchOptions  # noqa: E402
-from harness.sweep import SweepSpec, run_sweep  # noqa: E402
+from harness.orchestration.sweep import SweepSpec, run_sweep  # noqa: E402
 
-BACKEND = "harness.reference"
+BACKEND = "harness.backends.reference"
 
 
 def sweep_once(cells: list[matrix.Cell], run_dir: Path, packing: bool, device: str) -> dict[str, Any]:

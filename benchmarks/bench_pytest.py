@@ -2,7 +2,7 @@
 
 Run from the repository root: ``python benchmarks/bench_pytest.py`` (a few minutes). Each
 mode runs ``python -m pytest cases/test_cells.py -q -n MODE`` on the ``ci`` preset (the
-plugin's default: 208 cells, world sizes 1, 2 and 4) against ``harness.reference``, in a
+plugin's default: 208 cells, world sizes 1, 2 and 4) against ``harness.backends.reference``, in a
 fresh process, one after the other. Results go to ``benchmarks/results-<date>.json`` (key
 ``pytest``) and are printed as a markdown table.
 """

@@ -27,9 +27,9 @@ from _common import ROOT, machine, save, table
 sys.path.insert(0, str(ROOT))
 
 from fixtures import report_records as H  # noqa: E402
-from harness import matrix  # noqa: E402
-from harness.reports import render_html  # noqa: E402
-from harness.reports.browser import measure_render  # noqa: E402
+from harness.vocabulary import matrix  # noqa: E402
+from harness_reports import render_html  # noqa: E402
+from harness_reports.browser import measure_render  # noqa: E402
 
 SELECT_BUDGET_S = 0.5
 RENDER_BUDGET_MS = 2_000
@@ -42,7 +42,7 @@ def _baseline_html(commit: str, record: dict, out: Path) -> None:
     tarfile.open(fileobj=BytesIO(data)).extractall(tree)
     rec_path = tree / "record.json"
     rec_path.write_text(json.dumps(record))
-    code = ("import json, sys; from harness.reports import render_html; "
+    code = ("import json, sys; from harness_reports import render_html; "
             f"open({str(out)!r}, 'w').write(render_html(json.load(open({str(rec_path)!r}))))")
     subprocess.run([sys.executable, "-c", code], cwd=tree, check=True, env={"PYTHONPATH": str(tree)})
 

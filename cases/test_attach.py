@@ -1,7 +1,7 @@
 """``attach_weight``: a cell's ``weight`` value becomes the module's weights (in-process, ws=1).
 
 Why: it is the runner's one call into the weight axis, so every value must give the
-implementer and behaviour :mod:`harness.weights` promises, and the chain head that stands in
+implementer and behaviour :mod:`harness.vocabulary.weights` promises, and the chain head that stands in
 for the previous layer must drive Megatron's chain-order delivery exactly once per backward
 - including under checkpointing, whose recomputed forward is not a new layer forward.
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import harness.reference as reference
+import harness.backends.reference as reference
 from fixtures.modules import attach_main_grad, build, load_full
 from fixtures.tensors import seeded
-from harness import weights
-from harness.rank.attach import attach_weight
-from harness.rank.faults import HarnessBug
-from harness.rank.gtp import GTPGroup, GTPWeight, WeightStateLost
-from harness.rank.hooks import run_forward
+from harness.vocabulary import weights
+from harness.cell.attach import attach_weight
+from harness.cell.faults import HarnessBug
+from harness.cell.gtp import GTPGroup, GTPWeight, WeightStateLost
+from harness.cell.hooks import run_forward
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -8,7 +8,7 @@ no longer reproduces fails ``test_ledger_has_no_stale_entry``.
 
 import pytest
 
-from harness.plugin import assert_cell_ok, stale_entries
+from harness.pytest_plugin.plugin import assert_cell_ok, stale_entries
 
 
 def test_cell(cell, cell_result, harness_ledger):

@@ -1,6 +1,6 @@
 """The checks themselves: tolerance messages, and planted faults each new check must catch.
 
-Every check in ``harness.rank.runner`` exists to catch something; these tests plant the
+Every check in ``harness.cell.runner`` exists to catch something; these tests plant the
 something (in-process, world size 1) and assert the named check fails - so a check that
 silently stopped checking would turn this file red.
 """
@@ -12,15 +12,15 @@ import math
 import pytest
 import torch
 
-import harness.reference as reference
-import harness.reference.prefix as prefix
-from harness import matrix, modules
-from harness.rank import compare, twin
-from harness.rank.oracle import Reference
-from harness.reference import _core, _modules
-from harness.reference._core import ReferenceImpl
-from harness.rank.runner import RankContext, run_cell
-from harness.record import Check, RankResult
+import harness.backends.reference as reference
+import harness.backends.reference.prefix as prefix
+from harness.vocabulary import matrix, modules
+from harness.cell import compare, twin
+from harness.cell.oracle import Reference
+from harness.backends.reference import _core, _modules
+from harness.backends.reference._core import ReferenceImpl
+from harness.cell.runner import RankContext, run_cell
+from harness.records.record import Check, RankResult
 
 
 def _failed(backend, cell: matrix.Cell) -> set[str]:
@@ -257,7 +257,7 @@ def test_padding_rows_are_checked_bit_for_bit(monkeypatch):
 
 
 def test_main_grad_rebinding_is_caught_by_identity():
-    from harness.reference import mutants
+    from harness.backends.reference import mutants
 
     failed = _failed(mutants.get("main-grad-rebound"), _cell(delay_wgrad=False, fused=True))
     assert failed == {f"weight{i}.main_grad_kept" for i in range(4)}, failed
@@ -339,8 +339,8 @@ def test_native_weight_gathered_in_high_precision_is_caught():
     ``native_gathers_quantized``; all quantized passes; no gather at all fails too."""
     from types import SimpleNamespace
 
-    from harness.rank.gtp import CallLog
-    from harness.rank.runner import _protocol_checks
+    from harness.cell.gtp import CallLog
+    from harness.cell.runner import _protocol_checks
 
     cell = _cell(module="linear", weight="megatron_fp8", world_size=2, num_gemms=1, microbatches=2,
                  delay_wgrad=False, recipe="mxfp8")
@@ -366,7 +366,7 @@ def test_is_first_microbatch_is_observable(module):
     """From the seeded non-zero start, a flagged cell tells TE's rule from its two faults: a
     fused plain weight's first wgrad replaces main_grad (ignoring the flag fails the weight's
     value), a distributed weight's accumulates (clearing main_grad for it fails too)."""
-    from harness.reference import mutants
+    from harness.backends.reference import mutants
 
     n = 4 if module == "grouped_linear" else 1
     plain = _cell(module=module, weight="plain", num_gemms=n, delay_wgrad=False, first_mb=True)
@@ -383,7 +383,7 @@ def test_fp8_weight_caching_under_delayed_scaling_is_judged(monkeypatch):
     """Under delayed scaling a flagged cell's second microbatch multiplies the FP8 weight the
     first quantized (scale 1, before any update): the reference keeps it and passes; quantizing
     afresh with the updated scale - the flag ignored - fails the second microbatch's output."""
-    from harness.reference import _fp8
+    from harness.backends.reference import _fp8
 
     cells = [_cell(module=m, weight=w, num_gemms=4 if m == "grouped_linear" else 1, delay_wgrad=False,
                    recipe="delayed", first_mb=True) for m in ("linear", "grouped_linear") for w in ("plain", "distributed")]
@@ -397,8 +397,8 @@ def test_fp8_scales_name_a_model_only_when_they_are_its_scales(monkeypatch):
     """A failing ``fp8_scales`` carries 0 for a dgrad-weight model exactly when the scales are
     that model's: the requantizing fault (TE's behaviour) matches ``dgrad_weight_requantized``
     with a tagged weight; a weight scale off for any other reason matches no model."""
-    from harness.rank import runner
-    from harness.reference import mutants
+    from harness.cell import runner
+    from harness.backends.reference import mutants
 
     cell = _cell(module="linear", weight="gtp_tagged", num_gemms=1, delay_wgrad=False, recipe="delayed")
 

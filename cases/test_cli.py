@@ -3,7 +3,7 @@
 Bad input runs ``harness.cli.main`` in-process with the launcher booby-trapped (a launch
 would turn into exit 3) and checks that no ``logs/`` folder appears; two cases also go
 through a real ``python -m harness`` process. ``list`` is compared with
-``harness.matrix.select``; ``pytest -k <cell id>`` runs pytest's own collection.
+``harness.vocabulary.matrix.select``; ``pytest -k <cell id>`` runs pytest's own collection.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, matrix, recordfile
+from harness import cli
+from harness.vocabulary import matrix
+from harness.records import recordfile
 from harness.launcher import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +44,7 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
     """case -> (argv after the command, a phrase the error line must contain)."""
     (tmp_path / "file").write_text("a regular file, so file/out cannot be a folder")
     no_layernorm = tmp_path / "no_layernorm_backend.py"
-    no_layernorm.write_text("from harness.reference import GroupedLinear, Linear, ops  # noqa: F401\n")
+    no_layernorm.write_text("from harness.backends.reference import GroupedLinear, Linear, ops  # noqa: F401\n")
     return {
         "unknown axis value": (["sweep", "--dtypes", "fp64"], "Unknown value 'fp64' for axis dtype"),
         "malformed filter": (["sweep", "--filter", "module =="], "Malformed filter 'module =='"),
@@ -82,7 +84,7 @@ def _bad_inputs(tmp_path: Path, bad_backend: Path) -> dict[str, tuple[list[str],
         # native quantized shards are built by TE's quantized_model_init, which the reference lacks
         "reference backend with a native weight": (
             ["sweep", "--preset", "ci", "--weights", "megatron_fp8"],
-            "backend 'harness.reference' has no quantized_model_init: it cannot build the native quantized "
+            "backend 'harness.backends.reference' has no quantized_model_init: it cannot build the native quantized "
             "weights of megatron_fp8; select --backend te-cpu (TE's own modules) or other weights"),
     }
 
@@ -174,7 +176,7 @@ def test_help_exits_0(argv, capsys):
 
 
 def test_help_names_exit_codes_axis_values_and_the_real_default_folder(capsys):
-    from harness.exitcodes import COMMAND_EXITS
+    from harness.vocabulary.errors import COMMAND_EXITS
 
     for name, codes in COMMAND_EXITS.items():
         assert cli.main([*name.split(), "--help"]) == 0

@@ -1,4 +1,4 @@
-"""The te-cpu GEMM kernels (``harness.rank.cpu_gemm``) against float64 math.
+"""The te-cpu GEMM kernels (``harness.backends.te_cpu.gemm``) against float64 math.
 
 TE's contract for its non-quantized GEMMs on a GPU (CONTRACTS §5): 16-bit operands multiply
 exactly, the products accumulate in fp32, and the output - with its bias and ``beta * D``
@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures.strategies import splits_strategy
-from harness.rank import cpu_gemm
+from harness.backends.te_cpu import gemm as cpu_gemm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 U = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}

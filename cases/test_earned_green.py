@@ -18,19 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from harness import exitcodes, gate, recordfile
-from harness.rank import rejection
-from harness.matrix import Cell
-from harness.record import RankResult
-from harness.review import review
-from harness.status import BY_NAME, SEVERITY, STATUSES
-from harness.fold import cell_status
+from harness.vocabulary import errors as exitcodes
+from harness.judging import gate
+from harness.records import recordfile
+from harness.cell import rejection
+from harness.vocabulary.matrix import Cell
+from harness.records.record import RankResult
+from harness.judging.review import review
+from harness.vocabulary.status import BY_NAME, SEVERITY, STATUSES
+from harness.records.fold import cell_status
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ('[[entry]]\nid = "followers-forward"\ntitle = "followers materialize"\nupstream = "unreported"\n'
          'row = "planted"\nkind = "defect"\ncells = \'module == "grouped_linear"\'\n'
          'fails = [{ check = "followers.materialize_forward_calls", message = "expected 0, got [1-9]" }]\n'
-         'where = "harness/reference/mutants.py"\ncontract = "CONTRACTS §2: on the leader only"\n')
+         'where = "harness/backends/reference/mutants.py"\ncontract = "CONTRACTS §2: on the leader only"\n')
 #: four grouped cells the reference passes (two world sizes so that two shards hold two each)
 SELECTION = ["--preset", "full", "--modules", "grouped_linear", "--weights", "distributed", "--hooks", "off",
              "--fused", "on", "--dtypes", "fp32,bf16", "--world-sizes", "1,2", "--consumers", "ddp",
@@ -76,7 +78,7 @@ def test_a_tree_the_backend_never_imports_is_refused_before_any_run(tmp_path: Pa
     (tree / "transformer_engine" / "__init__.py").write_text("")
     (tree / "transformer_engine" / "pytorch" / "__init__.py").write_text("raise RuntimeError('broken tree')\n")
     out = tmp_path / "run"
-    proc = _harness("sweep", "--te-tree", str(tree), "--ledger", str(ROOT / "harness/ledgers/transformer_engine-2.20.toml"),
+    proc = _harness("sweep", "--te-tree", str(tree), "--ledger", str(ROOT / "harness/judging/ledgers/transformer_engine-2.20.toml"),
                     "--fixes", "hooks-strip-distributed-weight",
                     "--cells", "linear-distributed-hooks_identity-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay",
                     "--out", str(out))
@@ -238,7 +240,7 @@ def test_a_tree_run_with_a_foreign_build_says_its_cpp_did_not_run(tmp_path: Path
     (tree / "transformer_engine" / "pytorch" / "__init__.py").write_text("import transformer_engine_torch\n")
     backend = tmp_path / "te_like.py"
     backend.write_text("import transformer_engine.pytorch\n"
-                       "from harness.reference import GroupedLinear, LayerNormLinear, Linear, ops\n")
+                       "from harness.backends.reference import GroupedLinear, LayerNormLinear, Linear, ops\n")
     out = tmp_path / "run"
     proc = _harness("sweep", *ONE, "--backend", str(backend), "--te-tree", str(tree), "--ledger", "none",
                     "--out", str(out), "--quiet", env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"})

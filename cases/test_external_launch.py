@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.stream import ResultStream
-from harness import modules
-from harness.launcher import loopback
-from harness import recordfile
+from harness.records.stream import ResultStream
+from harness.vocabulary import modules
+from harness.vocabulary.plan import agent_command
+from harness.records import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,8 +21,8 @@ def test_worker_runs_under_external_torchrun(tmp_path):
     # launch listens on every interface, unlike the harness's own; docs/security.md)
     out = tmp_path / "ext"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc-per-node", "2", "-m", "harness.external", "--preset", "smoke",
-           "--backend", "harness.reference.prefix", "--out", str(out)]
+           "--nproc-per-node", "2", "-m", "harness.rank.external", "--preset", "smoke",
+           "--backend", "harness.backends.reference.prefix", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
     # the pre-fix backend fails cells: rank 0 exits 1, as sweep would, and torchrun with it
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -39,7 +39,7 @@ def test_worker_runs_under_external_torchrun(tmp_path):
 
 
 def test_external_selection_without_cells_at_this_world_size_is_bad_input(tmp_path):
-    cmd = loopback.command("--nproc-per-node", "1", "-m", "harness.external", "--preset", "smoke",
+    cmd = agent_command("--nproc-per-node", "1", "-m", "harness.rank.external", "--preset", "smoke",
                            "--out", str(tmp_path / "x"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
     assert proc.returncode != 0
@@ -49,7 +49,7 @@ def test_external_selection_without_cells_at_this_world_size_is_bad_input(tmp_pa
 def test_external_packs_smaller_world_sizes_and_takes_a_shard(tmp_path):
     # 2 ranks run the shard's ws2 cells on both and its ws1 cells on two sub-groups of one
     out = tmp_path / "packed"
-    cmd = loopback.command("--nproc-per-node", "2", "-m", "harness.external", "--modules", "linear",
+    cmd = agent_command("--nproc-per-node", "2", "-m", "harness.rank.external", "--modules", "linear",
                            "--world-sizes", "1,2", "--dtypes", "bf16", "--hooks", "off,identity",
                            "--shard", "1/2", "--out", str(out))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
@@ -70,21 +70,21 @@ def _ledger(tmp_path):
                     'row = "planted"\nkind = "defect"\n'
                     'cells = \'weight != "plain" and hooks != "off" and module != "ops_grouped_linear" '
                     'and module != "ops_grouped_linear_tensor"\'\n' + PREFIX_HOOKS_FAILS
-                    + 'where = "harness/reference/prefix.py"\ncontract = "CONTRACTS §2"\n')
+                    + 'where = "harness/backends/reference/prefix.py"\ncontract = "CONTRACTS §2"\n')
     return path
 
 
 def test_external_s_record_is_sweep_s(tmp_path):
     """The same cells under the same ledger: the same statuses, known entries, ledger outcome
-    and exit code from ``harness.external`` as from ``sweep`` (one record builder, one gate)."""
+    and exit code from ``harness.rank.external`` as from ``sweep`` (one record builder, one gate)."""
     ledger = _ledger(tmp_path)
     ext, swept = tmp_path / "ext", tmp_path / "sweep"
-    cmd = loopback.command("--nproc-per-node", "2", "-m", "harness.external", "--preset", "smoke",
-                           "--backend", "harness.reference.prefix", "--ledger", str(ledger), "--out", str(ext))
+    cmd = agent_command("--nproc-per-node", "2", "-m", "harness.rank.external", "--preset", "smoke",
+                           "--backend", "harness.backends.reference.prefix", "--ledger", str(ledger), "--out", str(ext))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--preset", "smoke", "--backend",
-                           "harness.reference.prefix", "--ledger", str(ledger), "--out", str(swept), "--quiet"],
+                           "harness.backends.reference.prefix", "--ledger", str(ledger), "--out", str(swept), "--quiet"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     a, b = recordfile.read(ext), recordfile.read(swept)
@@ -92,12 +92,12 @@ def test_external_s_record_is_sweep_s(tmp_path):
     assert same(a) == same(b) and "known" in {s for s, _, _ in same(a).values()}
     outcome = lambda r: [(e["id"], e["verdict"], e["stale"], e["reproduced"]) for e in r["ledger"]["entries"]]  # noqa: E731
     assert outcome(a) == outcome(b)
-    assert a["tolerance"] == b["tolerance"] and a["environment"]["backend_info"]["spec"] == "harness.reference.prefix"
+    assert a["tolerance"] == b["tolerance"] and a["environment"]["backend_info"]["spec"] == "harness.backends.reference.prefix"
 
 
 def test_a_harness_bug_under_external_exits_3(tmp_path):
     out = tmp_path / "bug"
-    cmd = loopback.command("--nproc-per-node", "1", "-m", "harness.external", "--preset", "full",
+    cmd = agent_command("--nproc-per-node", "1", "-m", "harness.rank.external", "--preset", "full",
                            "--modules", "linear", "--world-sizes", "1", "--dtypes", "bf16", "--hooks", "off",
                            "--weights", "plain", "--fused", "off", "--consumers", "autograd", "--microbatches", "1",
                            "--bias", "on", "--input-grad", "on", "--delay-wgrad", "off",

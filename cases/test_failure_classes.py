@@ -1,12 +1,12 @@
-"""Failure classes (``harness.reports.classes``) and the backend facts the reports show."""
+"""Failure classes (``harness_reports.classes``) and the backend facts the reports show."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.reports import classes
-from harness.reports._common import backend_facts
-from harness.reports.markdown import render_markdown
+from harness_reports import classes
+from harness_reports._common import backend_facts
+from harness_reports.markdown import render_markdown
 
 TB = ('Traceback (most recent call last):\n'
       '  File "/x/harness/runner.py", line 1, in run_cell\n'

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from fixtures.runs import assert_nothing_left, end_survivors, interrupt_when, run_once
-from harness.stream import ResultStream
-from harness import recordfile
+from harness.records.stream import ResultStream
+from harness.records import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off", "--recipes", "none", "--first-microbatch", "off",

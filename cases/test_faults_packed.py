@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from fixtures.runs import assert_nothing_left, end_survivors, interrupt_when, run_once
-from harness import recordfile, runfolder
-from harness.plan import LaunchPlan
-from harness.stream import ResultStream
+from harness.records import recordfile, runfolder
+from harness.vocabulary.plan import LaunchPlan
+from harness.records.stream import ResultStream
 
 ROOT = Path(__file__).resolve().parents[1]
 # hooks off: a hooked cell also builds its hooks-off twin's module, which would shift the

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from fixtures.runs import run_once
-from harness import matrix
-from harness.stream import ResultStream
+from harness.vocabulary import matrix
+from harness.records.stream import ResultStream
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",

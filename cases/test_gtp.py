@@ -16,11 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import harness.reference as reference
+import harness.backends.reference as reference
 from fixtures.modules import attach_main_grad, build, load_full
 from fixtures.process_group import fake_world
 from fixtures.tensors import seeded
-from harness.rank.gtp import Behaviour, CallLog, GTPWeight, inject_gtp, reset_chain, shard_rows, weight_names
+from harness.cell.gtp import Behaviour, CallLog, GTPWeight, inject_gtp, reset_chain, shard_rows, weight_names
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -49,7 +49,7 @@ def test_shard_rows_examples(rows, ws, pad_multiple, expected):
     """Worked examples of the padding rule (CONTRACTS §3: pad to ``N * pad_multiple``).
 
     Why: the harness's default shape (30 rows) must need tail padding at ws 4 and 8 and
-    none at 1 and 2 (``harness.rank.inputs.Example``); this pins that arithmetic.
+    none at 1 and 2 (``harness.cell.inputs.Example``); this pins that arithmetic.
     """
     assert shard_rows(rows, ws, pad_multiple) == expected
 

@@ -8,7 +8,7 @@ weight at world size 1 in-process:
 
 - the fixed reference gives bit-identical results with and without each hook mode, and
   keeps the protocol (materialize/finalize counts) intact;
-- the pre-fix backend (``harness.reference.prefix``) fails ``GroupedLinear`` fused with
+- the pre-fix backend (``harness.backends.reference.prefix``) fails ``GroupedLinear`` fused with
   TE's ``weight was removed while fuse_wgrad_accumulation=True``, and makes ``Linear`` (and
   unfused ``GroupedLinear``) skip the distributed backward entirely: no
   backward-materialize, no finalize, the gradient bypasses the GTP weight;
@@ -20,12 +20,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import harness.reference as reference
-import harness.reference.prefix as prefix
+import harness.backends.reference as reference
+import harness.backends.reference.prefix as prefix
 from fixtures.hook_modes import forward_executions, forward_under
 from fixtures.modules import KINDS, attach_main_grad, bias_names, build, caller, load_full, weight_names
 from fixtures.tensors import DTYPES, assert_within_bound, grouped_linear_f64, seeded, with_start
-from harness.rank.gtp import GTPWeight, inject_gtp
+from harness.cell.gtp import GTPWeight, inject_gtp
 
 pytestmark = pytest.mark.usefixtures("single_thread", "in_process_ws1")
 
@@ -230,11 +230,11 @@ def test_ops_grouped_linear_unaffected(backend, fused, hook_mode):
 
 def test_harness_hooks_run_every_mode_of_the_matrix():
     """The hook modes are defined once, in the torch-free vocabulary (``matrix.HOOK_MODES``,
-    the ``hooks`` axis's domain): ``harness.rank.hooks`` names the same tuple and runs every one of
+    the ``hooks`` axis's domain): ``harness.cell.hooks`` names the same tuple and runs every one of
     them (a mode added to the matrix without an implementation fails here, not in a cell),
     each giving the hooks-off gradient bit for bit."""
-    from harness import matrix
-    from harness.rank import hooks
+    from harness.vocabulary import matrix
+    from harness.cell import hooks
 
     assert hooks.HOOK_MODES is matrix.HOOK_MODES
     assert next(a for a in matrix.AXES if a.name == "hooks").values == matrix.HOOK_MODES

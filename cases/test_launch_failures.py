@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.status import HARNESS_ERROR
-from harness.stream import ResultStream
-from harness import recordfile
+from harness.vocabulary.status import HARNESS_ERROR
+from harness.records.stream import ResultStream
+from harness.records import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",

@@ -15,9 +15,10 @@ from typing import Callable
 
 import pytest
 
-from harness import exitcodes, ledger, matrix
-from harness.record import Check, CellResult, RankResult
-from harness.gate import statuses_exit_code
+from harness.vocabulary import errors as exitcodes, matrix
+from harness.judging import ledger
+from harness.records.record import Check, CellResult, RankResult
+from harness.judging.gate import statuses_exit_code
 
 CELL = matrix.Cell(module="grouped_linear", weight="distributed", hooks="offload", fused=False, dtype="bf16",
                    world_size=2, consumer="ddp", microbatches=2, num_gemms=4, bias=True, input_grad=True,
@@ -406,7 +407,7 @@ def test_every_shipped_ledger_is_well_formed():
 # ---- a change under review (sweep --fixes) ----------------------------------------------
 
 def _reviewed(cells: list[CellResult], *entries: ledger.Entry, required=("dtype",)) -> "review.Review":
-    from harness import review
+    from harness.judging import review
 
     judged, outcome = ledger.apply(cells, _ledger(*entries), required=list(required))
     rev = review.review({"ledger": outcome, "cells": [c.serialize() for c in judged]})
@@ -415,7 +416,7 @@ def _reviewed(cells: list[CellResult], *entries: ledger.Entry, required=("dtype"
 
 
 def test_review_is_green_when_the_required_entry_is_fixed_and_nothing_regressed():
-    from harness import review
+    from harness.judging import review
 
     rev = _reviewed([_result(CELL), _result(OTHER)], _entry(), _entry("other", cells='module == "linear"'))
     assert [(e.id, e.verdict, e.required) for e in rev.entries] == [
@@ -427,7 +428,7 @@ def test_review_is_green_when_the_required_entry_is_fixed_and_nothing_regressed(
 
 
 def test_review_is_red_naming_the_entry_still_failing_and_every_regression():
-    from harness import review
+    from harness.judging import review
 
     rev = _reviewed([_result(CELL, ("finalize_dtypes",)), _result(OTHER, ("leader.finalize_calls",))], _entry())
     assert [e.verdict for e in rev.entries] == [review.FAILING] and not rev.green
@@ -440,14 +441,14 @@ def test_review_is_red_naming_the_entry_still_failing_and_every_regression():
 
 
 def test_a_required_entry_that_no_cell_selects_is_not_proven_fixed():
-    from harness import review
+    from harness.judging import review
 
     rev = _reviewed([_result(OTHER)], _entry())
     assert rev.entries[0].verdict == review.NOT_EXERCISED and not rev.green
 
 
 def test_fixes_names_entries_by_id_glob_or_all():
-    from harness import review
+    from harness.judging import review
 
     led = _ledger(_entry(), _entry("dtype-linear"), _entry("buffer"))
     assert review.required_entries(["dtype*"], led) == ["dtype", "dtype-linear"]
@@ -460,8 +461,8 @@ def test_a_path_not_taken_cell_is_never_met_known_or_a_regression():
     """TE ran another path than the cell names: its checks say nothing of the entry's path. An
     entry whose cells all did so is not exercised (never fixed here, never stale); a required
     one keeps the review red, quoting TE's reason; the cell itself fails no gate."""
-    from harness import review
-    from harness.status import PATH_NOT_TAKEN
+    from harness.judging import review
+    from harness.vocabulary.status import PATH_NOT_TAKEN
 
     why = "TE chose the split-quantize path: cuBLASLt 12.9.1 < 13.3 required for the grouped GEMM"
     other_path = _result(CELL, ("finalize_dtypes",), status=PATH_NOT_TAKEN)  # even with a failure of the entry's form

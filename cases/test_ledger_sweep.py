@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import recordfile
+from harness.records import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKEND = "harness.reference.mutants:per-member-materialize"
+BACKEND = "harness.backends.reference.mutants:per-member-materialize"
 CELL = "grouped_linear-distributed-hooks_off-fused-fp32-ws1-ddp-mb1-g4-bias-igrad-nodelay"
 SELECTION = ["--preset", "full", "--modules", "grouped_linear", "--weights", "distributed", "--hooks", "off",
              "--fused", "on", "--dtypes", "fp32", "--world-sizes", "1", "--consumers", "ddp", "--microbatches", "1",
@@ -37,7 +37,7 @@ def _entry(id: str, checks: list[str], cells: str = 'module == "grouped_linear"'
     return (f'[[entry]]\nid = "{id}"\ntitle = "{id}"\nupstream = "unreported"\nrow = "planted"\n'
             f'kind = "defect"\ncells = \'{cells}\'\n'
             f'fails = [{", ".join(_symptom(c) for c in checks)}]\n'
-            'where = "harness/reference/mutants.py"\ncontract = "CONTRACTS §2: on the leader only"\n\n')
+            'where = "harness/backends/reference/mutants.py"\ncontract = "CONTRACTS §2: on the leader only"\n\n')
 
 
 FORWARD = _entry("followers-forward", ["followers.materialize_forward_calls"])

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from fixtures.te_runs import SHIPPED, harness as _harness, te_runs  # noqa: F401 (a fixture)
-from harness import exitcodes, ledger, recordfile
-from harness.record import CellResult
-from harness.gate import statuses_exit_code
+from harness.vocabulary import errors as exitcodes
+from harness.judging import ledger
+from harness.records import recordfile
+from harness.records.record import CellResult
+from harness.judging.gate import statuses_exit_code
 
 
 def test_te_ci_sweep_is_green_with_every_failure_known(te_runs):
@@ -106,8 +108,8 @@ def test_removing_an_entry_turns_its_cells_red(te_runs, entry_id):
     """The fold the sweep applies (``ledger.apply``), run here on the recorded verdicts: the
     cells only this entry explains fail, no other cell changes; the gate's exit code is 1 and
     its summary names them (``sweep --resume`` re-judging end to end: the test below)."""
-    from harness.record import RunRecord
-    from harness.reports.terminal import summary
+    from harness.records.record import RunRecord
+    from harness_reports.terminal import summary
 
     name = "megatron_fp8" if entry_id in NATIVE_ONLY else "ci"
     run, _, _ = te_runs[name]

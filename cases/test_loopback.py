@@ -1,4 +1,4 @@
-"""A single-machine sweep listens on loopback only (``harness.launcher.loopback``, docs/security.md).
+"""A single-machine sweep listens on loopback only (``harness.rank.agent``, docs/security.md).
 
 The main test runs a real ``python -m harness sweep`` at world size 2 against
 ``fixtures/faults.py`` in its ``gate`` mode: every rank stops inside the cell until the test
@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from fixtures import sockets
-from harness import loopback
-from harness.exitcodes import BAD_INPUT
+from harness.rank import agent as loopback
+from harness.vocabulary.plan import agent_command
+from harness.vocabulary.errors import BAD_INPUT
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear", "--weights", "distributed", "--world-sizes", "2", "--hooks", "off",
@@ -82,7 +83,7 @@ def test_sweep_process_tree_listens_on_loopback_only(tmp_path):
         found = sockets.listeners(tree)
         commands = {pid: sockets.command_line(pid) for pid in tree}
         # torchrun's agent and its ranks all name the worker; the ranks are the agent's children
-        workers = {pid for pid, c in commands.items() if "harness.worker" in c}
+        workers = {pid for pid, c in commands.items() if "harness.rank.worker" in c}
         ranks = [pid for pid in workers if sockets.parent_pid(pid) in workers]
         agents = {sockets.parent_pid(pid) for pid in ranks}
     finally:
@@ -132,11 +133,11 @@ def test_launcher_refuses_rendezvous_options_of_its_own(extra):
 
 
 def test_launcher_rejects_a_rendezvous_option_as_bad_input_before_starting_anything():
-    proc = subprocess.run([*loopback.command("--standalone", "--nproc-per-node", "1", "script.py")],
+    proc = subprocess.run([*agent_command("--standalone", "--nproc-per-node", "1", "script.py")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == BAD_INPUT, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("harness.loopback: ") and "--standalone=True" in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("harness.rank.agent: ") and "--standalone=True" in lines[0], proc.stderr
 
 
 def test_launcher_ignores_inherited_rendezvous_environment(monkeypatch):

@@ -1,4 +1,4 @@
-"""Tests for harness.matrix: cells, axes, presets, filters and CLI value parsing.
+"""Tests for harness.vocabulary.matrix: cells, axes, presets, filters and CLI value parsing.
 
 Coverage properties of the ci preset are recomputed here from first principles (the three
 validity rules of CONTRACTS §2/§4 / the module docstring), not from the generator's helpers.
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import matrix, modules, recipes, weights
-from harness.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
+from harness.vocabulary import matrix, modules, recipes, weights
+from harness.vocabulary.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
 #: weights that rely on main_grad: every distributed weight (CONTRACTS §2), i.e. all but plain
@@ -389,7 +389,7 @@ def test_ci_coverage_under_random_overrides(overrides):
         assert_recipe_pairs(everything, domains)
     ci = [c for c in everything if c.recipe == "none"]
     if not ci:  # only when no module has a selected dtype, or nothing is valid with an autograd-only consumer
-        from harness.modules import KINDS
+        from harness.vocabulary.modules import KINDS
 
         if not any(d in KINDS[m].dtypes for m in domains["module"] for d in domains["dtype"]):
             return  # e.g. only the grouped-tensor paths, which have no fp32, with only fp32

@@ -69,7 +69,7 @@ def test_repack_pure_drops_the_compiled_helper_and_retags(tmp_path):
 def test_component_reports_what_is_missing(monkeypatch):
     """``missing()`` names the absent distribution, a wrong version or absent TE, reading
     metadata only."""
-    from harness import weights
+    from harness.vocabulary import weights
 
     assert component.missing() is None  # the suite runs with `python -m harness install megatron`
     monkeypatch.setattr(weights, "te_installed", lambda: False)
@@ -83,8 +83,8 @@ def test_component_reports_what_is_missing(monkeypatch):
 def test_parent_process_is_never_patched():
     """Selecting, attaching plain weights and checking components leave ``torch`` alone:
     the CPU layers are applied only where Megatron's class is loaded (worker ranks)."""
-    from harness import matrix, weights  # noqa: F401
-    from harness.rank import attach, megatron_gtp
+    from harness.vocabulary import matrix, weights  # noqa: F401
+    from harness.cell import attach, megatron_gtp
 
     matrix.select("ci", {"weight": ["megatron"]})
     weights.unavailable({"megatron"})
@@ -96,7 +96,7 @@ def test_parent_process_is_never_patched():
 SHIMS = textwrap.dedent(r'''
     import os, sys, torch, torch.distributed as dist
     dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
-    from harness.rank import megatron_shims
+    from harness.cell import megatron_shims
     sites = megatron_shims.apply()
     assert megatron_shims.apply() == sites  # idempotent
     e = torch.cuda.Event(external=True); e.record(torch.cuda.current_stream()); e.wait()
@@ -135,7 +135,8 @@ def test_shims_answer_megatrons_sites_in_a_rank(tmp_path):
 def test_selection_needing_megatron_is_refused_when_it_is_missing(monkeypatch, capsys):
     """``--weights megatron`` without megatron-core is bad input (exit 2) naming the install
     command; harness-only weights need nothing."""
-    from harness import cli, weights
+    from harness import cli
+    from harness.vocabulary import weights
 
     monkeypatch.setattr(weights, "_megatron_version", lambda: None)
     why = weights.unavailable({"megatron", "plain"})

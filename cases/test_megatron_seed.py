@@ -1,6 +1,6 @@
 """The seed's production combination reproduces its failure: ``sweep --preset seed``.
 
-TE's real ``GroupedLinear`` (backend ``harness.te_cpu``) x Megatron-Core's real
+TE's real ``GroupedLinear`` (backend ``harness.backends.te_cpu.backend``) x Megatron-Core's real
 ``GTPShardedParam`` x bf16 x 4 experts x fused wgrad under offloading-style saved-tensor
 hooks fails in backward with TE 2.20.2's ``weight was removed while
 fuse_wgrad_accumulation=True`` (CONTRACTS §6, fix: TE PR #3545); the same cell without hooks
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from harness.install import megatron as component
-from harness import recordfile
+from harness.records import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_MESSAGE = "weight was removed while fuse_wgrad_accumulation=True"
@@ -29,7 +29,7 @@ def test_seed_preset_reproduces_on_te_and_megatron(tmp_path: Path):
     assert why is None, f"Megatron's class is not installed ({why}): run `python -m harness install megatron`"
     out = tmp_path / "seed"
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--preset", "seed", "--world-sizes", "2",
-                           "--backend", "harness.te_cpu", "--out", str(out), "--quiet"],
+                           "--backend", "harness.backends.te_cpu.backend", "--out", str(out), "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     context = f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     cells = {c["axes"]["hooks"]: c for c in recordfile.read(out)["cells"]}

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from fixtures import reproduction
 from fixtures.te_runs import SHIPPED, harness, te_runs  # noqa: F401 (a fixture)
-from harness import ledger, matrix
-from harness.record import CellResult
+from harness.judging import ledger
+from harness.vocabulary import matrix
+from harness.records.record import CellResult
 
 ENTRY = "ops-grads-in-registration-order-assumed"
 OPS = ("ops_grouped_linear", "ops_grouped_linear_tensor")

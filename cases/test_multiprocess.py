@@ -40,11 +40,11 @@ SCRIPT = textwrap.dedent(r'''
     import torch
     import torch.distributed as dist
 
-    import harness.reference as reference
-    import harness.reference.prefix as prefix
-    from harness.rank import compare
-    from harness.rank.gtp import inject_gtp
-    from harness.rank.oracle import Reference
+    import harness.backends.reference as reference
+    import harness.backends.reference.prefix as prefix
+    from harness.cell import compare
+    from harness.cell.gtp import inject_gtp
+    from harness.cell.oracle import Reference
     from fixtures.hook_modes import forward_executions, forward_under
     from fixtures.modules import build, caller, load_full, weight_names, bias_names
     from fixtures.tensors import DTYPES, grouped_linear_f64, seeded
@@ -124,7 +124,7 @@ SCRIPT = textwrap.dedent(r'''
             pad = padded - out_f
             value = torch.nn.functional.pad(value, (0, 0, 0, pad))[rank * s:(rank + 1) * s]
             mag = torch.nn.functional.pad(mag, (0, 0, 0, pad))[rank * s:(rank + 1) * s]
-            # roundings as harness.rank.oracle counts them for 1 microbatch: GEMM, 1/N scale,
+            # roundings as harness.cell.oracle counts them for 1 microbatch: GEMM, 1/N scale,
             # one per rank in the reduction, the final add
             roundings = 1 + ws + 2
             if has_main_grad:

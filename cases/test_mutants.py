@@ -1,6 +1,6 @@
 """The planted faults of docs/fault-classes.md die in-process, for the right reason; the reference lives.
 
-Every mutant of ``harness.reference.mutants`` runs the world-size-1 cells of the ``ci``
+Every mutant of ``harness.backends.reference.mutants`` runs the world-size-1 cells of the ``ci``
 preset in this process. A mutant that can show at ws=1 must be *killed* (some cell's status
 is neither pass nor xfail) and at least one killing check must be evidence of its own fault
 (``Mutant.evidence``), not a side effect. The clean reference must pass every one of the
@@ -24,11 +24,11 @@ import types
 
 import pytest
 
-from harness import matrix, modules, recipes, weights
-from harness.reference import _core, _modules, mutants, ops
-from harness.reference import Linear as RefLinear
-from harness.rank.runner import RankContext, run_cell
-from harness.shape import Example, fitted
+from harness.vocabulary import matrix, modules, recipes, weights
+from harness.backends.reference import _core, _modules, mutants, ops
+from harness.backends.reference import Linear as RefLinear
+from harness.cell.runner import RankContext, run_cell
+from harness.vocabulary.shape import Example, fitted
 
 GOOD = ("pass", "xfail")
 
@@ -47,7 +47,7 @@ def _run(backend, cells):
 
 
 def test_reference_passes_every_in_process_cell():
-    import harness.reference as reference
+    import harness.backends.reference as reference
 
     bad = {c.id: [(k.name, k.message) for k in r.comparisons if not k.ok][:3]
            for c, r in _run(reference, CELLS).items() if r.status not in GOOD}
@@ -138,7 +138,7 @@ def _classes(backend) -> dict[str, type]:
 
 
 def test_untouched_modules_are_the_reference_classes():
-    import harness.reference as reference
+    import harness.backends.reference as reference
 
     ref = _classes(reference)
     for m in mutants.MUTANTS.values():
@@ -160,16 +160,17 @@ def test_reference_carries_no_mutant_code():
 
 
 def test_get_and_loader():
-    from harness.backends import BackendError, load_backend
+    from harness.vocabulary.backend_specs import BackendError
+    from harness.rank.loading import load_backend
 
     assert mutants.get("shared-grad-buffer") is mutants.MUTANTS["shared-grad-buffer"].backend
-    assert load_backend("harness.reference.mutants:ops-double-add") is mutants.get("ops-double-add")
+    assert load_backend("harness.backends.reference.mutants:ops-double-add") is mutants.get("ops-double-add")
     assert getattr(mutants, "dgrad-forward-copy") is mutants.get("dgrad-forward-copy")
     assert isinstance(mutants.get("per-member-materialize"), types.ModuleType)
     with pytest.raises(ValueError, match="hooks-strip-subclass.*delay-with-dw-accepted"):
         mutants.get("no-such-mutant")
     with pytest.raises(BackendError, match="no-such-mutant"):
-        load_backend("harness.reference.mutants:no-such-mutant")
+        load_backend("harness.backends.reference.mutants:no-such-mutant")
     with pytest.raises(AttributeError):
         getattr(mutants, "no-such-mutant")
 
@@ -216,7 +217,7 @@ def test_fp8_scales_are_checked_exactly_after_the_step():
     (backward, x4) copy with the layer's quantizer records that copy's amax, which the second
     microbatch's update takes: the check fails there, and passes on the reference."""
     cell = matrix.Cell.from_id("linear-gtp_tagged-hooks_off-fused-bf16-ws1-ddp-mb2-g1-bias-igrad-nodelay-rdelayed")
-    import harness.reference as reference
+    import harness.backends.reference as reference
 
     def scales(backend):
         return next(c for c in run_cell(backend, cell, RankContext()).comparisons if c.name == "fp8_scales")

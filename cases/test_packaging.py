@@ -1,4 +1,4 @@
-"""What ``pip install .`` installs: the ``harness`` namespace only, with the reports' assets.
+"""What ``pip install .`` installs: ``harness`` and ``harness_reports`` (from ``reports/``) with their data.
 
 Builds the wheel (no dependencies, no venv: seconds) and reads its file list; the
 installed layout is what the wheel holds. Also checks that the pyproject's explicit package
@@ -20,19 +20,24 @@ def test_package_list_names_every_package_folder():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "harness").rglob("__init__.py")
                if "__pycache__" not in p.parts}
-    assert set(config["packages"]) == on_disk | {"harness.reports"}
-    assert config["package-dir"]["harness.reports"] == "reports"
+    assert set(config["packages"]) == on_disk | {"harness_reports"}
+    assert config["package-dir"]["harness_reports"] == "reports"
 
 
-def test_wheel_installs_only_the_harness_namespace(tmp_path):
+def test_wheel_installs_the_two_packages(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (wheel,) = tmp_path.glob("dw_harness-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
-    assert top == {"harness"}, top
-    for needed in ("harness/reports/__init__.py", "harness/reports/assets/report.css",
-                   "harness/reports/assets/report.js", "harness/worker.py", "harness/stream.py"):
+    assert top == {"harness", "harness_reports"}, top
+    for needed in ("harness_reports/__init__.py", "harness_reports/assets/report.css",
+                   "harness_reports/assets/report.js", "harness/rank/worker.py", "harness/records/stream.py",
+                   "harness/judging/ledgers/transformer_engine-2.20.toml",
+                   "harness/te_tree/patches/transformer_engine-2.20.2-dw-fix.patch"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("fixtures/", "cases/", "reports/", "benchmarks/"))]
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[pytest11]" in text and "dw_harness = harness.pytest_plugin.plugin" in text, text

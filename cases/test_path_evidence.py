@@ -1,5 +1,5 @@
 """Path evidence: a cell records which path TE ran - TE's own record of its choice on the
-autograd node (``harness.rank.te_path``, every backend that is TE) and the kernels it called
+autograd node (``harness.cell.te_path``, every backend that is TE) and the kernels it called
 (te-cpu). A cell never passes on another path than its label names: where TE itself chose the
 other path the cell is ``path_not_taken`` with TE's reason; where the evidence contradicts
 itself or the label, a harness error (a grouped-tensor cell that silently took the
@@ -11,13 +11,14 @@ import types
 
 import pytest
 
-import harness.reference as reference
-from harness import fold, modules
-from harness.rank import te_path
-from harness.commands import repro
-from harness.matrix import Cell
-from harness.rank.runner import RankContext, run_cell
-from harness.status import HARNESS_ERROR, PATH_NOT_TAKEN
+import harness.backends.reference as reference
+from harness.records import fold
+from harness.vocabulary import modules
+from harness.cell import te_path
+from harness.commands import repro_cmd as repro
+from harness.vocabulary.matrix import Cell
+from harness.cell.runner import RankContext, run_cell
+from harness.vocabulary.status import HARNESS_ERROR, PATH_NOT_TAKEN
 
 GROUPED = "grouped_linear-plain-hooks_off-unfused-bf16-ws1-ddp-mb1-g4-bias-igrad-nodelay"
 

@@ -9,11 +9,11 @@ import types
 import pytest
 import torch
 
-import harness.reference as reference
-from harness import matrix
-from harness.rank import compare, oracle
-from harness.rank.runner import RankContext, run_cell
-from harness.status import HARNESS_ERROR
+import harness.backends.reference as reference
+from harness.vocabulary import matrix
+from harness.cell import compare, oracle
+from harness.cell.runner import RankContext, run_cell
+from harness.vocabulary.status import HARNESS_ERROR
 
 CELL = matrix.Cell(module="linear", weight="distributed", hooks="off", fused=True, dtype="fp32", world_size=1,
                    consumer="ddp", microbatches=1, num_gemms=1, bias=True, input_grad=True, delay_wgrad=False)
@@ -65,7 +65,7 @@ def test_oracle_that_raises_is_a_harness_bug(monkeypatch):
 
 
 def test_harness_set_up_that_raises_is_a_harness_bug(monkeypatch):
-    import harness.rank.runner as runner
+    import harness.cell.runner as runner
 
     def broken(*args, **kwargs):
         raise KeyError("inputs bug")

@@ -1,5 +1,5 @@
 """Where a rank runs: on the CPU, ranks that outnumber the cores are bound one core each
-(``harness.worker._place``); otherwise the scheduler places them as before."""
+(``harness.rank.worker._place``); otherwise the scheduler places them as before."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from harness import worker
+from harness.rank import worker
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

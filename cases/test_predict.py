@@ -1,4 +1,4 @@
-"""Defect models (``harness.rank.predict``): the oracle with a known defect applied, as intervals.
+"""Defect models (``harness.cell.predict``): the oracle with a known defect applied, as intervals.
 
 What must hold: rounding to a dtype is exact round-to-nearest-even (subnormals, overflow);
 a sum in a dtype over ranks in any order lands in the modelled interval; a value computed the
@@ -15,9 +15,9 @@ import itertools
 import pytest
 import torch
 
-from harness.rank import compare, oracle, predict
-from harness.rank.inputs import make_inputs, main_grad_start
-from harness.shape import Example
+from harness.cell import compare, oracle, predict
+from harness.cell.inputs import make_inputs, main_grad_start
+from harness.vocabulary.shape import Example
 
 BF16 = torch.bfloat16
 

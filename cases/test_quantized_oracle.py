@@ -1,4 +1,4 @@
-"""The oracle's float64 quantization (``harness.rank.quantized``) against te-cpu's kernels.
+"""The oracle's float64 quantization (``harness.cell.quantized``) against te-cpu's kernels.
 
 The oracle may not import te-cpu (a rank judges any backend), so it has its own cast and
 scale rule; both must give te-cpu's codes exactly, or a recipe cell would be judged against
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fixtures.quant_numerics import load
-from harness.rank import quantized
+from harness.cell import quantized
 
 formats = load("formats")
 scaling = load("scaling")
@@ -78,8 +78,8 @@ def test_delayed_scaling_steps_as_te_cpus_update():
     """Scale 1 for the first microbatch; then te-cpu's delayed update (history roll, max over
     the window) of the amax max-reduced over the ranks; a distributed weight's dgrad operand
     takes the scale updated after its forward, a plain weight's the forward's."""
-    from harness.rank.inputs import make_inputs
-    from harness.shape import Example
+    from harness.cell.inputs import make_inputs
+    from harness.vocabulary.shape import Example
 
     cell_inputs = make_inputs(3, Example(32, 32, 16), "bf16", 2, 2, 1, False, unit=16)
     plain = quantized.for_recipe("delayed", cell_inputs)
@@ -111,10 +111,10 @@ def test_a_normalized_input_is_quantized_within_its_box(norm, dtype, recipe):
     TE's norm-then-quantize) or, under delayed scaling, also unrounded (TE's fused kernel) -
     quantizes to a value within the oracle's centre +- slack; and the box is tight: few
     elements may take another code, and the unquantized rows lie outside it."""
-    from harness.rank import oracle
-    from harness.rank.inputs import make_inputs
-    from harness.reference import _norm
-    from harness.shape import Example
+    from harness.cell import oracle
+    from harness.cell.inputs import make_inputs
+    from harness.backends.reference import _norm
+    from harness.vocabulary.shape import Example
 
     fmt = quantized.FORMATS["e4m3"]
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -180,7 +180,7 @@ def _te_cpu_blocks(t: torch.Tensor, rule: str, axis: int) -> torch.Tensor:
 def test_block_quantization_gives_te_cpus_values(dtype, rule, axis):
     """The oracle's (float64) and the reference's (fp32) block quantize-dequantize are
     te-cpu's, value for value, along either axis (row-wise and column-wise data)."""
-    from harness.reference import _fp8
+    from harness.backends.reference import _fp8
 
     fmt = quantized.FORMATS["e4m3"]
     for t in _block_cases(dtype):
@@ -239,7 +239,7 @@ def test_block_recipes_quantize_each_gemm_along_its_k():
 def test_block_quantization_of_an_empty_group(rule):
     """A group that routes no row to a rank's microbatch (GroupedLinear) quantizes to nothing
     along either axis, and its interval form too."""
-    from harness.reference import _fp8
+    from harness.backends.reference import _fp8
 
     fmt = quantized.FORMATS["e4m3"]
     for shape in ((0, 32), (32, 0)):
@@ -265,7 +265,7 @@ def test_nvfp4_gives_te_cpus_values(dtype, axis, tile):
     """The oracle's (float64) and the reference's NVFP4 quantize-dequantize are te-cpu's, value
     for value: 1-D blocks along either axis (row-wise data, the transpose's for column-wise)
     and 16x16 tiles, with the tensor factor ``amax / (448 * 6)`` applied exactly."""
-    from harness.reference import _fp8
+    from harness.backends.reference import _fp8
 
     for t in _nvfp4_cases(dtype):
         x = t.to(torch.float32)
@@ -308,10 +308,10 @@ def test_a_normalized_input_is_block_quantized_within_its_box(norm, dtype, recip
     rounded to the cell's dtype or not, quantized in blocks along the features (forward) and
     along the rows (wgrad), each lands within the oracle's centre +- slack of that direction;
     the unquantized rows do not."""
-    from harness.rank import oracle
-    from harness.rank.inputs import make_inputs
-    from harness.reference import _fp8, _norm
-    from harness.shape import Example
+    from harness.cell import oracle
+    from harness.cell.inputs import make_inputs
+    from harness.backends.reference import _fp8, _norm
+    from harness.vocabulary.shape import Example
 
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     rule = {"mxfp8": "mxfp8", "blockwise": "1d", "nvfp4": "nvfp4"}[recipe]

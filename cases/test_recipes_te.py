@@ -1,5 +1,5 @@
 """TE's Linear under ``Float8CurrentScaling`` through ``--backend te-cpu``, judged by the
-quantization-aware oracle (``harness.rank.quantized``), in one sweep of a handful of cells
+quantization-aware oracle (``harness.cell.quantized``), in one sweep of a handful of cells
 (two launches) shared by the module.
 
 What must hold: a distributed weight without hooks passes against the oracle of the quantized
@@ -19,9 +19,9 @@ import torch
 
 from fixtures.runs import run_once
 from fixtures.te_runs import harness
-from harness import recordfile
-from harness.rank import compare, inputs, oracle
-from harness.shape import Example, fitted
+from harness.records import recordfile
+from harness.cell import compare, inputs, oracle
+from harness.vocabulary.shape import Example, fitted
 
 CELLS = {
     "linear-distributed-hooks_off-fused-bf16-ws2-ddp-mb2-g1-bias-igrad-nodelay-rcurrent": ("pass", None),

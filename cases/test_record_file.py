@@ -4,8 +4,8 @@
 - an interrupted sweep keeps every verdict it has, failing ones included (a failing
   ``CellResult`` is falsy: a fold written ``latest.get(id) or skipped`` showed them skipped);
 - ``--resume`` takes the verdicts of a folder that holds only its record (no stream);
-- packing deals cells to lanes of one launch as ``harness.launcher.packing`` promises;
-- a launch plan (``harness.plan``) round-trips, and a plan written before lanes and per-task
+- packing deals cells to lanes of one launch as ``harness.vocabulary.packing`` promises;
+- a launch plan (``harness.vocabulary.plan``) round-trips, and a plan written before lanes and per-task
   examples existed still loads.
 
 The sweep's launcher is replaced by a stand-in that appends verdicts to the stream, so no
@@ -20,15 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import matrix, recordfile, runfolder, sweep
-from harness.launcher import packing
+from harness.vocabulary import matrix
+from harness.records import recordfile, runfolder
+from harness.orchestration import sweep
+from harness.vocabulary import packing
 from harness.launcher.launch import LaunchOptions
-from harness.plan import Lane, LaunchPlan, PlanTask
-from harness.record import Check, CellResult, RankResult, RunRecord, load
-from harness.stream import ResultStream
+from harness.vocabulary.plan import Lane, LaunchPlan, PlanTask
+from harness.records.record import Check, CellResult, RankResult, RunRecord, load
+from harness.records.stream import ResultStream
 
 CELLS = [c for c in matrix.select("ci") if c.module == "linear"][:6]
-BACKEND = "harness.reference"
+BACKEND = "harness.backends.reference"
 
 
 def _verdict(cell: matrix.Cell, status: str) -> CellResult:

@@ -1,13 +1,13 @@
 """Single-process unit tests of the reference backend against float64 plain-torch math.
 
-The reference (``harness.reference``) is the yardstick every other backend is judged by,
+The reference (``harness.backends.reference``) is the yardstick every other backend is judged by,
 so it is itself checked here against independent float64 math (``fixtures.tensors``), for
 ``Linear``, ``GroupedLinear`` and ``ops.GroupedLinear``; fused accumulation on/off; delayed
 wgrad on/off; bias on/off; plain weights and GTP weights injected at world size 1
 in-process; fp32/bf16/fp16. Shapes, row splits (zero-row groups included), the input's
 ``requires_grad`` and the ``pad_multiple`` of the GTP weight are drawn by hypothesis.
 
-Tolerances are ``harness.rank.compare``'s derived bound (``harness.rank.compare.bound``: final rounding,
+Tolerances are ``harness.cell.compare``'s derived bound (``harness.cell.compare.bound``: final rounding,
 earlier roundings and fp32 accumulation), with ``u`` the unit roundoff of the dtype the value is produced in (fp32
 ``main_grad`` for fused / distributed-with-main_grad weight gradients, CONTRACTS §2).
 
@@ -21,12 +21,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import harness.reference as reference
+import harness.backends.reference as reference
 from fixtures.modules import (KINDS, WgradHookRecorder, attach_main_grad, bias_names, build, caller,
                               load_full, param_state, weight_names)
 from fixtures.strategies import grouped_case
 from fixtures.tensors import DTYPE_NAMES, DTYPES, assert_within_bound, grouped_linear_f64, pad_rows, seeded, with_start
-from harness.rank.gtp import GTPWeight, inject_gtp
+from harness.cell.gtp import GTPWeight, inject_gtp
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -433,8 +433,8 @@ def test_reference_autocast_steps_delayed_scales_and_nests_as_te():
     """The reference's own ``autocast``: after a delayed-scaling step each scale is
     ``fp8_max / amax`` of what was quantized (the first step multiplies at scale 1); nested,
     the innermost recipe applies (a current-scaling step keeps no delayed state)."""
-    import harness.reference as ref
-    from harness.reference.recipe import DelayedScaling, Float8CurrentScaling
+    import harness.backends.reference as ref
+    from harness.backends.reference.recipe import DelayedScaling, Float8CurrentScaling
 
     torch.manual_seed(0)
     m = ref.Linear(32, 32, params_dtype=torch.bfloat16)
@@ -462,9 +462,9 @@ def test_a_recipe_cell_that_never_quantizes_is_red():
     import contextlib
     import types
 
-    import harness.reference as ref
-    from harness import matrix, recipes
-    from harness.rank.runner import RankContext, run_cell
+    import harness.backends.reference as ref
+    from harness.vocabulary import matrix, recipes
+    from harness.cell.runner import RankContext, run_cell
 
     hollow = types.ModuleType("hollow_autocast")
     hollow.__dict__.update({k: getattr(ref, k) for k in ref.__all__})

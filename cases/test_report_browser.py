@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from harness.reports import render_html
-from harness.reports.browser import chromium, measure_render, open_and_click_failing
+from harness_reports import render_html
+from harness_reports.browser import chromium, measure_render, open_and_click_failing
 
 from fixtures import report_records as H  # noqa: E402
 
@@ -143,7 +143,7 @@ def test_known_cells_and_the_ledger(artifacts: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    import harness.status as hs
+    import harness.vocabulary.status as hs
 
     rec = H.make_ledger_record()
     page = artifacts / "report-ledger.html"

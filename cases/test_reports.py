@@ -1,6 +1,6 @@
 """The report layer: HTML, JUnit, markdown and diff rendered from a run record alone.
 
-Records are synthetic but built with ``harness.record`` (see ``fixtures/report_records.py``),
+Records are synthetic but built with ``harness.records.record`` (see ``fixtures/report_records.py``),
 with hostile text (``<script>``, ``&``, quotes, ``</script>``) in ids' neighbours, tracebacks
 and messages, and the sizes the ``full`` preset reaches.
 """
@@ -25,11 +25,11 @@ import pytest
 
 from fixtures import report_records as H  # noqa: E402
 
-import harness.record as hr  # noqa: E402
-from harness.reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402
+import harness.records.record as hr  # noqa: E402
+from harness_reports import (diff_records, render_diff_html, render_diff_text, render_html, render_junit,  # noqa: E402
                      render_markdown, write_all)
-from harness.reports import _common  # noqa: E402
-from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
+from harness_reports import _common  # noqa: E402
+from harness_reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
 
 ALL = ("pass", "xfail", "fail", "error", "timeout", "skipped")
 
@@ -94,10 +94,10 @@ def html_text(record: dict[str, Any]) -> str:
 
 
 def test_one_status_vocabulary(html_text: str) -> None:
-    """The record, the renderers and the page share harness.status's table: the page gets
+    """The record, the renderers and the page share harness.vocabulary.status's table: the page gets
     it from its embedded data, and neither the program nor the stylesheet restates it."""
-    import harness.status as hs
-    from harness.reports import _assets
+    import harness.vocabulary.status as hs
+    from harness_reports import _assets
 
     assert _common.STATUSES is hs.STATUSES and hr.STATUSES is hs.STATUSES
     assert _common.GOOD_STATUSES is hr.GOOD_STATUSES is hs.GOOD_STATUSES
@@ -112,8 +112,8 @@ def test_one_status_vocabulary(html_text: str) -> None:
 
 
 def test_reports_import_without_torch() -> None:
-    code = ("import sys, harness.reports, harness.reports.html, harness.reports.junit, harness.reports.markdown,"
-            " harness.reports.diff, harness.reports.browser;"
+    code = ("import sys, harness_reports, harness_reports.html, harness_reports.junit, harness_reports.markdown,"
+            " harness_reports.diff, harness_reports.browser;"
             "assert 'torch' not in sys.modules, 'reports imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
@@ -337,7 +337,7 @@ def _section(text: str, start: str, end: str = "</section>") -> str:
 
 
 def test_ledger_fixture_is_what_the_record_holds(ledger_record: dict[str, Any]) -> None:
-    """The synthetic ledger record round-trips through ``harness.record`` (known keys included)."""
+    """The synthetic ledger record round-trips through ``harness.records.record`` (known keys included)."""
     again = hr.RunRecord.from_dict(json.loads(json.dumps(ledger_record))).serialize()
     assert again == ledger_record
     known = _known_cells(ledger_record)
@@ -419,7 +419,7 @@ def test_html_stale_entry_is_prominent(ledger_record: dict[str, Any], ledger_htm
     assert '<div class="banner stale" id="stale"><b>STALE LEDGER</b>' in top
     assert 'href="#ledger-fixed-ops"' in top and "no longer reproduces in any of the 12 cell(s)" in top
     assert '<a class="pill stale" href="#ledger"><i class="dot s-fail"></i>stale ledger entries <b>1</b></a>' in ledger_html
-    from harness.reports import _assets
+    from harness_reports import _assets
 
     css = _assets.css()
     assert ".banner.stale{background:#ffebe9;border-color:var(--fail);color:var(--fail)}" in css
@@ -509,7 +509,7 @@ def test_markdown_lists_few_of_many_known_cells(ledger_record: dict[str, Any]) -
 
 
 def test_failure_classes_label_known_cells(ledger_record: dict[str, Any]) -> None:
-    from harness.reports import classes
+    from harness_reports import classes
 
     found = classes.failure_classes(ledger_record)
     members = [c for fc in found for c in fc.cells]
@@ -795,7 +795,7 @@ def test_diff_gate_with_a_ledger() -> None:
 
 
 def test_diff_command_keeps_known_cells(tmp_path: Path) -> None:
-    """``python -m harness diff`` reads both records through ``harness.record``: known survives."""
+    """``python -m harness diff`` reads both records through ``harness.records.record``: known survives."""
     base, new, ids = _known_diff_pair()
     for name, rec in (("base", base), ("new", new)):
         hr.RunRecord.from_dict(rec).write(tmp_path / name)

@@ -33,7 +33,7 @@ from fixtures.ledgers import PREFIX_HOOKS_FAILS
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ("--world-sizes", "1,2", "--modules", "linear,grouped_linear", "--hooks", "off,identity", "--recipes", "none", "--first-microbatch", "off")
-BACKENDS = {"ref": "harness.reference", "prefix": "harness.reference.prefix"}
+BACKENDS = {"ref": "harness.backends.reference", "prefix": "harness.backends.reference.prefix"}
 EXPECTED_RC = {"ref": 0, "prefix": 1}
 SWEEP_TIMEOUT = 400
 GOOD = ("pass", "xfail", "known")  # known: every failure explained by the ledger (CONTRACTS §7)
@@ -44,11 +44,12 @@ pytestmark = pytest.mark.xdist_group("real_reports")
 
 from fixtures import report_records as H  # noqa: E402
 
-from harness.reports import _common  # noqa: E402
-from harness.reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
-from harness.reports.html import ALWAYS_COUNTED  # noqa: E402
-from harness.reports.diff import diff_records  # noqa: E402
-from harness import modules, recordfile
+from harness_reports import _common  # noqa: E402
+from harness_reports._pack import SCRIPT_TYPE, decode, unpack  # noqa: E402
+from harness_reports.html import ALWAYS_COUNTED  # noqa: E402
+from harness_reports.diff import diff_records  # noqa: E402
+from harness.vocabulary import modules
+from harness.records import recordfile
 
 
 def _sweep_all(root: Path) -> dict[str, Any]:
@@ -243,7 +244,7 @@ def test_failing_cells_carry_their_repro_command(runs: dict[str, Any]) -> None:
     bad = _bad(record)
     assert bad
     for c in bad:
-        want = f"python -m harness repro {c['id']} --backend harness.reference.prefix"
+        want = f"python -m harness repro {c['id']} --backend harness.backends.reference.prefix"
         assert c["repro"] == want
         assert html_cells[c["id"]]["repro"] == want
         assert want in junit and want in md
@@ -326,9 +327,9 @@ fails = [{ check = "weight*.grad", model = "grad_assigned_last_microbatch" }]
 
 @pytest.fixture(scope="module")
 def ledgered(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The real pre-fix record judged under a ledger (``harness.ledger.apply``, as the sweep does)."""
-    from harness import ledger
-    from harness.record import CellResult, RunRecord
+    """The real pre-fix record judged under a ledger (``harness.judging.ledger.apply``, as the sweep does)."""
+    from harness.judging import ledger
+    from harness.records.record import CellResult, RunRecord
 
     path = tmp_path_factory.mktemp("ledger") / "prefix.toml"
     path.write_text(LEDGER)
@@ -338,7 +339,7 @@ def ledgered(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_reports_of_a_real_run_under_a_ledger(runs: dict[str, Any], ledgered: dict[str, Any], tmp_path: Path) -> None:
-    from harness.reports import classes, write_all
+    from harness_reports import classes, write_all
 
     prefix = _record(runs, "prefix")
     target = _hooked_distributed(prefix)
@@ -400,7 +401,7 @@ def test_browser_click_failing_cell_of_the_prefix_report(runs: dict[str, Any]) -
     """Headless Chromium opens the real pre-fix report, clicks the first cell that raised, and
     sees its traceback and repro command; the screenshot is kept as a CI artifact."""
     H.require_browser()
-    from harness.reports.browser import open_and_click_failing
+    from harness_reports.browser import open_and_click_failing
 
     record = _record(runs, "prefix")
     run_dir = _dir(runs, "prefix")
@@ -428,7 +429,7 @@ def test_browser_click_failing_cell_of_the_prefix_report(runs: dict[str, Any]) -
 def test_browser_failed_check_of_the_prefix_report(runs: dict[str, Any], tmp_path: Path) -> None:
     """A cell that failed a comparison (no exception) shows its failed checks and their messages."""
     H.require_browser()
-    from harness.reports.browser import open_and_click_failing
+    from harness_reports.browser import open_and_click_failing
 
     record = _record(runs, "prefix")
     seen = open_and_click_failing(_dir(runs, "prefix") / "report.html", tmp_path / "fail.png", statuses=("fail",))

@@ -47,7 +47,7 @@ from fixtures.te_runs import SHIPPED, harness, te_runs  # noqa: F401 (a fixture)
 from harness.install import te as te_component
 
 ROOT = Path(__file__).resolve().parents[1]
-PATCH = ROOT / "harness" / "patches" / "transformer_engine-2.20.2-dw-fix.patch"
+PATCH = ROOT / "harness" / "te_tree" / "patches" / "transformer_engine-2.20.2-dw-fix.patch"
 LINEAR = "transformer_engine/pytorch/module/linear.py"
 GROUPED = "transformer_engine/pytorch/module/grouped_linear.py"
 HOOK_ENTRIES = ["hooks-strip-distributed-weight", "hooks-strip-distributed-weight-layernorm"]

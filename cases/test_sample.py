@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, matrix, recordfile
+from harness import cli
+from harness.vocabulary import matrix
+from harness.records import recordfile
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--preset", "full", "--modules", "linear", "--world-sizes", "1", "--dtypes", "bf16",

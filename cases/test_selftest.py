@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import matrix
-from harness.rank import runner
-from harness.reference import mutants
-from harness.rank.runner import RankContext, run_cell
-from harness.selftest import CLEAN, SelftestResult, _judge
+from harness.vocabulary import matrix
+from harness.cell import runner
+from harness.backends.reference import mutants
+from harness.cell.runner import RankContext, run_cell
+from harness.orchestration.selftest import CLEAN, SelftestResult, _judge
 from fixtures.runs import run_once
 
 
@@ -70,7 +70,7 @@ def test_kill_by_unrelated_check_is_not_counted(monkeypatch):
 
 
 def runner_result(m, cell):
-    from harness.fold import merge
+    from harness.records.fold import merge
 
     return merge(cell, [run_cell(m.backend, cell, RankContext())], 0.0, "mutant")
 
@@ -144,7 +144,7 @@ def test_a_mutant_no_selected_cell_can_reach_survives_and_fails_the_selftest():
 
 def test_a_finished_selftest_folds_its_streams(tmp_path):
     """cells.jsonl is gzipped line for line, the ranks' reports go, everything else stays."""
-    from harness.commands.selftest import fold_streams
+    from harness.commands.selftest_cmd import fold_streams
 
     lines = ['{"backend": "a", "result": {"id": "x"}}\n', '{"backend": "b", "result": {"id": "y"}}\n']
     (tmp_path / "cells.jsonl").write_text("".join(lines))

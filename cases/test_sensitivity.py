@@ -12,12 +12,14 @@ import json
 
 import pytest
 
-import harness.reference as reference
-from harness import cli, matrix, recipes, sensitivity
-from harness.record import Check, CellResult, RankResult, RunRecord, kind_ratios, tensor_kind
-from harness.reference import perturb
-from harness.rank.runner import RankContext, run_cell
-from harness.selftest import SelftestResult
+import harness.backends.reference as reference
+from harness import cli
+from harness.vocabulary import matrix, recipes
+from harness.orchestration import sensitivity
+from harness.records.record import Check, CellResult, RankResult, RunRecord, kind_ratios, tensor_kind
+from harness.backends.reference import perturb
+from harness.cell.runner import RankContext, run_cell
+from harness.orchestration.selftest import SelftestResult
 
 CELL = matrix.Cell.from_id("grouped_linear-plain-hooks_off-fused-bf16-ws1-ddp-mb2-g4-bias-igrad-nodelay")
 
@@ -136,7 +138,7 @@ def test_margins_cover_every_example(tmp_path, capsys):
     res = _result(cell, set())
     res.example_ratios = {**kind_ratios(res.ranks), "output": 0.93}
     record = RunRecord(status="complete", started="", finished="", duration_s=0.0, command="", argv=[],
-                       backend="harness.reference", environment={}, selection={"examples": 4},
+                       backend="harness.backends.reference", environment={}, selection={"examples": 4},
                        tolerance={}, world_sizes=[1], cells=[res])
     record.write(tmp_path)
     assert cli.main(["report", str(tmp_path), "--margins"]) == 0

@@ -16,14 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, matrix, recordfile
-from harness.launcher import shard
-from harness.launcher.cost import cell_cost
+from harness import cli
+from harness.vocabulary import matrix
+from harness.records import recordfile
+from harness.vocabulary import shard
+from harness.vocabulary.cost import cell_cost
 from fixtures.ledgers import PREFIX_HOOKS_FAILS
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--modules", "linear,grouped_linear", "--world-sizes", "1,2", "--dtypes", "bf16", "--recipes", "none", "--first-microbatch", "off",
-             "--backend", "harness.reference.prefix", "--quiet"]
+             "--backend", "harness.backends.reference.prefix", "--quiet"]
 N = 3
 
 
@@ -70,7 +72,7 @@ def test_shards_merge_to_the_unsharded_sweep(runs):
 def test_resume_of_a_finished_shard_runs_nothing(runs):
     run_dir = runs["root"] / "s2"
     before = recordfile.read(run_dir)
-    # a finished run keeps its record, not its result stream (harness.sweep.retire)
+    # a finished run keeps its record, not its result stream (harness.orchestration.sweep.retire)
     assert not (run_dir / "cells.jsonl").exists() and not (run_dir / "ranks").exists()
     proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", str(run_dir), "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -101,7 +103,7 @@ def _set(path: str, value):
 
 @pytest.mark.parametrize("case, edit, phrase", [
     ("other selection", _set("selection.filter", 'module == "linear"'), "selection.filter"),
-    ("other backend", _set("backend", "harness.reference"), "backend"),
+    ("other backend", _set("backend", "harness.backends.reference"), "backend"),
     ("other harness version", _set("environment.harness_version", "0.0.1"), "harness_version"),
     ("other shard count", _set("selection.shard", {"index": 2, "count": 4}), "not one of 3"),
 ])

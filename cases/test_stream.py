@@ -6,9 +6,9 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-from harness.commands.sweep import Progress
-from harness.record import CellResult, RankResult
-from harness.stream import LineTail, ResultStream
+from harness.commands.sweep_cmd import Progress
+from harness.records.record import CellResult, RankResult
+from harness.records.stream import LineTail, ResultStream
 
 BIG = "x" * 100_000  # far beyond an atomic write: only the lock keeps lines whole
 
@@ -104,7 +104,7 @@ def test_a_retired_stream_reads_its_record_then_what_was_appended_since(tmp_path
     """A complete run's stream is folded into its record and deleted (a finished folder costs
     no more than its record); reading it gives the record's verdict per cell, then any
     verdict appended later (a ``--resume``), the later one winning."""
-    from harness import recordfile
+    from harness.records import recordfile
 
     stream = ResultStream(tmp_path)
     for i in (1, 2):

@@ -1,7 +1,7 @@
 """The ``te-cpu`` backend: TransformerEngine 2.20.2's real modules on CPU, judged by the harness.
 
 Needs ``python -m harness install te`` (the README's test command runs it). Without TE these
-tests fail with that hint - they are never skipped. Importing ``harness.te_cpu`` patches
+tests fail with that hint - they are never skipped. Importing ``harness.backends.te_cpu.backend`` patches
 ``torch``, so this process never does: the layer runs in worker ranks (two torchrun launches
 here, world sizes 1 and 2) and in short subprocesses, and the last test checks that this
 process's ``torch.cuda`` is still the real one.
@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import matrix
-from harness.backends import BackendError, probe_backend
+from harness.vocabulary import matrix
+from harness.vocabulary.backend_specs import BackendError
+from harness.orchestration.probe import probe_backend
 from harness.install import te as te_component
 from harness.launcher.launch import LaunchOptions, launch_cells
-from harness.record import CellResult
+from harness.records.record import CellResult
 
 from fixtures.te_script import load_kernels, run_te_script
 
@@ -57,7 +58,7 @@ def te_cpu_info():
 def test_probe_reports_te_version_origin_and_fp32_gemm(te_cpu_info) -> None:
     info = te_cpu_info
     assert (info.module, info.upstream, info.version, info.fp32_gemm, info.device) == (
-        "harness.te_cpu", "transformer_engine", "2.20.2", "ieee", "cpu")
+        "harness.backends.te_cpu.backend", "transformer_engine", "2.20.2", "ieee", "cpu")
     assert Path(info.upstream_origin, "pytorch", "module", "linear.py").is_file()
     assert probe_backend("te-cpu-tf32").fp32_gemm == "tf32"
 
@@ -87,9 +88,9 @@ def test_missing_kernel_and_extension_surface() -> None:
     proc = _python("""
         import json, sys, torch
         from pathlib import Path
-        import harness.te_cpu as backend
-        from harness import te_tree_scan
-        from harness.te_cpu import extension
+        import harness.backends.te_cpu.backend as backend
+        from harness.te_tree import scan as te_tree_scan
+        from harness.backends.te_cpu import extension
         te = sys.modules["transformer_engine.pytorch"]
         out = {}
         try:
@@ -124,15 +125,15 @@ def test_tf32_backend_rounds_fp32_gemms_and_is_judged_with_tf32_roundoff() -> No
     passes with the TF32 bound, and would fail the IEEE one."""
     proc = _python("""
         import json
-        import harness.te_cpu_tf32 as backend
-        from harness import matrix
-        from harness.rank import compare
-        from harness.rank.runner import RankContext, run_cell
+        import harness.backends.te_cpu.tf32 as backend
+        from harness.vocabulary import matrix
+        from harness.cell import compare
+        from harness.cell.runner import RankContext, run_cell
         cell = matrix.Cell.from_id("linear-plain-hooks_off-unfused-fp32-ws1-ddp-mb1-g1-nobias-igrad-nodelay")
         res = run_cell(backend, cell, RankContext())
-        from harness.rank import oracle
-        from harness.rank.inputs import make_inputs
-        from harness.shape import Example
+        from harness.cell import oracle
+        from harness.cell.inputs import make_inputs
+        from harness.vocabulary.shape import Example
         out = [c for c in res.comparisons if c.name == "mb0.output"][0]
         # the same output judged as IEEE fp32: rebuild the module's output from the cell's inputs
         import torch
@@ -191,7 +192,7 @@ def test_real_te_modules_under_torchrun(ws: int, tmp_path: Path) -> None:
 
 
 def _assert_untouched() -> None:
-    for name in ("harness.te_cpu", "harness.te_cpu_tf32", "transformer_engine", "transformer_engine_torch"):
+    for name in ("harness.backends.te_cpu.backend", "harness.backends.te_cpu.tf32", "transformer_engine", "transformer_engine_torch"):
         assert name not in sys.modules, name
     assert torch.cuda.is_available is _PRISTINE["is_available"]
     assert torch.cuda.current_device is _PRISTINE["current_device"]
@@ -210,8 +211,8 @@ def test_parent_process_torch_is_untouched(te_cpu_info) -> None:
 
 _MEMO_SCRIPT = '''
 import os, torch
-import harness.te_cpu  # noqa: F401 (TE on CPU, triton's interpreter with the launch memory)
-from harness.te_cpu import kernel_standins, launch_memo
+import harness.backends.te_cpu.backend  # noqa: F401 (TE on CPU, triton's interpreter with the launch memory)
+from harness.backends.te_cpu import kernel_standins, launch_memo
 os.environ[launch_memo.CACHE_ENV] = {cache!r}
 os.environ[kernel_standins.INTERPRET_ENV] = "1"  # the kernel interpreted: what the memory keeps
 from transformer_engine.pytorch.triton.grouped_dbias_dscales import compute_grouped_dbias
@@ -238,7 +239,7 @@ torch.save(out, os.environ["DW_TE_SCRIPT_OUT"])
 
 
 def test_a_remembered_kernel_launch_equals_a_fresh_one(tmp_path_factory):
-    """te-cpu's launch memory (``harness/te_cpu/launch_memo.py``): TE's bias-gradient kernel
+    """te-cpu's launch memory (``harness/backends/te_cpu/launch_memo.py``): TE's bias-gradient kernel
     given byte-identical inputs in other storage is written back, bit for bit the result of
     the first run; one changed input byte, or a different accumulator, runs it afresh - and
     every result is the float64 per-group sum (fp32 column sums of at most 7 bf16 rows). A

@@ -10,9 +10,9 @@ device memory (``cuda_surface.on_device``).
 
 Two levels, both against float64 math:
 
-- kernels (``harness/te_cpu/grouped.py``, loaded *by path*: importing the package
-  ``harness.te_cpu`` patches ``torch``, which this process never does);
-- TE's layers, in one subprocess that imports ``harness.te_cpu``, records which extension
+- kernels (``harness/backends/te_cpu/grouped.py``, loaded *by path*: importing the package
+  ``harness.backends.te_cpu.backend`` patches ``torch``, which this process never does);
+- TE's layers, in one subprocess that imports ``harness.backends.te_cpu.backend``, records which extension
   kernels TE called (the split-quantize path calls ``te_general_grouped_gemm``, the
   grouped-tensor path ``te_general_grouped_gemm_for_{grouped_tensor,discrete_in,discrete_out}``
   - a silent fallback fails the tests) and saves its tensors for this process to judge.
@@ -200,8 +200,8 @@ GROUPED_GEMMS = ("te_general_grouped_gemm_for_grouped_tensor", "te_general_group
 _SCRIPT = """
     import collections, os, sys, torch
     os.environ["NVTE_GROUPED_LINEAR_SINGLE_PARAM"] = "1"  # TE's switch for single grouped parameters
-    import harness.te_cpu as backend
-    from harness.te_cpu import cuda_surface, extension
+    import harness.backends.te_cpu.backend as backend
+    from harness.backends.te_cpu import cuda_surface, extension
     te = sys.modules["transformer_engine.pytorch"]
     tex = sys.modules["transformer_engine_torch"]
     G, IN, OUT, SPLITS, STEPS = {G}, {IN}, {OUT}, {SPLITS}, {STEPS}
@@ -404,6 +404,6 @@ def test_the_path_selection_and_its_guards(te_run: dict[str, Any]) -> None:
 
 def test_this_process_never_imported_the_layer() -> None:
     """Loading ``grouped.py`` by path and the subprocess left this process's torch alone."""
-    for name in ("harness.te_cpu", "harness.te_cpu.grouped", "transformer_engine", "transformer_engine_torch"):
+    for name in ("harness.backends.te_cpu.backend", "harness.backends.te_cpu.grouped", "transformer_engine", "transformer_engine_torch"):
         assert name not in sys.modules, name
     assert torch.zeros(1).is_cuda is False

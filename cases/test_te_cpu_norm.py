@@ -2,11 +2,11 @@
 
 Two levels, both against float64 math:
 
-- kernels (``harness.te_cpu.norm``): loaded *by path*, because importing the package
-  ``harness.te_cpu`` applies the CPU layer to ``torch`` and imports TE - this process never
+- kernels (``harness.backends.te_cpu.norm``): loaded *by path*, because importing the package
+  ``harness.backends.te_cpu.backend`` applies the CPU layer to ``torch`` and imports TE - this process never
   does that (``cases/test_te_cpu.py``); ``norm.py`` itself imports only torch;
 - TE's ``LayerNormLinear`` (and the extension's binding conventions): in one subprocess that
-  imports ``harness.te_cpu`` as the existing te-cpu tests do, saves its tensors, and leaves
+  imports ``harness.backends.te_cpu.backend`` as the existing te-cpu tests do, saves its tensors, and leaves
   the float64 judgement to this process.
 
 The bound. TE's norm kernels, and the CPU ones, compute in fp32 and round once to the output
@@ -252,8 +252,8 @@ CONFIGS = [(kind, zc) for kind in NORMS for zc in (False, True)]
 
 _SCRIPT = """
     import os, sys, torch
-    import harness.te_cpu as backend
-    from harness.te_cpu import extension
+    import harness.backends.te_cpu.backend as backend
+    from harness.backends.te_cpu import extension
     te = sys.modules["transformer_engine.pytorch"]
     tex = sys.modules["transformer_engine_torch"]
     IN, OUT, LEAD = {IN}, {OUT}, {LEAD}
@@ -319,7 +319,7 @@ _SCRIPT = """
     f32 = tex.DType.kFloat32
     for name, call in (("layernorm_fwd", lambda q: tex.layernorm_fwd(x, w, b, 1e-5, None, q, f32, 0, False)),
                        ("rmsnorm_fwd", lambda q: tex.rmsnorm_fwd(x, w, 1e-5, None, q, f32, 0, False))):
-        facts["fp8_" + name] = type(call(q)[0]).__name__  # served by harness/te_cpu/quant
+        facts["fp8_" + name] = type(call(q)[0]).__name__  # served by harness/backends/te_cpu/quant
         try:
             call(other)
         except extension.MissingCpuKernel as exc:
@@ -416,6 +416,6 @@ def test_extension_binding_conventions_and_quantizers(te_run: dict[str, Any]) ->
 
 def test_this_process_never_imported_the_layer() -> None:
     """Loading ``norm.py`` by path and the subprocess left this process's torch alone."""
-    for name in ("harness.te_cpu", "harness.te_cpu.norm", "transformer_engine", "transformer_engine_torch"):
+    for name in ("harness.backends.te_cpu.backend", "harness.backends.te_cpu.norm", "transformer_engine", "transformer_engine_torch"):
         assert name not in sys.modules, name
     assert torch.zeros(1).is_cuda is False

@@ -1,7 +1,7 @@
-"""te-cpu's quantization numerics (``harness/te_cpu/quant``) against hand-computed values.
+"""te-cpu's quantization numerics (``harness/backends/te_cpu/quant``) against hand-computed values.
 
 In-process: the numerics modules import only torch and each other, so they are loaded by path
-as a stand-alone package (importing ``harness.te_cpu`` would patch torch and import TE; this
+as a stand-alone package (importing ``harness.backends.te_cpu.backend`` would patch torch and import TE; this
 process never does). Every expected value below is written out from the format's or recipe's
 definition (TE's ``common/recipe/*.cu``, ``util/ptx_arch_spec.cuh``, the FP8 formats), not
 computed by the code under test; the exhaustive FP8 checks compare with a reference rounding

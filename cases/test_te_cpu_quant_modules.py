@@ -1,7 +1,7 @@
 """TE 2.20.2's own layers under its low-precision recipes on te-cpu, against float64.
 
-One subprocess imports ``harness.te_cpu`` (as the other te-cpu tests do), presents the device
-each recipe needs (``harness.te_cpu.device``) and runs ``Linear``, ``LayerNormLinear``
+One subprocess imports ``harness.backends.te_cpu.backend`` (as the other te-cpu tests do), presents the device
+each recipe needs (``harness.backends.te_cpu.device``) and runs ``Linear``, ``LayerNormLinear``
 (LayerNorm and RMSNorm), ``GroupedLinear`` (split-quantize path) and ``ops.GroupedLinear``
 forward and backward under ``te.autocast`` with ``DelayedScaling``, ``Float8CurrentScaling``,
 ``MXFP8BlockScaling`` and ``Float8BlockScaling``. Every quantized GEMM TE calls is recorded:
@@ -31,9 +31,9 @@ U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 **
 
 _SCRIPT = """
     import os, sys, torch
-    import harness.te_cpu as backend
-    from harness.te_cpu import device
-    from harness.te_cpu.quant import bindings as qb
+    import harness.backends.te_cpu.backend as backend
+    from harness.backends.te_cpu import device
+    from harness.backends.te_cpu.quant import bindings as qb
     te = sys.modules["transformer_engine.pytorch"]
     tex = sys.modules["transformer_engine_torch"]
     from transformer_engine.common import recipe as R
@@ -164,7 +164,7 @@ _SCRIPT = """
                                   amax=(got._amax_rowwise.clone(), got._amax_columnwise.clone()),
                                   ref_amax=(amax_r.clone(), amax_c.clone())))
     saved["ref_cmp"], saved["block_cmp"], saved["nvfp4_cmp"] = ref_cmp, block_cmp, nvfp4_cmp
-    from harness.te_cpu.quant import nvfp4 as nv
+    from harness.backends.te_cpu.quant import nvfp4 as nv
     big = (torch.randn(128, 256, generator=g) * torch.exp(torch.randn(128, 256, generator=g))).to(torch.bfloat16)
     tensors = []
     for gemm_layout in (True, False):  # TE's 2-D kernel writes swizzled scales for 128-aligned shapes

@@ -1,4 +1,4 @@
-"""te-cpu's stand-in for TE 2.20.2's bias-gradient Triton kernel (``harness/te_cpu/kernel_standins.py``)
+"""te-cpu's stand-in for TE 2.20.2's bias-gradient Triton kernel (``harness/backends/te_cpu/kernel_standins.py``)
 is byte for byte what Triton's interpreter computes with TE's kernel.
 
 One child process runs TE's own ``compute_grouped_dbias`` on each input twice: with every
@@ -19,8 +19,8 @@ from fixtures.te_script import run_te_script
 
 _SCRIPT = '''
 import os, torch
-import harness.te_cpu  # noqa: F401 (TE on CPU, triton's interpreter, the stand-in)
-from harness.te_cpu import kernel_standins as standins
+import harness.backends.te_cpu.backend  # noqa: F401 (TE on CPU, triton's interpreter, the stand-in)
+from harness.backends.te_cpu import kernel_standins as standins
 from transformer_engine.pytorch.triton.grouped_dbias_dscales import compute_grouped_dbias
 
 g = torch.Generator().manual_seed(11)

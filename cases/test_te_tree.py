@@ -1,12 +1,12 @@
 """Judging a TransformerEngine *source tree* with ``te-cpu`` (``--te-tree`` / ``SPEC@TREE``).
 
-``harness.te_tree`` validates a tree and says what it is (git commit, dirty, version);
+``harness.te_tree.tree`` validates a tree and says what it is (git commit, dirty, version);
 ``patch-te`` makes a patched tree from the installed wheel (or another tree); a sweep with
 ``--te-tree`` imports TE from the tree in every rank, records the tree in the run record,
 and a tree that does not import is bad input (exit 2, nothing launched, no run folder).
 
 Needs ``python -m harness install te`` (as ``cases/test_te_cpu.py``). One sweep (four cells,
-one launch) serves several tests; importing ``harness.te_cpu`` patches ``torch``, so this
+one launch) serves several tests; importing ``harness.backends.te_cpu.backend`` patches ``torch``, so this
 process never does: the layer runs in subprocesses only.
 """
 
@@ -26,12 +26,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import te_tree
-from harness.backends import resolve, split_tree, with_tree
+from harness.te_tree import tree as te_tree
+from harness.vocabulary.backend_specs import resolve, split_tree, with_tree
 from harness.commands import _options
-from harness.exitcodes import UsageError
+from harness.vocabulary.errors import UsageError
 from harness.install import te as te_component
-from harness.fold import repro_command
+from harness.records.fold import repro_command
 
 ROOT = Path(__file__).resolve().parents[1]
 LINEAR = Path("transformer_engine", "pytorch", "module", "linear.py")
@@ -99,7 +99,7 @@ def _mini_tree(root: Path, version: str | None = "9.1.0.dev0") -> Path:
     return root
 
 
-# ---- harness.te_tree -------------------------------------------------------------------------
+# ---- harness.te_tree.tree -------------------------------------------------------------------------
 def test_inspect_git_tree_commit_and_dirty_flag(tmp_path: Path) -> None:
     tree = _mini_tree(tmp_path / "te")
     _git(tree, "init", "-q")
@@ -197,12 +197,12 @@ def test_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_spec_splits_a_trailing_tree_only(tmp_path: Path) -> None:
     assert split_tree("te-cpu@/src/TE") == ("te-cpu", "/src/TE")
     assert split_tree("te-cpu@./TE") == ("te-cpu", "./TE")
-    assert split_tree("harness.reference.mutants:shared-grad-buffer") == (
-        "harness.reference.mutants:shared-grad-buffer", None)
+    assert split_tree("harness.backends.reference.mutants:shared-grad-buffer") == (
+        "harness.backends.reference.mutants:shared-grad-buffer", None)
     assert split_tree("/tmp/a@b/backend.py") == ("/tmp/a@b/backend.py", None)
     assert split_tree("/x/a@b/c.py@/src/TE") == ("/x/a@b/c.py", "/src/TE")
     assert split_tree("te-cpu@/src/te@d0067d0") == ("te-cpu", "/src/te@d0067d0")  # an @ in the tree's path
-    assert resolve("te-cpu@/src/TE") == "harness.te_cpu" and resolve("te-cpu") == "harness.te_cpu"
+    assert resolve("te-cpu@/src/TE") == "harness.backends.te_cpu.backend" and resolve("te-cpu") == "harness.backends.te_cpu.backend"
     tree = _mini_tree(tmp_path / "te tree with spaces")
     spec = with_tree("te-cpu", str(tree))
     assert spec == f"te-cpu@{tree.resolve()}" and split_tree(spec) == ("te-cpu", str(tree.resolve()))
@@ -225,7 +225,7 @@ def test_te_tree_option_folds_into_the_backend(tmp_path: Path) -> None:
 
 
 def test_pytest_plugin_has_te_tree(tmp_path: Path) -> None:
-    from harness import plugin
+    from harness.pytest_plugin import plugin
 
     tree = _mini_tree(tmp_path / "te")
 
@@ -234,7 +234,7 @@ def test_pytest_plugin_has_te_tree(tmp_path: Path) -> None:
         return SimpleNamespace(getoption=lambda name: opts[name])
 
     assert plugin.pytest_harness_make_backend(config("te-cpu", str(tree))) == f"te-cpu@{tree.resolve()}"
-    assert plugin.pytest_harness_make_backend(config(None, None)) == "harness.reference"
+    assert plugin.pytest_harness_make_backend(config(None, None)) == "harness.backends.reference"
     with pytest.raises(pytest.UsageError, match="expected a TE source tree"):
         plugin.pytest_harness_make_backend(config("te-cpu", str(tmp_path / "nope")))
 
@@ -280,7 +280,7 @@ def test_extension_enums_follow_the_tree(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import json, sys, torch
         from pathlib import Path
-        from harness.te_cpu import extension
+        from harness.backends.te_cpu import extension
         te = Path({str(te)!r})
         mod = extension.build(te)
         out = {{name: {{m.name: int(m) for m in getattr(mod, name)}}
@@ -400,7 +400,7 @@ def test_sweep_records_the_tree(tree_sweep: tuple[Path, dict, subprocess.Complet
     # a tree is a change under review even without --fixes: nothing required, nothing stale
     assert record["ledger"]["required"] == [] and record["ledger"]["stale"] == []
     info = record["environment"]["backend_info"]
-    assert info["spec"] == spec and info["module"] == "harness.te_cpu"
+    assert info["spec"] == spec and info["module"] == "harness.backends.te_cpu.backend"
     assert info["version"] == te_component.TE_VERSION
     assert info["upstream_origin"] == str(patched / "transformer_engine")
     tree = info["extra"]["te_tree"]
@@ -419,7 +419,7 @@ def test_sweep_imports_te_from_the_tree(patched: Path) -> None:
     """In a rank-like process: TE's modules come from the tree (its patched linear.py)."""
     code = textwrap.dedent("""
         import json, sys
-        from harness.backends import load_backend
+        from harness.rank.loading import load_backend
         backend = load_backend(sys.argv[1])
         te = sys.modules["transformer_engine.pytorch"]
         import transformer_engine.pytorch.module.linear as linear

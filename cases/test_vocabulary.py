@@ -8,7 +8,7 @@ each way) cover five statuses: ``pass`` (hooks off), ``expected error met`` (del
 with a distributed weight must raise), ``known defect`` (GroupedLinear under hooks, explained
 by a ledger entry), ``error`` (Linear under hooks raises, which no entry explains) and ``path
 not taken`` (a grouped-tensor cell: TE chose the split-quantize path, and says why). The
-words come from ``harness.status.TABLE``; pytest's own outcome names (passed, xfailed, failed,
+words come from ``harness.vocabulary.status.TABLE``; pytest's own outcome names (passed, xfailed, failed,
 skipped) are its own, and the mapping onto them is asserted here and documented in
 docs/reports.md.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.ledgers import PREFIX_HOOKS_FAILS
-from harness.status import STATUS_LABELS, STATUSES
+from harness.vocabulary.status import STATUS_LABELS, STATUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND = "fixtures/path_choice.py"

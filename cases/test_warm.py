@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from harness.launcher import warm
-from harness.backends import BackendError, probe_backend
+from harness.vocabulary.backend_specs import BackendError
+from harness.orchestration.probe import probe_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,6 +4,6 @@ The package root stays light (no torch import) so reports and the CLI's argument
 start fast; torch-heavy pieces live in their own modules.
 """
 
-from harness.record import CellResult, RunRecord, load
+from harness.records.record import CellResult, RunRecord, load
 
 __all__ = ["CellResult", "RunRecord", "load"]

@@ -1,7 +1,7 @@
 """``python -m harness`` / ``dw-harness``: list, sweep, merge, repro, report, diff, selftest, install.
 
 ``main`` takes argv and returns the exit code; every command lives in its own module under
-``harness/commands`` and maps its outcome to ``harness.exitcodes``.
+``harness/commands`` and maps its outcome to ``harness.vocabulary.errors``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import threading
 import traceback
 from typing import Any
 
-from harness import exitcodes
-from harness.backends import BackendError
+from harness.vocabulary import errors as exitcodes
+from harness.vocabulary.backend_specs import BackendError
 from harness.launcher.launch import LaunchFailure
-from harness.matrix import MatrixError
+from harness.vocabulary.matrix import MatrixError
 
 
 #: a few command lines per command, for its ``--help`` (docs/cli.md has more)
@@ -39,7 +39,7 @@ COMMAND_EXAMPLES: dict[str, tuple[str, ...]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.commands import diff, install, ledger_cmd, list_cmd, merge, patch_te, repro, report, selftest, sweep
+    from harness.commands import diff_cmd as diff, install_cmd as install, ledger_cmd, list_cmd, merge_cmd as merge, patch_te_cmd as patch_te, repro_cmd as repro, report_cmd as report, selftest_cmd as selftest, sweep_cmd as sweep
 
     parser = argparse.ArgumentParser(prog="dw-harness", description="Verification harness for "
                                      "distributed-weight autograd (TE Linear/GroupedLinear + GTP).")

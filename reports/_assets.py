@@ -1,7 +1,7 @@
 """The report's stylesheet and program: package data files under ``assets/``, read once.
 
 Status colours are not in the stylesheet: they are generated from the one status vocabulary
-(``harness.status``), so a new status needs no edit here.
+(``harness.vocabulary.status``), so a new status needs no edit here.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-from harness.status import TABLE
+from harness.vocabulary.status import TABLE
 
 
 @lru_cache(maxsize=None)
 def asset(name: str) -> str:
-    """The text of ``assets/<name>`` (installed as package data with ``harness.reports``)."""
+    """The text of ``assets/<name>`` (installed as package data with ``harness_reports``)."""
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 

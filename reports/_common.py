@@ -1,7 +1,7 @@
 """Helpers shared by the renderers: number formatting, text hygiene, the status vocabulary.
 
 The reports read only the parsed ``results.json`` (``RunRecord.serialize()``); the status
-vocabulary is ``harness.status``'s, re-exported here for the renderers.
+vocabulary is ``harness.vocabulary.status``'s, re-exported here for the renderers.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import math
 import re
 from typing import Any
 
-# the one status vocabulary (harness.status is tiny and imports nothing heavy)
-from harness import gate
-from harness import ledger as ledgers
-from harness.status import (BAD_STATUSES, GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS,  # noqa: E402,F401
+# the one status vocabulary (harness.vocabulary.status is tiny and imports nothing heavy)
+from harness.judging import gate
+from harness.judging import ledger as ledgers
+from harness.vocabulary.status import (BAD_STATUSES, GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS,  # noqa: E402,F401
                             STATUSES, counts_text)
 
 # Characters XML 1.0 forbids (everything below 0x20 except tab/newline/CR, lone surrogates,
@@ -71,7 +71,7 @@ def fmt_duration(s: Any) -> str:
 
 def verdict(record: dict[str, Any]) -> str:
     """``PASS`` / ``FAIL`` / ``INCOMPLETE``: one word for titles and badges, by the gate's rule
-    (``harness.gate``: a stale or unfixed ledger entry fails the run as a failing cell does)."""
+    (``harness.judging.gate``: a stale or unfixed ledger entry fails the run as a failing cell does)."""
     return gate.word(record)
 
 

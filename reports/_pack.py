@@ -8,7 +8,7 @@ to CI. Time to first render is what the reader feels, so the page carries two bl
 need), columnar:
 
 * ``id``: the cell ids; ``st``: per cell, an index into ``statuses``;
-* ``vocab``: the status vocabulary (``harness.status.vocabulary()``: label, glyph, good,
+* ``vocab``: the status vocabulary (``harness.vocabulary.status.vocabulary()``: label, glyph, good,
   bad, severity of each status), so the page never restates it;
 * ``ax``: per cell and axis (flat, ``len(axes)`` per cell), an index into that axis' values
   in ``axes`` (``-1`` when the cell lacks the axis);
@@ -41,7 +41,7 @@ checks, path]`` with trailing empties dropped:
   ``none``. A thinned cell's kept checks are the flat ``checks`` list of ``[rank, *check]``.
   ``results.json`` remains the full truth;
 * ``path`` is the cell's path evidence, ``[S index]`` of its compact JSON ``{"rank", "choice",
-  "kernels"}``: TE's recorded choice (``harness.rank.te_path``) and the kernels the backend says
+  "kernels"}``: TE's recorded choice (``harness.cell.te_path``) and the kernels the backend says
   TE called, from the rank that took another path than the cell names, else the first rank
   that has any (identical evidence of many cells is one string); absent when none.
 
@@ -62,7 +62,7 @@ import math
 from collections import Counter
 from typing import Any, Callable
 
-from harness.status import vocabulary
+from harness.vocabulary.status import vocabulary
 
 from ._common import STATUSES
 

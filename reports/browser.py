@@ -194,11 +194,11 @@ def open_and_click_failing(html_path: str | Path, screenshot_path: str | Path, *
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.reports.browser measure REPORT.html`` / ``screenshot REPORT.html OUT.png``."""
+    """``python -m harness_reports.browser measure REPORT.html`` / ``screenshot REPORT.html OUT.png``."""
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m harness.reports.browser", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness_reports.browser", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure", help="time to first render (cold, then warm loads), as JSON")
     m.add_argument("html", type=Path)

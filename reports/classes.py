@@ -9,7 +9,7 @@ explained by the known-defects ledger, CONTRACTS §7) still failed, so it is cla
 from the unexplained failures and labelled with the entries that explain it: a class of known
 cells shows what an entry really covers, and a class that mixes them with unexplained cells
 would hide which is which. Pure function of the run record;
-``python -m harness.reports.classes RUN_DIR`` prints the classes as a markdown table.
+``python -m harness_reports.classes RUN_DIR`` prints the classes as a markdown table.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import recordfile
+from harness.records import recordfile
 
 from ._common import BAD_STATUSES
 
@@ -114,7 +114,7 @@ def markdown(record: dict[str, Any], package: str = "transformer_engine") -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness.reports.classes", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="harness_reports.classes", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a run folder or its run record file")
     parser.add_argument("--package", default="transformer_engine",
                         help="whose frames locate an exception (default: transformer_engine)")

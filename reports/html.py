@@ -29,8 +29,8 @@ import re
 from typing import Any, Sequence
 
 from . import _assets
-from .review import html as review_html
-from .review import paths_not_taken
+from .review_section import html as review_html
+from .review_section import paths_not_taken
 from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, entry_state, fmt_duration,
                       fmt_ratio, ledger_entries, ratio_key, stale_entries, stale_line, verdict, worst_check)
 from ._pack import SCRIPT_TYPE, encode, pack
@@ -308,7 +308,7 @@ def _selftest(selftest: dict[str, Any]) -> str:
 
 
 def _sensitivity(rows: list[dict[str, Any]]) -> str:
-    """The measured detection threshold (``harness.sensitivity``): one row per recipe, dtype
+    """The measured detection threshold (``harness.orchestration.sensitivity``): one row per recipe, dtype
     and kind (a record written before the recipe column: ``none``)."""
     if not rows:
         return ""

@@ -22,11 +22,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from harness.review import path_reason
+from harness.judging.review import path_reason
 
-from .review import headline as review_headline
-from .review import of as review_of
-from .review import tree_line as review_tree_line
+from .review_section import headline as review_headline
+from .review_section import of as review_of
+from .review_section import tree_line as review_tree_line
 from ._common import (GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
                       stale_line)
 

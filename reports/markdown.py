@@ -18,8 +18,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from .review import markdown as review_markdown
-from .review import paths_not_taken
+from .review_section import markdown as review_markdown
+from .review_section import paths_not_taken
 from ._common import (BAD_STATUSES, PATH_NOT_TAKEN, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of,
                       counts_text, fmt_duration, fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
 

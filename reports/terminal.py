@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from harness.review import FIXED, path_reason
-from harness.status import GOOD_STATUSES, PATH_NOT_TAKEN, STATUSES, label
+from harness.judging.review import FIXED, path_reason
+from harness.vocabulary.status import GOOD_STATUSES, PATH_NOT_TAKEN, STATUSES, label
 
-from . import review
+from . import review_section as review
 from ._common import counts_of, failing_messages
 
 #: how many failing cells the terminal lists (the report has them all)

@@ -11,13 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from harness import matrix
-from harness.ledger import Entry, failing_items
-from harness.record import CellResult
-
-
-class NoEvidence(ValueError):
-    """The run holds no cell in which the entry reproduces."""
+from harness.vocabulary.errors import NoEvidence
+from harness.vocabulary import matrix
+from harness.judging.ledger import Entry, failing_items
+from harness.records.record import CellResult
 
 
 def _for_upstream(text: str) -> str:

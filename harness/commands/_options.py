@@ -1,4 +1,4 @@
-"""Options shared by the commands that run cells (selection options: ``harness.selection``)."""
+"""Options shared by the commands that run cells (selection options: ``harness.vocabulary.selection``)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import datetime
 import os
 from pathlib import Path
 
-from harness import runfolder
-from harness.exitcodes import UsageError
+from harness.records import runfolder
+from harness.vocabulary.errors import UsageError
 
 
 def add_run(parser: argparse.ArgumentParser, prefix: str = "run") -> None:
     g = parser.add_argument_group("running")
-    g.add_argument("--backend", default="harness.reference",
+    g.add_argument("--backend", default="harness.backends.reference",
                    help="reference (the hook-safe reference, the default), prefix (the pre-fix behaviour), "
                         "te-cpu (TE's own code on CPU), te-cpu-tf32, transformer_engine.pytorch (real TE), "
                         "or any import path, module:attr or .py file; optionally @TREE")
@@ -37,7 +37,8 @@ def backend_spec(args: argparse.Namespace) -> str:
         UsageError: the folder is not a TE tree, the backend already names a tree, or
             ``--te-tree`` comes with ``--resume`` (a resumed run takes the recorded backend).
     """
-    from harness.backends import BackendError, spec_with_tree
+    from harness.orchestration.preflight import spec_with_tree
+    from harness.vocabulary.errors import BackendError
 
     tree = getattr(args, "te_tree", None)
     if tree and getattr(args, "resume", None):
@@ -54,12 +55,12 @@ def backend_spec(args: argparse.Namespace) -> str:
 
 
 def ledger_for(option: str, info) -> "Ledger | None":
-    """The ledger a run uses (``harness.ledger.choose``); a bad ledger file is bad input.
+    """The ledger a run uses (``harness.judging.ledger.choose``); a bad ledger file is bad input.
 
     Raises:
         UsageError: the file is unreadable or malformed.
     """
-    from harness import ledger as ledgers
+    from harness.judging import ledger as ledgers
 
     try:
         return ledgers.choose(option, info.upstream, info.version)

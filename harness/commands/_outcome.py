@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness import gate
-from harness.record import RunRecord
+from harness.judging import gate
+from harness.records.record import RunRecord
 
 
 def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
     """Render every report from the run record alone; a report failure never loses results."""
-    from harness.reports import write_all
+    from harness_reports import write_all
 
     try:
         return write_all(record.serialize(), run_dir)
@@ -23,8 +23,8 @@ def write_reports(record: RunRecord, run_dir: Path) -> dict[str, Path]:
 
 def conclude(record: RunRecord, record_line: str, paths: dict[str, Path]) -> int:
     """Print the run's summary, where its record and reports are, the gate's lines; return
-    the exit code (``harness.gate``)."""
-    from harness.reports import terminal
+    the exit code (``harness.judging.gate``)."""
+    from harness_reports import terminal
 
     data = record.serialize()
     print()

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import exitcodes
-from harness import ledger as ledgers
-from harness.record import load
+from harness.vocabulary import errors as exitcodes
+from harness.judging import ledger as ledgers
+from harness.records.record import load
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +62,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from harness.reports import upstream
+    from harness_reports import upstream
 
     try:
         record = load(args.run)

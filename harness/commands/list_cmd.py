@@ -7,8 +7,9 @@ import argparse
 import json
 from collections import Counter
 
-from harness import exitcodes, matrix, preflight, selection
-from harness.backends import BackendError
+from harness.vocabulary import errors as exitcodes, matrix, selection
+from harness.orchestration import preflight
+from harness.vocabulary.backend_specs import BackendError
 from harness.commands import _options
 
 

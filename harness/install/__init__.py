@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from harness.vocabulary.errors import InstallError
 
 #: install order (later components may build on earlier ones)
 COMPONENTS: tuple[str, ...] = ("te", "megatron", "browser")
-
-
-class InstallError(RuntimeError):
-    """A component could not be installed; the message is one line for the user."""
 
 
 def component(name: str) -> ModuleType:

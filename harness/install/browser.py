@@ -1,7 +1,7 @@
 """Component ``browser``: headless Chromium + ChromeDriver for the report's browser tests.
 
 The tests drive the system's Chromium through Selenium with the system's chromedriver
-(``harness.reports.browser.find_chromium``), never a downloaded browser. On Debian/Ubuntu as
+(``harness_reports.browser.find_chromium``), never a downloaded browser. On Debian/Ubuntu as
 root this installs ``chromium`` and ``chromium-driver`` with apt-get; elsewhere it says in
 one line what to install (or point ``DW_CHROMIUM`` / ``DW_CHROMEDRIVER`` at them).
 """
@@ -22,7 +22,7 @@ _NEEDS = ("Chromium and ChromeDriver are needed: apt-get install chromium chromi
 
 
 def missing() -> str | None:
-    from harness.reports.browser import find_chromium
+    from harness_reports.browser import find_chromium
 
     problems = []
     if find_chromium() is None:
@@ -44,7 +44,7 @@ def _run(cmd: list[str]) -> None:
 
 def install() -> None:
     from harness.install import InstallError
-    from harness.reports.browser import find_chromium
+    from harness_reports.browser import find_chromium
 
     if importlib.util.find_spec("selenium") is None:
         raise InstallError("selenium is not installed: pip install -e '.[test]'")

@@ -16,7 +16,7 @@ as for any package. No Megatron dependency is installed: GTP needs only torch, n
 packaging, which the harness already has.
 
 ``missing()`` never imports torch or Megatron: it reads package metadata and file paths
-(:func:`harness.weights.megatron_missing`, which the CLI and pytest use to refuse a
+(:func:`harness.vocabulary.weights.megatron_missing`, which the CLI and pytest use to refuse a
 selection up front).
 """
 
@@ -32,7 +32,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from harness import weights
+from harness.vocabulary import weights
 
 NAME = "megatron"
 SUMMARY = "Megatron-Core 0.19.2's GTPShardedParam (weight 'megatron'; needs te)"

@@ -4,13 +4,13 @@ What is installed (into the running interpreter's environment, with pip):
 
 - ``transformer-engine==2.20.2``, the pure wheel (py3-none-any, ~1.2 MB), with ``--no-deps``:
   its declared extras would pull ``transformer-engine-cu12`` (729 MB of CUDA binaries) and
-  the ``transformer-engine-torch`` sdist (which needs CUDA to build) - ``harness.te_cpu``
+  the ``transformer-engine-torch`` sdist (which needs CUDA to build) - ``harness.backends.te_cpu.backend``
   stands in for both on CPU.
 - TE's import-time dependencies: ``pydantic``, ``onnx``, ``onnxscript``, ``einops`` (TE's
   own ``install_requires`` for PyTorch, less ``nvdlfw-inspect`` and
   ``nvidia-cudnn-frontend``, which TE imports only on debug and attention paths), and
   ``triton``: TE imports its Triton kernels at import time, and ``ops.GroupedLinear`` runs
-  one (``compute_grouped_dbias``) for its bias gradient; ``harness.te_cpu`` runs it in
+  one (``compute_grouped_dbias``) for its bias gradient; ``harness.backends.te_cpu.backend`` runs it in
   Triton's CPU interpreter (``TRITON_INTERPRET=1``). A triton >= 3.8 already installed (e.g.
   the one a CUDA build of torch pins) is kept; otherwise 3.8.0 is installed: 3.6.0's
   interpreter fails on that kernel with numpy 2 (measurements in docs/te-cpu.md).

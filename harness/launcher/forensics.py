@@ -15,7 +15,7 @@ import re
 import signal
 from pathlib import Path
 
-from harness.status import HARNESS_ERROR
+from harness.vocabulary.status import HARNESS_ERROR
 
 #: rank statuses that mean "this rank failed the cell in flight"
 FAILED = ("error", HARNESS_ERROR)

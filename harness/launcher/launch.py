@@ -2,7 +2,7 @@
 
 Each launch runs in its own process session so that a timeout or an interrupt can end the
 whole tree (torchrun and every rank) with one ``killpg``; each launch binds a free loopback
-port for its rendezvous (``harness.launcher.loopback``), so parallel launches (pytest-xdist) cannot
+port for its rendezvous (``harness.rank.agent``), so parallel launches (pytest-xdist) cannot
 collide and nothing listens beyond loopback.
 
 The launcher watches three things while a launch runs: the run's result stream (verdicts:
@@ -13,7 +13,7 @@ past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each 
 faulthandler writes its stacks into its log), appends the cell in flight to the result
 stream with every rank's evidence (read from the logs and reports by ``harness.launcher.forensics``),
 and starts a fresh launch for the cells left. A launch of W ranks runs its cells on lanes
-(``harness.launcher.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
+(``harness.vocabulary.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
 per lane, so a fault is blamed on its lane's cell and the other lanes' verdicts stand.
 
 A launch that ends before every rank is ready ran no cell: it is a launch failure, retried
@@ -31,27 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.launcher import forensics, loopback, packing, warm
-from harness.matrix import Cell
-from harness.plan import Lane
-from harness.plan import LaunchPlan, PlanTask
-from harness.record import CellResult, LaunchRecord, RankResult
-from harness.stream import LineTail, ResultStream
-from harness.fold import cell_status, merge, repro_command
+from harness.vocabulary.errors import LaunchFailure
+from harness.launcher import forensics, warm
+from harness.vocabulary import packing
+from harness.vocabulary.plan import agent_command
+from harness.vocabulary.matrix import Cell
+from harness.vocabulary.plan import Lane
+from harness.vocabulary.plan import LaunchPlan, PlanTask
+from harness.records.record import CellResult, LaunchRecord, RankResult
+from harness.records.stream import LineTail, ResultStream
+from harness.records.fold import cell_status, merge, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
-
-
-class LaunchFailure(RuntimeError):
-    """Launches that ended before any cell started, twice in a row: nothing can run.
-
-    Not a verdict on any cell (none ran); the run ends with exit 3 and this message, which
-    names the first failing rank's error.
-    """
-
-    def __init__(self, message: str, launches: list[LaunchRecord]) -> None:
-        super().__init__(message)
-        self.launches = launches
 
 
 @dataclass(frozen=True)
@@ -89,14 +80,14 @@ class LaunchOptions:
 
 
 def torchrun_args(world_size: int, plan_path: Path) -> list[str]:
-    """torchrun's options and script for one launch (the rendezvous is ``harness.launcher.loopback``'s)."""
+    """torchrun's options and script for one launch (the rendezvous is ``harness.rank.agent``'s)."""
     return ["--monitor-interval", "0.1", "--nproc-per-node", str(world_size),
-            "-m", "harness.worker", "--plan", str(plan_path)]
+            "-m", "harness.rank.worker", "--plan", str(plan_path)]
 
 
 def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
-    """torchrun on this machine, every listening socket on loopback (``harness.launcher.loopback``)."""
-    return loopback.command(*torchrun_args(world_size, plan_path))
+    """torchrun on this machine, every listening socket on loopback (``harness.rank.agent``)."""
+    return agent_command(*torchrun_args(world_size, plan_path))
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
@@ -119,7 +110,7 @@ def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
 
 @dataclass
 class _LaneState:
-    """A lane of a launch (``harness.launcher.packing``) and how far it got."""
+    """A lane of a launch (``harness.vocabulary.packing``) and how far it got."""
 
     lane: Lane
     done: int = 0
@@ -331,7 +322,7 @@ def launch_tasks(width: int, tasks: list[Task], opts: LaunchOptions,
     """Run ``tasks`` in launches of ``width`` ranks until each has a verdict in the result stream.
 
     Every task's world size must divide ``width``: a task of world size k runs on one of the
-    launch's lanes of k ranks (``harness.launcher.packing``), beside the other lanes. A launch that
+    launch's lanes of k ranks (``harness.vocabulary.packing``), beside the other lanes. A launch that
     loses a cell (crash, hang) is replaced by a fresh one for the cells left: the verdicts
     already in the stream are kept, the cells in flight on other lanes run again. A launch
     that ends before any cell started is a launch failure: retried, and after

@@ -1,11 +1,11 @@
 """A warm agent: the backend probe and the first launch's torchrun agent in one process.
 
 Every sweep used to start two Python processes before its first cell: the backend probe
-(``harness.backends.probe_backend``: import torch and the backend, describe it, exit) and
+(``harness.orchestration.probe.probe_backend``: import torch and the backend, describe it, exit) and
 torchrun's agent (import torch and what the ranks preload, fork the ranks). Each paid for
 importing torch (about 2 s of CPU), and for ``te-cpu`` TE's heavy dependencies too (about
-3 s more). A warm agent pays once: ``python -m harness.loopback --warm SPEC`` preloads what
-the agent would (``harness.backends.RANK_PRELOAD``), describes the backend from a forked
+3 s more). A warm agent pays once: ``python -m harness.rank.agent --warm SPEC`` preloads what
+the agent would (``harness.vocabulary.backend_specs.RANK_PRELOAD``), describes the backend from a forked
 child (the backend's own import and whatever it runs stay out of the agent, as they did out
 of the old agent), prints the description, and waits. The first launch whose backends need
 the same preload hands it its torchrun arguments, environment and log (:func:`take`); a
@@ -30,16 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
-from harness.backends import RANK_PRELOAD, BackendError, BackendInfo, resolve
-
-#: the line of the warm agent's stdout that carries the probe's outcome (JSON after it)
-MARKER = "dw-harness-warm-probe "
-
-
-def ranks_forked() -> bool:
-    """Whether torchrun's agent forks the harness's ranks (``harness.launcher.loopback``): on Linux,
-    unless ``DW_RANK_START=spawn`` (macOS's system libraries are not fork-safe)."""
-    return sys.platform.startswith("linux") and os.environ.get("DW_RANK_START", "fork") == "fork"
+from harness.vocabulary.backend_specs import RANK_PRELOAD, BackendError, BackendInfo, resolve
+from harness.vocabulary.plan import WARM_MARKER, agent_command, ranks_forked
 
 
 def supported() -> bool:
@@ -72,7 +64,7 @@ _ready: list[_Warm] = []
 
 
 def probe(spec: str, timeout: float = 300.0) -> BackendInfo:
-    """Describe ``spec`` like ``harness.backends.probe_backend``, from a warm agent kept for
+    """Describe ``spec`` like ``harness.orchestration.probe.probe_backend``, from a warm agent kept for
     the first launch that can use it.
 
     Raises:
@@ -80,7 +72,7 @@ def probe(spec: str, timeout: float = 300.0) -> BackendInfo:
             took longer than ``timeout`` seconds.
     """
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "harness.loopback", "--warm", spec], stdin=subprocess.PIPE,
+    proc = subprocess.Popen(agent_command("--warm", spec), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=agent_env())
     warm = _Warm(proc, preload_key([spec]), stderr)
     try:
@@ -114,13 +106,13 @@ def _read_outcome(proc: subprocess.Popen, timeout: float) -> dict | None:
             if not line:
                 proc.wait()
                 return None
-            if line.startswith(MARKER):
-                return json.loads(line[len(MARKER):])
+            if line.startswith(WARM_MARKER):
+                return json.loads(line[len(WARM_MARKER):])
 
 
 def take(specs: Iterable[str], argv: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen | None:
     """Hand a warm agent whose preload fits ``specs`` torchrun's ``argv`` (as
-    ``harness.loopback.main`` takes them), the launch's environment and its log; the agent,
+    ``harness.rank.agent.main`` takes them), the launch's environment and its log; the agent,
     now torchrun's, or None (no such agent: start one as usual)."""
     key = preload_key(specs)
     for warm in list(_ready):

@@ -1,12 +1,8 @@
-"""What runs inside a rank: one cell on one rank, and everything it is judged with.
+"""The processes torchrun starts: the rank world's entry points.
 
-The worker (``harness.worker``) calls ``runner.run_cell`` for each cell of its lanes. The
-runner builds the module, attaches the GTP weight (``gtp``, ``attach``, Megatron-Core's own
-through ``megatron_gtp``), runs the step under the cell's saved-tensor hook mode (``hooks``)
-with the consumer that owns the gradient of record (``consumer``), and judges every rank's
-tensors against the float64 oracle (``oracle``, ``compare``; a known defect's prediction,
-``predict``), the hooked cell against its twin (``twin``), a must-raise cell's exception
-(``rejection``) and the path TE took (``te_path``). Only the worker, ``harness.external`` and
-the rank-side backends (``harness.reference``, ``harness.te_cpu``) import this package; the
-parent never does (``pyproject.toml``'s import contracts).
+``agent`` is torchrun itself, confined to loopback (its process forks the ranks); ``worker``
+is one rank running every cell of a launch plan; ``external`` is the worker under a user's
+own torchrun, whose rank 0 also writes the record; ``loading`` imports and describes a
+backend (also as the parent's probe subprocess). What a cell does is ``harness.cell``; the
+backends are ``harness.backends``. The parent never imports this package.
 """

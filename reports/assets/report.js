@@ -26,7 +26,7 @@
 function main(D) {
   var S = D.S, ST = D.statuses, AX = D.axes, KINDS = D.kinds, LEVELS = D.levels, N = D.n;
   var LE = D.le || [], KN = D.kn || {};  // ledger entries [id, upstream, title, stale]; known cells
-  // the status vocabulary comes from the record's data (harness/status.py), never restated here
+  // the status vocabulary comes from the record's data (harness/vocabulary/status.py), never restated here
   var SEV = [], LABEL = {}, GLYPH = {}, BAD = {};
   D.vocab.slice().sort(function (a, b) { return a.severity - b.severity; }).forEach(function (s) { SEV.push(s.name); });
   D.vocab.forEach(function (s) { LABEL[s.name] = s.label; GLYPH[s.name] = s.glyph; if (s.bad) BAD[s.name] = 1; });

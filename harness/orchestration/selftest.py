@@ -1,0 +1,245 @@
+"""Self-validation: the clean reference and every planted mutant over one selection.
+
+A harness earns trust by going red on every known fault class and never on correct code.
+All backends share one packed launch (``harness.vocabulary.packing``: the process groups do not depend
+on the backend). A mutant only runs the cells of the modules it changes (and, for a fault of the FP8 path, of
+the recipes it can show under): for the others its classes *are* the reference's, so their
+verdicts are the clean run's by construction.
+
+A mutant counts as killed only when a failing check is evidence of its own fault (its
+``evidence`` patterns: a check name or the text of the expected exception); a kill by an
+unrelated crash is reported as ``unrelated`` and fails the self-test like a survivor.
+
+One kill is enough, so a mutant runs in up to three rounds, each only while no cell has killed
+it by evidence: the first ``FIRST_CELLS`` cells of a pairwise-covering part of its cells (every
+pair of values of any two axes that its cells hold appears in one of them, ``first_round``:
+about a quarter of them), then the rest of that part, then every other cell. The verdict is
+the one a run over every cell gives (a survivor has run them all); ``killing cells`` counts
+the kills among the cells it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import heapq
+from itertools import combinations
+
+from harness.vocabulary import fault_classes, matrix
+from harness.orchestration import sensitivity
+from harness.vocabulary import packing
+from harness.launcher.launch import LaunchOptions, Task, launch_tasks
+from harness.records.record import CellResult
+from harness.vocabulary.status import HARNESS_ERROR
+from harness.records.stream import ResultStream
+
+CLEAN = "harness.backends.reference"
+#: a mutant's first round: this many cells of its pairwise cover (in the 2026-12-04 ``ci``
+#: self-test, 20 of 23 mutants were killed by one of their cover's first 8 cells)
+FIRST_CELLS = 8
+MUTANT_PREFIX = "harness.backends.reference.mutants:"
+
+
+@dataclass
+class MutantVerdict:
+    name: str
+    description: str
+    verdict: str                          # killed | unrelated | survived
+    killing_cells: list[str] = field(default_factory=list)
+    first_check: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    cells_run: int = 0
+    #: how many rounds it ran (1: killed in its first ``FIRST_CELLS`` cells; 2: in the rest of
+    #: its pairwise cover; 3: it needed every other cell, or survived them all)
+    rounds: int = 1
+
+    @property
+    def killed(self) -> bool:
+        return self.verdict == "killed"
+
+
+@dataclass
+class SelftestResult:
+    mutants: list[MutantVerdict]
+    clean: list[CellResult]
+    duration_s: float
+    max_ratio_per_dtype: dict[str, float]
+    thresholds: list[sensitivity.Threshold] = field(default_factory=list)
+    #: perturbation cells that raised or timed out (a harness or reference bug)
+    anomalies: list[str] = field(default_factory=list)
+
+    @property
+    def false_alarms(self) -> int:
+        return sum(1 for c in self.clean if not c)
+
+    @property
+    def score(self) -> float:
+        return sum(m.killed for m in self.mutants) / len(self.mutants) if self.mutants else 1.0
+
+    @property
+    def harness_errors(self) -> int:
+        """Clean cells the harness itself failed on (exit 3: the self-test proves nothing then)."""
+        return sum(1 for c in self.clean if c.status == HARNESS_ERROR)
+
+    @property
+    def ok(self) -> bool:
+        return self.false_alarms == 0 and all(m.killed for m in self.mutants) and not self.blind \
+            and not self.anomalies
+
+    @property
+    def blind(self) -> list[sensitivity.Threshold]:
+        """Tensor kinds no planted error up to the top of the ladder was caught in."""
+        return [t for t in self.thresholds if t.smallest_caught is None]
+
+    def serialize(self) -> dict[str, Any]:
+        return {
+            "score": self.score, "false_alarms": self.false_alarms, "ok": self.ok,
+            "duration_s": self.duration_s, "clean_cells": len(self.clean),
+            "max_ratio_per_dtype": self.max_ratio_per_dtype,
+            "sensitivity": sensitivity.serialize(self.thresholds), "sensitivity_anomalies": self.anomalies,
+            "mutants": [{**asdict(m), "killed": m.killed} for m in self.mutants],
+        }
+
+
+def _judge(mutant: fault_classes.FaultClass, results: list[CellResult]) -> MutantVerdict:
+    v = MutantVerdict(mutant.name, mutant.description, "survived", cells_run=len(results))
+    for res in results:
+        if res:
+            continue
+        v.killing_cells.append(res.id)
+        found = fault_classes.evidence_found(mutant, [c for r in res.ranks for c in r.comparisons])
+        if found and not v.evidence:
+            v.evidence = found[:3]
+            name, _, message = found[0].partition(": ")
+            first = message if message.startswith(name) else found[0]
+            v.first_check = first.splitlines()[0][:300]
+    if v.killing_cells:
+        v.verdict = "killed" if v.evidence else "unrelated"
+        if not v.evidence:
+            v.first_check = next(r.first_failure for r in results if not r)
+    return v
+
+
+def first_round(cells: list[matrix.Cell]) -> list[matrix.Cell]:
+    """A part of ``cells`` holding every pair of axis values that ``cells`` hold (a greedy
+    cover, deterministic: ties go to the earlier cell), in the cells' order."""
+    def pairs(c: matrix.Cell) -> frozenset:
+        return frozenset(combinations(sorted((k, repr(v)) for k, v in c.serialize().items()), 2))
+
+    held = [pairs(c) for c in cells]
+    need = set().union(*held) if held else set()
+    # lazy greedy: a cell's gain only shrinks, so a stale heap key is an upper bound and the
+    # first cell whose fresh gain still tops the heap is the plain greedy's choice (ties: the
+    # earlier cell) - linear-ish in the cells, not quadratic (a `full` selection has 62,640)
+    heap = [(-len(h), i) for i, h in enumerate(held)]
+    heapq.heapify(heap)
+    chosen: set[int] = set()
+    while need:
+        _, i = heapq.heappop(heap)
+        fresh = (-len(held[i] & need), i)
+        if heap and fresh > heap[0]:
+            heapq.heappush(heap, fresh)
+            continue
+        chosen.add(i)
+        need -= held[i]
+    return [c for i, c in enumerate(cells) if i in chosen]
+
+
+def max_ratios(results: list[CellResult]) -> dict[str, float]:
+    """The largest error/bound ratio of any value check, per cell dtype (the margin)."""
+    out: dict[str, float] = {}
+    for (d, _), ratio in sensitivity.worst_ratios(results).items():
+        out[d] = max(out.get(d, 0.0), ratio)
+    return out
+
+
+def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
+                 progress: Callable[[str, CellResult], None] = lambda b, r: None,
+                 clean_examples: int = 0) -> SelftestResult:
+    """Run the clean reference and every mutant over ``cells``; judge each mutant; then
+    measure the detection threshold (``harness.orchestration.sensitivity``; its first round shares the
+    mutants' launches, each later round is one more launch per launch group).
+
+    ``clean_examples`` hypothesis-drawn shapes per cell hunt for false alarms on the clean
+    reference (mutants need no extra examples: one kill is enough).
+    """
+    t0 = time.monotonic()
+    stream = ResultStream(opts.run_dir)
+    since = stream.size()
+    search = sensitivity.Search(cells)
+    tasks = [Task(CLEAN, c, clean_examples) for c in cells]
+    later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
+    for name, m in fault_classes.CATALOG.items():
+        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb)]
+        cover = first_round(mine)
+        tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in cover[:FIRST_CELLS]]
+        covered = set(cover)
+        later[name] = [cover[FIRST_CELLS:], [c for c in mine if c not in covered]]
+    tasks += search.tasks()
+    latest: dict[tuple[str, str], CellResult] = {}
+    rounds = dict.fromkeys(fault_classes.CATALOG, 1)
+
+    def results_of(backend: str) -> list[CellResult]:
+        return [res for (b, _), res in latest.items() if b == backend]
+
+    while tasks:
+        for width, members in packing.launch_groups([t.cell for t in tasks]):
+            launch_tasks(width, [tasks[i] for i in members], opts, progress)
+        # the verdicts come from the result stream alone, one per (backend, cell)
+        verdicts, since = stream.read_since(since)
+        latest.update((v.key, v.result) for v in verdicts)
+        if search.pending:
+            search.observe(latest)
+        tasks = search.tasks()
+        for name, pending in later.items():  # not killed by evidence yet: its next round
+            if _judge(fault_classes.CATALOG[name], results_of(MUTANT_PREFIX + name)).killed:
+                pending.clear()
+            while pending:
+                round_cells = pending.pop(0)
+                rounds[name] += 1  # an empty round (a cover of FIRST_CELLS cells or fewer) counts too
+                if round_cells:
+                    tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in round_cells]
+                    break
+        later = {n: p for n, p in later.items() if p}
+    results = {CLEAN: results_of(CLEAN), **{MUTANT_PREFIX + n: results_of(MUTANT_PREFIX + n) for n in fault_classes.CATALOG}}
+    verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in fault_classes.CATALOG.items()]
+    for v in verdicts:
+        v.rounds = rounds[v.name]
+    return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),
+                          max_ratios(results[CLEAN]), search.thresholds(results[CLEAN]),
+                          search.anomalies)
+
+
+def table(result: SelftestResult) -> str:
+    lines = [f"{'mutant':28} {'verdict':9} {'killing cells':>13}  first failing check (evidence)"]
+    for m in result.mutants:
+        lines.append(f"{m.name:28} {m.verdict:9} {len(m.killing_cells):>6}/{m.cells_run:<6}  "
+                     f"{(m.first_check or '-').splitlines()[0][:110]}")
+    lines.append("")
+    lines.append(f"mutation score {result.score:.0%} ({sum(m.killed for m in result.mutants)}/"
+                 f"{len(result.mutants)} killed by evidence of their fault); clean reference: "
+                 f"{len(result.clean)} cells, {result.false_alarms} false alarm(s)")
+    cover = [m.name for m in result.mutants if m.rounds == 2]
+    every = [m.name for m in result.mutants if m.rounds == 3]
+    lines.append(f"each mutant ran first on {FIRST_CELLS} cells of a pairwise-covering part of its cells; "
+                 f"{len(cover)} needed the rest of that part" + (f" ({', '.join(cover)})" if cover else "")
+                 + f", {len(every)} every other cell too" + (f" ({', '.join(every)})" if every else ""))
+    ratios = ", ".join(f"{d} {r:.3g}" for d, r in sorted(result.max_ratio_per_dtype.items()))
+    lines.append(f"largest error/bound ratio on the clean reference per dtype: {ratios or '-'}")
+    if result.thresholds:
+        lines += ["", "sensitivity: the smallest relative error k*u planted in one tensor kind (k a power "
+                  "of 2, u the unit roundoff of the value's dtype) that a value check catches",
+                  sensitivity.table(result.thresholds)]
+    for t in result.blind:
+        lines.append(f"BLIND: no {t.kind} error in {t.dtype} cells was caught up to k = {sensitivity.LADDER[-1]:g}")
+    for a in result.anomalies:
+        lines.append(f"ANOMALY: a planted value error made a cell raise: {a}")
+    return "\n".join(lines)
+
+
+def write(result: SelftestResult, path: Path) -> None:
+    path.write_text(json.dumps(result.serialize(), indent=1))

@@ -1,0 +1,257 @@
+"""The fault classes the self-test plants (docs/fault-classes.md), as data: what each fault
+does wrong, where it can show and what a kill *about it* looks like (no torch: the self-test's
+parent reads this catalog; ``harness.backends.reference.mutants`` plants each fault in the reference).
+
+``evidence`` patterns tell "the harness caught this bug" from "the harness failed for some
+other reason":
+
+- ``check:<glob>``: a failing check whose name matches the ``fnmatch`` glob
+  (``followers.*_calls``);
+- ``text:<substring>``: a failing check whose message contains the substring - the
+  ``exception`` check carries the backend's exception as ``Type: message``.
+
+A generic torch error text (``GENERIC_TEXTS``: any shape bug raises it) is evidence only
+together with a ``check:`` pattern failing in the same cell; alone it proves only that
+something broke.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from harness.vocabulary import recipes
+
+__all__ = ["CATALOG", "FaultClass", "GEMM_MODULES", "GENERIC_TEXTS", "MODULE_CLASSES", "NORM", "evidence_found"]
+
+#: where the GEMM path's faults are planted: the three modules that path was written for.
+#: ``LayerNormLinear`` runs ``Linear``'s very GEMM code in the reference, so planting them
+#: there too would rerun the same code; its own faults are the normalization's (``NORM``).
+GEMM_MODULES = ("linear", "grouped_linear", "ops_grouped_linear")
+NORM = ("layernorm_linear", "rmsnorm_linear")
+#: the module values whose classes decide "distributed?" in the reference's GroupGemm (the
+#: op-fuser's read their own attributes)
+MODULE_CLASSES = ("linear", "grouped_linear", "grouped_linear_tensor") + NORM
+#: torch's own error texts that any shape bug raises: evidence only beside a fault's check
+GENERIC_TEXTS = ("shapes cannot be multiplied", "must match the size", "invalid gradient",
+                 "expected shape compatible with")
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    """One fault class of docs/fault-classes.md.
+
+    Attributes:
+        name: its id; ``harness.backends.reference.mutants:<name>`` is the backend planting it.
+        description: one line: what the backend does wrong.
+        modules: the cell ``module`` values whose classes deviate; the others are the
+            reference's own classes and must pass.
+        min_world_size: the smallest world size at which the fault changes anything the
+            contract observes (at ws=1 a shard is the full weight - unless the weight pads
+            to an alignment, as Megatron's does).
+        evidence: what a kill about this fault looks like (module docstring).
+        recipes: the cell ``recipe`` values the fault can show under (None: every one); a
+            fault of the FP8 path changes nothing in a cell without a recipe.
+        first_mb: the fault is in what ``is_first_microbatch`` changes: only cells that pass
+            the flag (``first_mb``) run it.
+    """
+
+    name: str
+    description: str
+    modules: tuple[str, ...] = GEMM_MODULES
+    min_world_size: int = 1
+    evidence: tuple[str, ...] = ()
+    recipes: tuple[str, ...] | None = None
+    first_mb: bool = False
+
+    def applies(self, module: str, recipe: str, first_mb: bool = False) -> bool:
+        """Whether a cell of ``module`` under ``recipe`` (passing ``is_first_microbatch`` or
+        not) runs this fault's code."""
+        return (module in self.modules and (self.recipes is None or recipe in self.recipes)
+                and (first_mb or not self.first_mb))
+
+
+#: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
+_FP8_MODULES = tuple(m for m in recipes.MODELLED["current"] if m in recipes.MODELLED["delayed"])
+#: the GEMM modules whose forward takes ``is_first_microbatch`` (the op-fuser's does not)
+_FLAG_MODULES = ("linear", "grouped_linear")
+#: the module values the oracle judges under MXFP8 (the MXFP8 mutant's cells)
+_MXFP8_MODULES = recipes.MODELLED["mxfp8"]
+
+_ALL = (
+    FaultClass("hooks-strip-subclass",
+               "backward decides 'distributed?' from the unpacked saved tensor, which "
+               "saved-tensor hooks turn into a plain Tensor (TE's pre-fix behaviour)",
+               modules=MODULE_CLASSES, evidence=(
+                   "check:leader.materialize_backward_calls",
+                   "text:weight was removed while fuse_wgrad_accumulation=True",
+                   "text:shapes cannot be multiplied",  # ws>=2: the plain branch multiplies by the shard
+               )),
+    FaultClass("wgrad-compute-dtype",
+               "a distributed weight's wgrad is computed and reduced in the compute dtype, "
+               "not main_grad's (fused: the GEMM's buffer; unfused: the GEMM's dtype)",
+               evidence=("check:finalize_dtypes",)),
+    FaultClass("shared-grad-buffer",
+               "the leader's grad_buffer() is used for every member of the group, so every "
+               "expert is finalized with the last expert's wgrad",
+               modules=("grouped_linear", "ops_grouped_linear"),
+               evidence=("check:weight*.grad_buffer_calls", "check:weight*.main_grad")),
+    FaultClass("full-shape-dummy",
+               "fused: the dummy gradient returned to autograd has the full (gathered) "
+               "shape instead of the shard's",
+               evidence=("check:autograd_grad_shape",)),
+    FaultClass("unfused-finalize-dropped",
+               "unfused: finalize's return value is ignored and autograd receives the local, "
+               "unreduced full wgrad",
+               evidence=("check:autograd_grad_shape", "check:weight*.grad", "check:weight*.main_grad")),
+    FaultClass("ops-double-add",
+               "ops GroupedLinear accumulates a distributed weight's wgrad into main_grad "
+               "itself and then lets finalize add it too",
+               modules=("ops_grouped_linear",),
+               evidence=("check:weight*.main_grad", "text:must match the size")),
+    FaultClass("dgrad-forward-copy",
+               "backward reuses the forward's gathered weights (kept on ctx) and never calls "
+               "materialize_group_for_backward",
+               evidence=("check:leader.materialize_backward_calls",
+                                        "check:forward_gathers_alive_at_backward",
+                                        "check:mb*.input_grad")),  # gtp_tagged: x2, not x4
+    FaultClass("per-member-materialize",
+               "materialize_group_for_forward/backward is called on every member instead of "
+               "once through the leader",
+               modules=("grouped_linear", "ops_grouped_linear"),
+               evidence=("check:followers.*_calls",)),
+    FaultClass("dw-fused-hook-skipped",
+               "backward_dw() fires the wgrad accumulation-and-reduce hooks only on the "
+               "unfused branch",
+               evidence=("check:wgrad_hook_calls",)),
+    FaultClass("delay-with-dw-accepted",
+               "delay_wgrad_compute=True with a distributed weight is not rejected up front; "
+               "the delayed wgrad is finalized later in backward_dw()",
+               evidence=("check:expected_exception",)),
+        # killed only by the harness weight's Megatron behaviours (gtp_* values)
+    FaultClass("wgrads-reused-after-finalize",
+               "unfused: when finalize returns None (asynchronous), autograd gets the wgrads "
+               "finalize consumed instead",
+               evidence=("check:weight*.main_grad", "check:autograd_grad_shape")),
+    FaultClass("main-grad-read-after-finalize",
+               "reads main_grad right after finalize and, finding it not yet updated "
+               "(asynchronous), accumulates its local wgrad into it",
+               evidence=("check:weight*.main_grad",)),
+    FaultClass("materialized-copy-kept",
+               "computes later microbatches' dgrad with the first backward's materialized "
+               "weights, kept across later materializations",
+               evidence=("check:mb*.input_grad",)),
+    FaultClass("requires-grad-from-copies",
+               "decides whether the weights need a gradient from the gathered copies' "
+               "requires_grad, so copies without it get no wgrad and no finalize",
+               evidence=("check:leader.finalize_calls",)),
+        # caught only by an exact check: every value is right
+    FaultClass("main-grad-rebound",
+               "fused: accumulates the wgrad out of place and rebinds main_grad to the sum "
+               "(values right, the DDP buffer main_grad viewed left behind)",
+               evidence=("check:weight*.main_grad_kept",)),
+        # subtle numeric faults: each killed by a value check
+    FaultClass("wgrad-rounded-through-bf16",
+               "the weight gradient is rounded once through bf16 before the fp32 main_grad "
+               "accumulation (fused)",
+               evidence=("check:weight*.main_grad",)),
+    FaultClass("main-grad-accumulated-in-bf16",
+               "fused, plain weights: main_grad accumulated in bf16 instead of fp32",
+               evidence=("check:weight*.main_grad",)),
+    FaultClass("dgrad-with-bf16-weight",
+               "fp32 cells: the input gradient is computed with the weight rounded to bf16",
+               evidence=("check:mb*.input_grad",)),
+    FaultClass("tf32-declared-ieee",
+               "fp32 forward GEMMs with TF32 operands while the backend declares IEEE fp32",
+               evidence=("check:mb*.output",)),
+    FaultClass("grouped-tensor-path-no-dw",
+               "GroupedLinear's grouped-tensor path keeps the gathered copies for backward "
+               "and runs backward on them as on plain weights (no materialize, no finalize)",
+               modules=("grouped_linear_tensor",),
+               evidence=("check:leader.materialize_backward_calls", "check:leader.finalize_calls",
+                     "check:forward_gathers_alive_at_backward")),
+        # LayerNormLinear's normalization
+    FaultClass("norm-dgamma-dropped",
+               "LayerNormLinear: the normalization's backward drops the layer_norm_weight "
+               "gradient", modules=NORM,
+               evidence=("check:layer_norm_weight.*",)),
+    FaultClass("norm-dbeta-on-gamma",
+               "LayerNormLinear (LayerNorm): the layer-norm bias gradient is delivered to "
+               "layer_norm_weight and the scale's to layer_norm_bias",
+               modules=("layernorm_linear",),
+               evidence=("check:layer_norm_weight.*", "check:layer_norm_bias.*")),
+    FaultClass("norm-zero-centered-ignored-in-backward",
+               "LayerNormLinear with zero_centered_gamma: the input gradient scales by gamma "
+               "instead of 1 + gamma",
+               modules=("layernorm_linear",), evidence=("check:mb*.input_grad",)),
+    
+    # the FP8 path (cells under a recipe): the reference quantizes every GEMM's operands, so
+    # each runs on the modules the oracle judges under its recipes (_FP8_MODULES)
+    FaultClass("fp8-per-shard-amax",
+               "a distributed weight's FP8 scale (current scaling) is taken from this rank's shard, "
+               "not from the whole gathered weight",
+               modules=_FP8_MODULES, min_world_size=2, recipes=("current",),
+               evidence=("check:mb*.output",)),
+    FaultClass("fp8-stale-weight-workspace",
+               "the FP8 weight the first microbatch quantized is multiplied again by later "
+               "microbatches (delayed scaling: with the first microbatch's scale)",
+               modules=_FP8_MODULES, recipes=("delayed",), evidence=("check:mb*.output",)),
+    FaultClass("fp8-e4m3-gradient",
+               "the output gradient is quantized to E4M3, not HYBRID's E5M2",
+               modules=_FP8_MODULES, recipes=("current", "delayed"),
+               evidence=("check:mb*.input_grad", "check:weight*.main_grad", "check:weight*.grad")),
+    FaultClass("fp8-dgrad-weight-unquantized",
+               "a distributed weight's dgrad multiplies the re-gathered high-precision weight: "
+               "the backward re-quantization is missing",
+               modules=_FP8_MODULES, recipes=recipes.QUANTIZED, evidence=("check:mb*.input_grad",)),
+    FaultClass("fp8-dgrad-weight-requantized",
+               "delayed scaling: a distributed weight's dgrad re-quantizes the re-gathered weight "
+               "with the scale updated after the forward, not the forward's",
+               modules=_FP8_MODULES, recipes=("delayed",), evidence=("check:mb*.input_grad",)),
+    FaultClass("mxfp8-scale-rounded-down",
+               "MXFP8: the weight's E8M0 block scale is rounded down from amax / 448, not up, so "
+               "a block's largest elements saturate",
+               modules=_MXFP8_MODULES, recipes=("mxfp8",), evidence=("check:mb*.output",)),
+    FaultClass("nvfp4-shard-tensor-scale",
+               "NVFP4: a distributed weight's tensor scale is taken from the amax of this rank's "
+               "shard, not of the whole gathered weight (the other shards' largest elements saturate)",
+               modules=recipes.MODELLED["nvfp4"], min_world_size=2, recipes=("nvfp4",),
+               evidence=("check:mb*.output",)),
+    FaultClass("first-microbatch-ignored",
+               "is_first_microbatch=True is ignored: a fused plain weight's first wgrad is added "
+               "to main_grad instead of replacing it",
+               modules=_FLAG_MODULES, first_mb=True, evidence=("check:weight*.main_grad",)),
+    FaultClass("first-microbatch-overwrites-distributed",
+               "is_first_microbatch=True is applied to a distributed weight too: main_grad is "
+               "cleared before the first finalize, losing what it held",
+               modules=_FLAG_MODULES, first_mb=True, evidence=("check:weight*.main_grad",)),
+)
+CATALOG: dict[str, FaultClass] = {f.name: f for f in _ALL}
+
+
+def evidence_found(fault: Any, checks: Iterable[Any]) -> list[str]:
+    """The failing checks that are evidence of ``fault`` (anything with ``evidence``), as
+    ``name: message``.
+
+    Args:
+        fault: the fault class (or mutant) whose ``evidence`` patterns to match.
+        checks: ``Check`` objects (or dicts with ``name``/``ok``/``message``), e.g. every
+            rank's ``RankResult.comparisons`` of a killed cell.
+    """
+    found, generic, by_check = [], [], False
+    for c in checks:
+        get_ = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
+        if get_("ok"):
+            continue
+        cname, message = get_("name") or "", get_("message") or ""
+        for pattern in fault.evidence:
+            kind, _, value = pattern.partition(":")
+            if kind == "check" and fnmatch.fnmatchcase(cname, value):
+                found.append(f"{cname}: {message}".strip())
+                by_check = True
+                break
+            if kind == "text" and value in message:
+                (generic if any(g in value for g in GENERIC_TEXTS) else found).append(f"{cname}: {message}".strip())
+                break
+    return found + generic if by_check else found

@@ -1,0 +1,141 @@
+"""The ``module`` axis: what each value means (pure data, no torch).
+
+One :class:`ModuleKind` per value says everything the rest of the harness needs to know of a
+module: which backend class builds it and with which keyword arguments (CONTRACTS §1), how
+its forward takes the row splits, whether it is a group of N GEMMs, and which normalization
+runs before its GEMM. A new module is one new entry here, not a new branch in the matrix,
+the runner and the oracle.
+
+The matrix, the CLI and the reports import this module in the parent process, so it must
+stay free of torch; :mod:`harness.cell.runner` turns a kind into a module inside a rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ModuleKind", "KINDS", "NAMES", "APIS", "NORM_PARAMS", "on_path"]
+
+#: a normalization's parameters, in order (RMSNorm has only the first)
+NORM_PARAMS: tuple[str, ...] = ("layer_norm_weight", "layer_norm_bias")
+
+
+@dataclass(frozen=True)
+class ModuleKind:
+    """One value of the ``module`` axis.
+
+    Attributes:
+        name: the axis value (also the cell-id part).
+        summary: one line for ``list`` and the docs.
+        api: the backend attribute that builds it (``"ops.GroupedLinear"`` is nested).
+        grouped: N GEMMs over row splits (the ``num_gemms`` axis applies); otherwise a group
+            of one, and a cell always has ``num_gemms=1``.
+        splits: how ``forward`` takes the row splits: ``"none"``, ``"list"`` (``m_splits``),
+            ``"tensor"`` (``split_sizes``, an int64 CPU tensor) or ``"device"`` (an int64
+            tensor in the run's device memory, as the grouped-tensor path insists: on te-cpu
+            the backend's ``device_tensor`` marks a CPU tensor device-resident).
+        ops: built with the op-fuser's keywords (``dtype``, ``accumulate_into_main_grad``)
+            instead of the module keywords (``params_dtype``, ``fuse_wgrad_accumulation``).
+        normalization: ``"LayerNorm"`` or ``"RMSNorm"`` before the GEMM, or None.
+        zero_centered_gamma: the normalization scales by ``1 + gamma`` (Megatron's
+            "layernorm 1p"); its gradient formula is unchanged, its values are not.
+        evidence: the TE extension functions a backend that reports its path
+            (``path_evidence()``, te-cpu) must have called when the cell ran: the proof that
+            TE took the path the cell names (its forward GEMM, its normalization).
+        excludes: extension functions that must not have been called (another path's GEMM:
+            TE may fall back from one grouped path to the other without a word).
+        path: the TE execution path (``"split_quantize"``, ``"grouped_tensor"``) or ``""``;
+            a backend that can choose (``use_path``, te-cpu: its cuBLASLt version answer) is
+            told before each cell.
+        options: extra constructor keywords (``use_grouped_tensor=True``).
+        dtypes: the cell dtypes the path exists for (TE's grouped-tensor GEMM: bf16, fp16).
+        bias_multiple: with a bias, ``out_features`` is rounded up to a multiple of this
+            (the grouped-tensor path adds the bias with a vectorised kernel that needs 8
+            16-bit elements per row; TE refuses other widths).
+    """
+
+    name: str
+    summary: str
+    api: str
+    grouped: bool = False
+    splits: str = "none"
+    ops: bool = False
+    normalization: str | None = None
+    zero_centered_gamma: bool = False
+    evidence: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+    path: str = ""
+    options: tuple[tuple[str, Any], ...] = ()
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    bias_multiple: int = 1
+
+    def out_features(self, out: int, bias: bool) -> int:
+        """The ``out_features`` a cell builds with, given the example's ``out``."""
+        m = self.bias_multiple if bias else 1
+        return -(-out // m) * m
+
+    def path_mismatch(self, called: dict[str, int]) -> str | None:
+        """Why the extension functions ``called`` do not prove this kind's path (None: they do)."""
+        missing = [f for f in self.evidence if not called.get(f)]
+        foreign = [f for f in self.excludes if called.get(f)]
+        if not missing and not foreign:
+            return None
+        ran = ", ".join(sorted(called)) or "no extension function"
+        why = []
+        if missing:
+            why.append(f"never called {', '.join(missing)}")
+        if foreign:
+            why.append(f"called {', '.join(foreign)}, which belongs to another path")
+        return (f"path evidence: a {self.name} cell must run TE's {self.summary.split(':')[0]} "
+                f"path, but the backend {' and '.join(why)} (called: {ran})")
+
+
+#: TE's per-group GEMM (the split-quantize paths) and its one-GEMM-per-module kernel
+_SPLIT_GEMM, _GEMM = "te_general_grouped_gemm", "generic_gemm"
+_NORMS = ("layernorm_fwd", "rmsnorm_fwd")
+#: the grouped-tensor paths' GEMMs: discrete weights in (forward, dgrad) and out (wgrad)
+_GT_IN, _GT_OUT, _GT_SINGLE = ("te_general_grouped_gemm_for_discrete_in",
+                               "te_general_grouped_gemm_for_discrete_out",
+                               "te_general_grouped_gemm_for_grouped_tensor")
+_GT = (_GT_IN, _GT_OUT, _GT_SINGLE)
+_HALF = ("bf16", "fp16")
+
+_ALL = (
+    ModuleKind("linear", "Linear: y = x W^T + b", "Linear", evidence=(_GEMM,),
+               excludes=_NORMS + (_SPLIT_GEMM,)),
+    ModuleKind("grouped_linear", "GroupedLinear on its split-quantize path: N linears over row "
+               "splits (m_splits list)", "GroupedLinear", grouped=True, splits="list",
+               evidence=(_SPLIT_GEMM,), excludes=(_GEMM,) + _GT, path="split_quantize"),
+    ModuleKind("ops_grouped_linear", "ops.GroupedLinear on its split-quantize path: the "
+               "op-fuser's grouped linear (split_sizes tensor)", "ops.GroupedLinear", grouped=True,
+               splits="tensor", ops=True, evidence=(_SPLIT_GEMM,), excludes=(_GEMM,) + _GT,
+               path="split_quantize"),
+    ModuleKind("layernorm_linear", "LayerNormLinear, LayerNorm with a zero-centered gamma, then "
+               "Linear", "LayerNormLinear", normalization="LayerNorm", zero_centered_gamma=True,
+               evidence=("layernorm_fwd", _GEMM), excludes=("rmsnorm_fwd", _SPLIT_GEMM)),
+    ModuleKind("rmsnorm_linear", "LayerNormLinear, RMSNorm, then Linear", "LayerNormLinear",
+               normalization="RMSNorm", evidence=("rmsnorm_fwd", _GEMM),
+               excludes=("layernorm_fwd", _SPLIT_GEMM)),
+    ModuleKind("grouped_linear_tensor", "GroupedLinear on its grouped-tensor path "
+               "(use_grouped_tensor=True): one grouped GEMM over device-resident m_splits",
+               "GroupedLinear", grouped=True, splits="device", evidence=(_GT_IN,),
+               excludes=(_SPLIT_GEMM, _GEMM), path="grouped_tensor",
+               options=(("use_grouped_tensor", True),), dtypes=_HALF, bias_multiple=8),
+    ModuleKind("ops_grouped_linear_tensor", "ops.GroupedLinear on its grouped-tensor path: "
+               "one grouped GEMM (split_sizes tensor)", "ops.GroupedLinear", grouped=True,
+               splits="tensor", ops=True, evidence=(_GT_IN,), excludes=(_SPLIT_GEMM, _GEMM),
+               path="grouped_tensor", dtypes=_HALF, bias_multiple=8),
+)
+KINDS: dict[str, ModuleKind] = {k.name: k for k in _ALL}
+NAMES: tuple[str, ...] = tuple(KINDS)
+#: the backend classes the values need, in axis order (``ops.GroupedLinear`` is nested)
+APIS: tuple[str, ...] = tuple(dict.fromkeys(k.api for k in _ALL))
+
+
+
+def on_path(kind: ModuleKind, path: str) -> ModuleKind | None:
+    """The module value of the same class on TE's other execution ``path`` (``grouped_linear``
+    for ``grouped_linear_tensor`` on ``"split_quantize"``): whose evidence proves what TE ran
+    when it took that path instead (None: the class has no such path)."""
+    return next((k for k in _ALL if k.api == kind.api and k.ops == kind.ops and k.path == path), None)

@@ -1,0 +1,111 @@
+"""The ``recipe`` axis: which of TE's low-precision recipes a cell runs under (pure data, no torch).
+
+``none`` is every cell the harness ran before the axis existed: no ``autocast``, GEMMs in the
+cell's dtype. The others run the step under TE's ``autocast`` with a TE recipe object built
+with its defaults (``harness.cell.lowp``); the oracle quantizes the operands TE quantizes, as
+the recipe says (``harness.cell.quantized``; docs/low-precision.md). ``nvfp4`` is TE's
+``NVFP4BlockScaling`` with its random Hadamard transform and stochastic rounding switched
+off (TE's own ``disable_rht`` / ``disable_stochastic_rounding``): the deterministic form, the
+one a CPU can reproduce (docs/low-precision.md says why the defaults cannot be).
+
+The matrix, the CLI and the reports import this module in the parent process, so it stays
+free of torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "JUDGED", "judged", "unmodelled",
+           "NO_FP16"]
+
+
+@dataclass(frozen=True)
+class RecipeKind:
+    """One value of the ``recipe`` axis.
+
+    Attributes:
+        name: the axis value; a cell id names it (``-r<name>``) unless it is ``none``.
+        summary: one line for ``list`` and the docs.
+        te_class: the class of ``transformer_engine.common.recipe`` built (defaults), or None.
+        forward, backward: the element formats of the forward operands (input, weight) and of
+            the gradient operand (the output gradient): ``e4m3`` / ``e5m2``, None for ``none``.
+        block: how a scale is shared: ``"tensor"`` (one fp32 scale per tensor), ``"mxfp8"``
+            (one E8M0 scale per 32 elements along the GEMM's K), ``"block"`` (one fp32 scale per
+            1x128 block of an input or gradient, per 128x128 tile of a weight), ``"nvfp4"`` (one
+            E4M3 scale per 16 elements along K - per 16x16 tile of a weight - and one fp32
+            scale per tensor from its amax).
+        align: every dimension a quantized GEMM sees is a multiple of this (TE: "FP8
+            execution requires ... the last dimension to be divisible by 16", the FP8 GEMM's
+            leading-dimension rule on the wgrad GEMM's K, which is the rows; MXFP8 "requires
+            tensor dims that are divisible by 32"): a cell's features and rows, and each
+            group's rows, are rounded up to it (``harness.vocabulary.shape.aligned``).
+        options: keyword arguments of the TE class other than its defaults, as pairs.
+    """
+
+    name: str
+    summary: str
+    te_class: str | None = None
+    forward: str | None = None
+    backward: str | None = None
+    block: str = "tensor"
+    align: int = 1
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def quantized(self) -> bool:
+        return self.te_class is not None
+
+
+_ALL = (
+    RecipeKind("none", "no recipe: GEMMs in the cell's dtype (every cell before the recipe axis)"),
+    RecipeKind("delayed", "DelayedScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, scales "
+               "from the amax history of earlier steps", "DelayedScaling", "e4m3", "e5m2", "tensor", 16),
+    RecipeKind("current", "Float8CurrentScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, "
+               "each tensor's scale from its own amax", "Float8CurrentScaling", "e4m3", "e5m2", "tensor", 16),
+    RecipeKind("mxfp8", "MXFP8BlockScaling: E4M3, one power-of-two (E8M0) scale per 32 elements "
+               "along K (Blackwell)", "MXFP8BlockScaling", "e4m3", "e4m3", "mxfp8", 32),
+    RecipeKind("blockwise", "Float8BlockScaling: E4M3, power-of-two fp32 scales per 1x128 block "
+               "(inputs, gradients) and 128x128 tile (weights)", "Float8BlockScaling", "e4m3", "e4m3",
+               "block", 16),
+    RecipeKind("nvfp4", "NVFP4BlockScaling (no Hadamard transform, no stochastic rounding): E2M1, one "
+               "E4M3 scale per 16 elements (16x16 tiles for weights) and one fp32 scale per tensor "
+               "(Blackwell)", "NVFP4BlockScaling", "e2m1", "e2m1", "nvfp4", 16,
+               (("disable_rht", True), ("disable_stochastic_rounding", True))),
+)
+KINDS: dict[str, RecipeKind] = {k.name: k for k in _ALL}
+NAMES: tuple[str, ...] = tuple(KINDS)
+#: the values that quantize (every value but ``none``)
+QUANTIZED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.quantized)
+
+#: the recipes the quantization-aware oracle models (``harness.cell.quantized``), and the
+#: module values it models each on; a cell of any other recipe or module is refused before a
+#: launch (``unmodelled``): it could not be judged
+MODELLED: dict[str, tuple[str, ...]] = {
+    "none": (),  # every module
+    # the grouped-tensor paths take no recipe (harness.vocabulary.matrix's constraints)
+    "current": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "delayed": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "blockwise": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "nvfp4": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+}
+#: the recipes whose GEMMs refuse an fp16 output (TE's ``cublaslt_gemm.cu``: "FP4 GEMM does
+#: not support FP16 output!"): no fp16 cell runs them (``harness.vocabulary.matrix``'s constraints)
+NO_FP16: tuple[str, ...] = ("nvfp4",)
+
+
+#: the recipe axis's default in the ``ci`` and ``full`` presets: ``none`` and every recipe the
+#: oracle judges on some module (each on those modules only; ``harness.vocabulary.matrix.select``)
+JUDGED: tuple[str, ...] = tuple(n for n in NAMES if n == "none" or MODELLED.get(n))
+
+
+def judged(recipe: str, module: str) -> bool:
+    """Whether the oracle judges ``module`` under ``recipe`` (every module without one)."""
+    return recipe == "none" or module in MODELLED.get(recipe, ())
+
+
+def unmodelled(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """The ``recipe/module`` pairs among ``(recipe, module)`` that the oracle cannot judge yet."""
+    return [f"{recipe}/{module}" for recipe, module in dict.fromkeys(pairs) if not judged(recipe, module)]

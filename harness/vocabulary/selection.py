@@ -1,0 +1,155 @@
+"""Selecting cells from command-line options: shared by the CLI commands and the external
+launcher mode (which runs under a user's own torchrun, without the CLI)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from harness.vocabulary import matrix, recipes, weights
+from harness.vocabulary import shard
+from harness.vocabulary.errors import UsageError
+
+
+#: the preset a selection starts from when ``--preset`` is not given
+DEFAULT_PRESET = "ci"
+
+
+def add_selection(parser: argparse.ArgumentParser) -> None:
+    """``--preset``, one option per axis, ``--filter``, ``--cells``, ``--shard``: each with the
+    default None, so ``given`` can tell what the command line set."""
+    g = parser.add_argument_group("selection")
+    g.add_argument("--preset", help=f"cell preset: {', '.join(matrix.PRESETS)} (default: {DEFAULT_PRESET})")
+    for opt, axis in matrix.AXIS_OPTIONS.items():
+        g.add_argument(opt, dest=f"axis_{axis}", metavar="V[,V...]",
+                       help=f"restrict axis {axis} to these values: {matrix.values_help(axis)}")
+    g.add_argument("--filter", dest="filter_expr", help='boolean expression over axes, e.g. '
+                   '\'module == "linear" and world_size >= 2\'')
+    g.add_argument("--cells", metavar="ID|TEXT[,...]",
+                   help="only these cells of the selection: a whole cell id selects that cell, any "
+                        "other text the cells whose id contains it (as pytest -k); the same as "
+                        "--filter 'id == \"ID\" or \"TEXT\" in id'")
+    g.add_argument("--sample", metavar="N[@SEED]",
+                   help="only a deterministic sample of N cells of the selection (seed 0 unless @SEED): the "
+                        "same cells on every machine; --resume and merge reproduce it from the run record")
+    g.add_argument("--shard", metavar="K/N", help="only shard K of N: a deterministic, cost-balanced "
+                   "part of the selection (join the N run folders with `merge`)")
+
+
+def given(args: argparse.Namespace) -> list[str]:
+    """The selection options the command line set (``--preset smoke``, ``--dtypes bf16``, ...),
+    as their option strings: a resumed run takes its recorded selection, and says no to these."""
+    named = {"preset": "--preset", "filter_expr": "--filter", "cells": "--cells", "shard": "--shard", "sample": "--sample",
+             **{f"axis_{axis}": opt for opt, axis in matrix.AXIS_OPTIONS.items()}}
+    return [opt for dest, opt in named.items() if getattr(args, dest, None) is not None]
+
+
+def overrides(args: argparse.Namespace) -> dict[str, tuple]:
+    """The axis values the command line sets (``--modules linear,grouped_linear`` ...)."""
+    return overrides_from(lambda axis: getattr(args, f"axis_{axis}", None))
+
+
+def overrides_from(option: Callable[[str], str | None]) -> dict[str, tuple]:
+    """The axis values set, read per axis name by ``option`` (the CLI's namespace, pytest's
+    options): one parser for both."""
+    out = {}
+    for axis in matrix.AXIS_NAMES:
+        text = option(axis)
+        if text is not None:
+            out[axis] = matrix.parse_values(axis, text)
+    return out
+
+
+def with_cells(filter_expr: str | None, cells: str | None) -> str | None:
+    """``--filter`` and ``--cells`` as one filter (what the run record stores, so ``--resume``
+    and ``merge`` see the same selection)."""
+    if not cells:
+        return filter_expr
+    terms = []
+    for item in (t.strip() for t in cells.split(",")):
+        if not item:
+            raise UsageError(f"--cells {cells!r} has an empty item")
+        try:
+            matrix.Cell.from_id(item)
+            terms.append(f"id == {item!r}")
+        except matrix.MatrixError:
+            terms.append(f"{item!r} in id")
+    ids = " or ".join(terms)
+    return f"({filter_expr}) and ({ids})" if filter_expr else ids
+
+
+def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]:
+    """The selected cells and the selection as the run record stores it.
+
+    Raises:
+        UsageError: the selection is empty, or needs a weight whose package is not installed.
+        MatrixError: an unknown preset, axis value or a malformed filter.
+    """
+    ov = overrides(args)
+    part = shard.Shard.parse(args.shard) if getattr(args, "shard", None) else None
+    preset = args.preset or DEFAULT_PRESET
+    args.filter_expr = with_cells(args.filter_expr, getattr(args, "cells", None))
+    sel = {"preset": preset, "overrides": {k: list(v) for k, v in ov.items()}, "filter": args.filter_expr}
+    if getattr(args, "sample", None):
+        count, seed = matrix.parse_sample(args.sample)
+        sel["sample"] = {"count": count, "seed": seed}
+    cells = recorded(sel)
+    if not cells:
+        raise UsageError(f"the selection is empty (preset={preset!r}, overrides={ov}, "
+                         f"filter={args.filter_expr!r})")
+    why = weights.unavailable({c.weight for c in cells})
+    if why is not None:
+        raise UsageError(why)
+    return apply_shard(cells, sel, part)
+
+
+def recorded(sel: dict[str, Any]) -> list[matrix.Cell]:
+    """The cells of a selection as a run record stores it (preset, overrides, filter and the
+    optional ``sample``), before any shard: what ``--resume`` and ``merge`` expand again."""
+    cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
+                          sel.get("filter"))
+    if sel.get("sample"):
+        cells = matrix.sample(cells, sel["sample"]["count"], sel["sample"].get("seed", 0))
+    return cells
+
+
+def apply_shard(cells: list[matrix.Cell], sel: dict[str, Any],
+                part: shard.Shard | None) -> tuple[list[matrix.Cell], dict[str, Any]]:
+    """The shard's cells, and ``sel`` saying which shard of which selection (its size and the
+    digest of its ids: ``merge`` refuses shards of different selections)."""
+    if part is None:
+        return cells, sel
+    mine = shard.select(cells, part)
+    if not mine:
+        raise UsageError(f"shard {part} of {len(cells)} cell(s) is empty: choose fewer shards")
+    return mine, {**sel, "shard": part.serialize(), "cells_total": len(cells),
+                  "cells_digest": matrix.ids_digest(cells)}
+
+
+def check_shardable(cells: list[matrix.Cell], out_features: int) -> None:
+    """Every distributed cell's world size can shard ``out_features`` rows with its weight's
+    padding (a weight that pads to 16·N may leave a rank with only padding: that is legal).
+
+    Raises:
+        UsageError: some world size would leave a rank with only padding rows where the
+            weight does not allow it.
+    """
+    for weight, ws, recipe in sorted({(c.weight, c.world_size, c.recipe) for c in cells if c.distributed}):
+        try:
+            weights.shard_rows(out_features, ws, weights.pad_multiple(weight, recipe))
+        except ValueError as exc:
+            raise UsageError(f"weight {weight}: {exc}; choose smaller world sizes") from exc
+
+
+def check_recipes(cells: list[matrix.Cell]) -> None:
+    """Every cell's recipe is one the oracle models on its module (``recipes.MODELLED``): a
+    cell it could not judge is refused before any launch, not run and called a harness error.
+
+    Raises:
+        UsageError: naming the recipe/module pairs not modelled yet.
+    """
+    missing = recipes.unmodelled((c.recipe, c.module) for c in cells)
+    if missing:
+        modelled = "; ".join(f"{r}: {', '.join(m)}" for r, m in recipes.MODELLED.items() if r != "none")
+        raise UsageError(f"the oracle does not model {', '.join(missing)} yet (it models {modelled}): "
+                         f"select other --recipes or --modules")
