@@ -23,10 +23,7 @@ cell is: the backend's or the harness's) are ``harness.cell.faults``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the launch records a failure carries (typing only: records sit above the vocabulary)
-    from harness.records.record import LaunchRecord
+from typing import Any
 
 
 OK = 0            #: every cell met its expectation
@@ -75,7 +72,8 @@ class LaunchFailure(RuntimeError):
     names the first failing rank's error.
     """
 
-    def __init__(self, message: str, launches: list[LaunchRecord]) -> None:
+    def __init__(self, message: str, launches: list[Any]) -> None:
+        """``launches``: the ``harness.records.record.LaunchRecord`` of each failed launch."""
         super().__init__(message)
         self.launches = launches
 
