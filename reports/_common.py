@@ -6,12 +6,15 @@ vocabulary is ``harness.vocabulary.status``'s, re-exported here for the renderer
 
 from __future__ import annotations
 
+from collections import Counter
+
 import math
 import re
 from typing import Any
 
 # the one status vocabulary (harness.vocabulary.status is tiny and imports nothing heavy)
 from harness.judging import gate
+from harness.vocabulary import hook_modes, selection
 from harness.judging import ledger as ledgers
 from harness.vocabulary.status import (BAD_STATUSES, GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS,  # noqa: E402,F401
                             STATUSES, counts_text)
@@ -167,3 +170,17 @@ def known_refs(cell: dict[str, Any], record: dict[str, Any]) -> list[str]:
     upstream = {e.get("id"): e.get("upstream") for e in ledger_entries(record)}
     return [f"{i} ({upstream[i]})" if upstream.get(i) else str(i) for i in cell.get("known") or []]
 
+
+def installers_line(record: dict[str, Any]) -> str | None:
+    """Which of TE's and Megatron's hook installers the run ran (cells per mode), and what it
+    left out for want of them (``harness.vocabulary.selection.left_out_line``); None when it
+    neither ran nor left out any."""
+    ran = Counter(c["axes"]["hooks"] for c in record.get("cells") or []
+                  if c.get("axes", {}).get("hooks") in hook_modes.INSTALLERS)
+    left = selection.left_out_line(record.get("selection") or {})
+    if not ran and not left:
+        return None
+    parts = [f"hook installers run: {', '.join(f'{m} ({ran[m]} cells)' for m in hook_modes.INSTALLERS if ran[m]) or 'none'}"]
+    if left:
+        parts.append(left)
+    return "; ".join(parts)

@@ -20,7 +20,7 @@ from typing import Any
 
 from .review_section import markdown as review_markdown
 from .review_section import paths_not_taken
-from ._common import (BAD_STATUSES, PATH_NOT_TAKEN, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of,
+from ._common import (BAD_STATUSES, installers_line, PATH_NOT_TAKEN, backend_facts, STATUS_LABELS, STATUSES, clean_text, counts_of,
                       counts_text, fmt_duration, fmt_ratio, ledger_entries, ratio_key, stale_entries, verdict)
 
 ICONS = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️"}
@@ -169,6 +169,9 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
              ("world sizes", ", ".join(map(str, record.get("world_sizes") or [])) or None),
              ("commit", env.get("git_commit")), ("duration", fmt_duration(record.get("duration_s")))]
     head.append("\n" + " · ".join(f"**{k}** {_code(val)}" for k, val in facts if val not in (None, "")) + "\n")
+    installers = installers_line(record)
+    if installers:
+        head.append(f"\n{_md_text(installers)}\n")
     if record.get("command"):
         head.append(f"\nsweep: {_code(record['command'])}\n")
     if html_path:

@@ -11,7 +11,7 @@ from harness.judging.review import FIXED, path_reason
 from harness.vocabulary.status import GOOD_STATUSES, PATH_NOT_TAKEN, STATUSES, label
 
 from . import review_section as review
-from ._common import counts_of, failing_messages
+from ._common import counts_of, failing_messages, installers_line
 
 #: how many failing cells the terminal lists (the report has them all)
 LISTED = 20
@@ -27,6 +27,9 @@ def summary(record: dict[str, Any]) -> str:
     lines = [f"{'module':{w}} " + " ".join(f"{label(s):>{c}}" for s, c in zip(STATUSES, cols))]
     for mod, cnt in [*per.items(), ("total", counts_of(record))]:
         lines.append(f"{mod:{w}} " + " ".join(f"{cnt.get(s, 0):>{c}}" for s, c in zip(STATUSES, cols)))
+    installers = installers_line(record)
+    if installers:
+        lines += ["", installers]
     outcome = record.get("ledger")
     if outcome:
         lines += ["", f"ledger {outcome['path']}:"]

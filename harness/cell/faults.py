@@ -11,6 +11,8 @@ Pure Python (no torch). The parent's errors and the exit codes are ``harness.voc
 
 from __future__ import annotations
 
+import traceback
+
 
 class BackendFault(Exception):
     """Backend code raised during ``phase``: a verdict on the backend, never a harness bug."""
@@ -76,3 +78,9 @@ class MissingExtensionAttribute(AttributeError):
         self.qualname = qualname
         super().__init__(f"{qualname}: te-cpu's stand-in for TE's compiled extension has no such "
                          "attribute (harness/backends/te_cpu/extension.py)")
+
+
+def error_info(exc: BaseException) -> dict[str, str]:
+    """An exception as a rank result records it: type, first line, full traceback."""
+    return {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            "traceback": "".join(traceback.format_exception(exc))}

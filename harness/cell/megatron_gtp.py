@@ -2,15 +2,14 @@
 
 Loading (:func:`load`): the GTP module is
 ``megatron/core/tensor_parallel/generalized_tensor_parallelism.py`` of the installed
-megatron-core 0.19.2 (``python -m harness install megatron``). ``import megatron.core``
-would run the package's ``__init__`` - which pulls triton through the MoE package and
-replaces ``torch.storage._load_from_bytes`` - so unless the process already imported
-Megatron, the three parent packages are registered as bare namespace packages pointing at
-the installed folders and only the GTP module and what it imports are executed. The module
-imports TransformerEngine at import time (without TE it sets ``HAVE_TE = False`` and GTP
-is unusable), so :mod:`harness.backends.te_cpu.backend` is applied first, then :mod:`harness.cell.megatron_shims`.
-Both patch ``torch`` process-wide: only worker ranks (and the differential test's ranks)
-call :func:`load`.
+megatron-core 0.19.2 (``python -m harness install megatron``), imported with its package as
+Megatron's own code imports it (``import megatron.core``: Megatron's expert layer and its
+offloading manager, which cells also run, need the rest of the package). Megatron imports
+TransformerEngine at import time (``megatron/core/utils.py``; without TE its GTP module sets
+``HAVE_TE = False`` and GTP is unusable): without a GPU TE runs on te-cpu's layer, which the
+rank applies first (``harness.rank.worker``), then :mod:`harness.cell.megatron_shims`. Both
+patch ``torch`` process-wide: only worker ranks (and the differential test's ranks) call
+:func:`load`.
 
 Injecting (:func:`inject`): as Megatron wires TE modules - the weights are cut to this
 rank's padded shard (``gtp_remat_shard_dim0``'s layout) in place, so each keeps the
@@ -43,31 +42,7 @@ from harness.cell.gtp_native import native_shard, quantized
 __all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "inject_native", "reset_state", "GTP_MODULE"]
 
 GTP_MODULE = "megatron.core.tensor_parallel.generalized_tensor_parallelism"
-_PARENTS = ("megatron", "megatron.core", "megatron.core.tensor_parallel")
 INSTALL_HINT = "run `python -m harness install megatron`"
-
-
-def _register_parents(root: Path) -> None:
-    """Bare packages for Megatron's parents, so their ``__init__`` never runs. The
-    ``tensor_parallel`` one answers the one name GTP takes from it, lazily."""
-    for name in _PARENTS:
-        if name in sys.modules:
-            continue
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(root / name.replace(".", "/"))]
-        pkg.__package__ = name
-        sys.modules[name] = pkg
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, pkg)
-    tp = sys.modules["megatron.core.tensor_parallel"]
-    if not hasattr(tp, "__getattr__"):
-        def lazy(attr: str) -> Any:
-            if attr == "copy_tensor_model_parallel_attributes":
-                return importlib.import_module("megatron.core.tensor_parallel.layers").__dict__[attr]
-            raise AttributeError(f"module 'megatron.core.tensor_parallel' (loaded by the harness "
-                                 f"without its __init__) has no attribute {attr!r}")
-        tp.__getattr__ = lazy  # type: ignore[attr-defined]
 
 
 def load() -> types.ModuleType:
@@ -89,10 +64,7 @@ def load() -> types.ModuleType:
         from harness.cell import megatron_shims
 
         megatron_shims.apply()
-    if "megatron" not in sys.modules:
-        source = weights.megatron_gtp_source()
-        _register_parents(source.parents[3])
-        importlib.import_module("megatron.core.parallel_state")  # first: breaks utils' import cycle
+    importlib.import_module("megatron.core")
     gtp = importlib.import_module(GTP_MODULE)
     if not gtp.HAVE_TE:
         raise MegatronUnavailable("Megatron's GTP module found no usable TransformerEngine "

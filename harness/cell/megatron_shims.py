@@ -104,11 +104,12 @@ class CpuStream:
         return None
 
 
-_DEFAULT_STREAM = CpuStream()
+DEFAULT_STREAM = CpuStream()
 
 
 @contextlib.contextmanager
-def _stream(stream: Any) -> Iterator[None]:
+def stream_context(stream: Any) -> Iterator[None]:
+    """``torch.cuda.stream(s)`` on CPU: work "on" a stream is complete when issued."""
     yield
 
 
@@ -188,8 +189,8 @@ def apply() -> list[Site]:
     answers: dict[str, tuple[Any, str, Any]] = {
         "cuda.Event": (torch.cuda, "Event", CpuEvent),
         "cuda.Stream": (torch.cuda, "Stream", CpuStream),
-        "cuda.current_stream": (torch.cuda, "current_stream", lambda device=None: _DEFAULT_STREAM),
-        "cuda.stream": (torch.cuda, "stream", _stream),
+        "cuda.current_stream": (torch.cuda, "current_stream", lambda device=None: DEFAULT_STREAM),
+        "cuda.stream": (torch.cuda, "stream", stream_context),
         "distributed._coalescing_manager": (dist, "_coalescing_manager",
                                             _coalescing_manager(dist._coalescing_manager)),
         "distributed.all_gather_into_tensor": (dist, "all_gather_into_tensor",

@@ -20,13 +20,14 @@ from typing import Any, Iterator
 
 import torch
 
-from harness.vocabulary import modules, recipes, shape, weights
-from harness.cell import compare, lowp, oracle, predict, quantized, rejection, te_path, twin
+from harness.vocabulary import hook_modes, modules, recipes, shape, weights
+from harness.cell import compare, lowp, mlp, oracle, predict, quantized, rejection, te_path, twin
 from harness.cell.consumer import Consumer
-from harness.cell.faults import BackendFault
+from harness.cell.faults import BackendFault, error_info
 from harness.cell.attach import attach_weight
 from harness.cell.gtp import GTPGroup, weight_names
-from harness.cell.hooks import forward_executions, run_forward
+from harness.cell import hooks as hook_installers
+from harness.cell.hooks import forward_executions
 from harness.cell.inputs import DTYPES, CellInputs, make_inputs
 from harness.vocabulary.shape import Example
 from harness.vocabulary.matrix import Cell
@@ -124,12 +125,6 @@ def fitted(example: Example, cell: Cell) -> Example:
     return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms)
 
 
-def error_info(exc: BaseException) -> dict[str, str]:
-    """An exception as a rank result records it: type, first line, full traceback."""
-    return {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-            "traceback": "".join(traceback.format_exception(exc))}
-
-
 @dataclass
 class _Step:
     outputs: list[torch.Tensor] = field(default_factory=list)
@@ -138,6 +133,8 @@ class _Step:
     live_gathers: int = 0
     #: TE's recorded path choice of each forward (``harness.cell.te_path``; None: none recorded)
     choices: list[te_path.Choice | None] = field(default_factory=list)
+    #: what the step's saved-tensor hooks packed (``harness.cell.hooks.Packs``)
+    packs: hook_installers.Packs = field(default_factory=hook_installers.Packs)
 
 
 def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
@@ -199,12 +196,14 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
             # Decided on this rank alone, never with a collective: a rank that raised does no
             # more collectives on the cell's group (its peers are then stuck mid-step anyway,
             # and the launcher attributes the hang to it); ranks that ran to the end all do.
+            # The twin's kernels are not the cell's path evidence: under TE's offloading a
+            # grouped cell and its hooks-off twin may run different paths.
             if result.status in ("pass", "fail"):
-                _add_twin_checks(backend, cell, ctx, example, result, kept)
+                with getattr(backend, "harness_reads", nullcontext)():
+                    _add_twin_checks(backend, cell, ctx, example, result, kept)
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
     _judge_path(cell, result, dict(evidence()) if callable(evidence) else None)
-    result.recipe = lowp.describe(backend, cell.recipe)
     return result
 
 
@@ -279,13 +278,32 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
     result = _run_cell_step(backend, cell, ctx, example, step, seed, kept, judge)
     choice = te_path.pick(step.choices, modules.KINDS[cell.module].path)
     result.choice = choice.serialize() if choice is not None else None
+    if hook_modes.KINDS[cell.hooks].hooked:
+        result.hooks = step.packs.serialize(cell.hooks)
+        if result.status in ("pass", "fail") and judge:
+            result.comparisons.append(hooks_installed(cell.hooks, step.packs))
+            result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
+
+
+def hooks_installed(mode: str, packs: hook_installers.Packs) -> Check:
+    """A hooked cell's hooks packed something: a mode whose installer installed nothing, or
+    whose hooks were never called, would pass as if hooked and prove nothing about hooks."""
+    ok = packs.packs > 0
+    return Check("hook_packs", "count", ok, expected="> 0", actual=packs.packs,
+                 message=None if ok else f"hook_packs: the {mode} hooks packed no saved tensor in the whole "
+                                         f"step ({hook_modes.KINDS[mode].installer}'s installer installed none, "
+                                         f"or none was called): the cell ran unhooked")
 
 
 def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example, step: _Step,
                    seed: int | None, kept: twin.Kept | None, judge: bool) -> RankResult:
     seed = cell.seed if seed is None else seed
     kind = modules.KINDS[cell.module]
+    if kind.layer:  # Megatron's expert layer: Megatron builds it, a step is iterations of a chunk
+        return mlp.run_layer_cell(backend, cell, ctx.rank, ctx.world_size, ctx.group, example, seed,
+                                  lambda owner, phase: _owned(owner, phase, cell), step, kept, judge,
+                                  getattr(backend, "FP32_GEMM", "ieee"))
     with _owned("harness", "inputs", cell):
         inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
                              cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma,
@@ -368,6 +386,25 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
     dev = ctx.device
     with _owned("backend", "forward", cell):
         under_recipe = lowp.under_recipe(backend, cell.recipe, ctx.group)
+    kind = modules.KINDS[cell.module]
+    role = "grouped" if kind.grouped else "normalized" if kind.normalization else "linear"
+    # the installer's own set-up is its code's (TE's, Megatron's): a failure there is the backend's
+    with _owned("backend", "hooks", cell):
+        installed = hook_installers.installer(cell.hooks, backend, params=list(module.parameters()), group=role)
+    try:
+        with step.packs.observing():
+            _run_microbatches(module, cell, inputs, ctx, step, consumer, gtp, backend, under_recipe, installed)
+        with _owned("backend", "hooks", cell):
+            installed.end_iteration()
+    finally:
+        with _owned("backend", "hooks", cell):
+            installed.close()
+
+
+def _run_microbatches(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: RankContext,
+                      step: _Step, consumer: Consumer, gtp: GTPGroup | None, backend: ModuleType | None,
+                      under_recipe: Any, installed: hook_installers.Installer) -> None:
+    dev = ctx.device
     for mb in range(cell.microbatches):
         with _owned("harness", "inputs", cell):
             x = inputs.x[ctx.rank][mb].to(dev, copy=True).requires_grad_(cell.input_grad)
@@ -375,7 +412,8 @@ def _run_step(module: torch.nn.Module, cell: Cell, inputs: CellInputs, ctx: Rank
             consumer.phase = "forward"
         with _owned("backend", "forward", cell):
             call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev, mb))
-            out = run_forward(cell.hooks, call, x)
+            installed.microbatch()
+            out = installed.end_forward(installed.layer(call, x))
         with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):

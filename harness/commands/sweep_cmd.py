@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
                                             {c.module for c in cells}, keep_warm=True,
                                             selected_recipes={c.recipe for c in cells},
                                             selected_weights={c.weight for c in cells})
+    cells, sel = selection.leave_out(cells, sel, preflight.missing(info))
     selection.check_shardable(cells, Example().out_features)
     if args.resume:
         _check_same_code(args.resume, args.backend, info)
@@ -196,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
     about = f", ledger {ledger.path} ({len(ledger.entries)} entries)" if ledger else ""
     print(f"dw-harness: {len(cells)} cells, world sizes {sorted({c.world_size for c in cells})}, "
           f"backend {args.backend}{_about(info)}{about}, run folder {run_dir}", flush=True)
+    left = selection.left_out_line(sel)
+    if left:
+        print(f"dw-harness: {left}", flush=True)
     try:
         record = run_sweep(spec)
     except KeyboardInterrupt:

@@ -352,6 +352,9 @@ class Entry:
         fails: its signature: the failures it causes (:class:`Symptom`).
         where: the upstream source that causes it (file and function).
         contract: the CONTRACTS sentence it breaks (quoted in the upstream report).
+        component: the package whose code has the defect, when it is not the ledger's own
+            (``megatron-core 0.19.2`` in TE's ledger: the cells that show it run TE too, and a
+            ledger is chosen by the backend's package); empty: the ledger's package.
     """
 
     id: str
@@ -363,6 +366,7 @@ class Entry:
     fails: tuple[Symptom, ...] = ()
     where: str = ""
     contract: str = ""
+    component: str = ""
 
     def __post_init__(self) -> None:
         where = f"ledger entry {self.id!r}"
@@ -394,6 +398,8 @@ class Entry:
     def serialize(self) -> dict[str, Any]:
         d = asdict(self)
         d["fails"] = [s.serialize() for s in self.fails]
+        if not d["component"]:  # the ledger's own package: said by the ledger
+            del d["component"]
         return d
 
     @classmethod

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.vocabulary import modules
+from harness.vocabulary.hook_modes import OFFLOAD_API
 from harness.vocabulary.backend_specs import (ALIASES, FP32_GEMM_MODES, NATIVE_API, RECIPE_API, REQUIRED,
                                               TE_BACKENDS, BackendError, BackendInfo, did_you_mean, has_api,
                                               resolve, split_tree)
@@ -177,7 +178,7 @@ def describe(spec: str, backend: Any) -> BackendInfo:
     return BackendInfo(spec=spec, module=resolve(spec), origin=origin, fp32_gemm=fp32,
                        version=facts.pop("version", None), upstream=facts.pop("upstream", None),
                        upstream_origin=facts.pop("origin", None), device=facts.pop("device_only", None),
-                       extra=facts, apis=[a for a in (*modules.APIS, RECIPE_API, NATIVE_API) if has_api(backend, a)],
+                       extra=facts, apis=[a for a in (*modules.APIS, RECIPE_API, NATIVE_API, OFFLOAD_API) if has_api(backend, a)],
                        torch=torch_facts())
 
 

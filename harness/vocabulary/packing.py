@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from harness.vocabulary import hook_modes
 from harness.vocabulary.cost import cell_cost
 from harness.vocabulary.plan import Lane
 from harness.vocabulary.matrix import Cell
@@ -27,19 +28,31 @@ def launch_groups(cells: Sequence[Cell], packing: bool = True, slots: int = 0) -
 
     Without packing: one launch per world size, ascending (W = k). With packing: the largest
     world size left sets W (raised to the largest multiple of it within ``slots``, e.g. the
-    GPUs of the node) and takes every cell whose world size divides W; repeat.
+    GPUs of the node) and takes every cell whose world size divides W; repeat. A cell whose
+    hook installer runs collectives over every rank of the job (``HookMode.spans_world``)
+    shares a launch only where its world is the launch's (its lane is then every rank);
+    otherwise it runs in a launch of its own world size with the other such cells.
     """
     sizes = sorted({c.world_size for c in cells})
     if not packing:
         return [(k, [i for i, c in enumerate(cells) if c.world_size == k]) for k in sizes]
     out = []
+    solo: dict[int, list[int]] = {}
     while sizes:
         top = sizes[-1]
         width = max(top, slots // top * top)
         members = [k for k in sizes if width % k == 0]
-        out.append((width, [i for i, c in enumerate(cells) if c.world_size in members]))
+        group = []
+        for i, c in enumerate(cells):
+            if c.world_size in members:
+                if c.world_size != width and hook_modes.KINDS[c.hooks].spans_world:
+                    solo.setdefault(c.world_size, []).append(i)
+                else:
+                    group.append(i)
+        if group:
+            out.append((width, group))
         sizes = [k for k in sizes if k not in members]
-    return out
+    return out + [(k, solo[k]) for k in sorted(solo, reverse=True)]
 
 
 def pack(cells: Sequence[Cell], width: int, backends: Sequence[str] | None = None) -> list[Lane]:

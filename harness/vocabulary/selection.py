@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from harness.vocabulary import matrix, recipes, weights
+from harness.vocabulary import hook_modes, matrix, modules, recipes, weights
 from harness.vocabulary import shard
 from harness.vocabulary.errors import UsageError
 
@@ -104,13 +104,96 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
 
 
 def recorded(sel: dict[str, Any]) -> list[matrix.Cell]:
-    """The cells of a selection as a run record stores it (preset, overrides, filter and the
-    optional ``sample``), before any shard: what ``--resume`` and ``merge`` expand again."""
+    """The cells of a selection as a run record stores it (preset, overrides, filter, the
+    optional ``sample``, and what the backend could not run, ``left_out``), before any shard:
+    what ``--resume`` and ``merge`` expand again."""
     cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
                           sel.get("filter"))
     if sel.get("sample"):
         cells = matrix.sample(cells, sel["sample"]["count"], sel["sample"].get("seed", 0))
-    return cells
+    missing = set((sel.get("left_out") or {}).get("requires", ()))
+    return [c for c in cells if not requires(c) & missing] if missing else cells
+
+
+#: what a cell may need beyond the harness, and how a user gets it
+REQUIREMENTS: dict[str, tuple[str, str]] = {
+    "te": ("TransformerEngine's own code as the backend",
+           "--backend te-cpu after `python -m harness install te` (or TE on a GPU)"),
+    "megatron": ("Megatron-Core 0.19.2", "`python -m harness install megatron`"),
+}
+
+
+def requires(cell: matrix.Cell) -> frozenset[str]:
+    """What ``cell`` needs of its run (``REQUIREMENTS``), read off its axis values: an installer
+    that is TE's or Megatron's own code (``hook_modes.HookMode``), Megatron's expert layer
+    (``modules.ModuleKind.layer``: built by Megatron from TE's modules), Megatron's weight."""
+    out = set()
+    hook = hook_modes.KINDS[cell.hooks]
+    if hook.needs_te:
+        out.add("te")
+    if hook.needs_megatron:
+        out.add("megatron")
+    if modules.KINDS[cell.module].layer:
+        out |= {"te", "megatron"}
+    if weights.KINDS[cell.weight].implementer == "megatron":
+        out.add("megatron")
+    return frozenset(out)
+
+
+def _causes(cell: matrix.Cell, missing: set[str]) -> list[tuple[str, str]]:
+    """The axis values of ``cell`` that need something ``missing``: ``(axis, value)``."""
+    out = []
+    hook = hook_modes.KINDS[cell.hooks]
+    if (hook.needs_te and "te" in missing) or (hook.needs_megatron and "megatron" in missing):
+        out.append(("hooks", cell.hooks))
+    if modules.KINDS[cell.module].layer and missing & {"te", "megatron"}:
+        out.append(("module", cell.module))
+    if weights.KINDS[cell.weight].implementer == "megatron" and "megatron" in missing:
+        out.append(("weight", cell.weight))
+    return out
+
+
+def leave_out(cells: list[matrix.Cell], sel: dict[str, Any], missing: set[str]) -> tuple[list[matrix.Cell], dict[str, Any]]:
+    """The cells this run can run, when it lacks what ``missing`` names (``REQUIREMENTS``):
+    a cell that needs it is left out of the run - never run, never counted as passed - and
+    ``sel`` records which requirements were absent and how many cells of the selection that
+    left out (its ``left_out``: ``recorded`` expands the same cells again, ``--resume`` and
+    ``merge`` too). A value the user named (``--hooks te_offload`` with a backend that is not TE)
+    is refused instead: asked for and unrunnable is bad input.
+
+    Raises:
+        UsageError: the user named a value this run cannot run, or nothing is left to run.
+    """
+    named = {axis: set(values) for axis, values in (sel.get("overrides") or {}).items()}
+    out = [c for c in cells if not requires(c) & missing]
+    if len(out) == len(cells):
+        return cells, sel
+    dropped = [c for c in cells if requires(c) & missing]
+    causes = dict.fromkeys(cause for c in dropped for cause in _causes(c, missing))
+    needs = [r for r in REQUIREMENTS if r in missing and any(r in requires(c) for c in dropped)]
+    asked = [f"{axis} {value}" for axis, value in causes if value in named.get(axis, ())]
+    if asked or not out:
+        what = ", ".join(asked or [f"{axis} {value}" for axis, value in causes])
+        raise UsageError(f"{what} need{'s' if len(asked or causes) == 1 else ''} "
+                         + " and ".join(f"{REQUIREMENTS[r][0]}: {REQUIREMENTS[r][1]}" for r in needs))
+    whole = recorded({**sel, "left_out": None}) if sel.get("shard") else cells
+    left = [c for c in whole if requires(c) & set(needs)]
+    sel = {**sel, "left_out": {"requires": needs, "cells": len(left),
+                               "values": [f"{axis} {value}" for axis, value in causes]}}
+    if sel.get("shard"):
+        kept = [c for c in whole if not requires(c) & set(needs)]
+        sel.update(cells_total=len(kept), cells_digest=matrix.ids_digest(kept))
+    return out, sel
+
+
+def left_out_line(sel: dict[str, Any]) -> str | None:
+    """One line saying what a run left out and how to run it (None: nothing left out)."""
+    left = sel.get("left_out")
+    if not left:
+        return None
+    needs = " and ".join(f"{REQUIREMENTS[r][0]} ({REQUIREMENTS[r][1]})" for r in left["requires"] if r in REQUIREMENTS)
+    return (f"left out {left['cells']} cell(s) of the selection, never run nor counted ({', '.join(left['values'])}): "
+            f"they need {needs}")
 
 
 def apply_shard(cells: list[matrix.Cell], sel: dict[str, Any],

@@ -82,6 +82,8 @@ ops = _te.ops
 autocast = _te.autocast
 #: TE's own ``quantized_model_init``: a native-weight cell builds its module under it
 quantized_model_init = _te.quantized_model_init
+#: TE's own CPU offloading installer (hook modes ``te_offload``, ``te_offload_v1``)
+get_cpu_offload_context = _te.get_cpu_offload_context
 TE_VERSION: str = TE_TREE.version if TE_TREE is not None else loader.installed_version() or "unknown"
 TE_ORIGIN: str = loader.origin(_te)
 
@@ -108,11 +110,6 @@ def use_recipe(recipe: str) -> None:
     for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
     before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
     device.present(device.capability_for(recipe))
-
-
-def recipe_device(recipe: str) -> str:
-    """The compute capability presented while ``recipe`` runs, as ``sm_90`` (the run record)."""
-    return device.name(device.capability_for(recipe))
 
 
 def device_tensor(t: Any) -> Any:
@@ -161,7 +158,7 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "recipe_device", "autocast",
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "autocast", "get_cpu_offload_context",
            "device_tensor",
            "harness_reads", "FP32_GEMM", "GROUPED_CUBLASLT", "KERNEL_EVIDENCE", "TE_VERSION", "TE_ORIGIN",
            "TE_TREE", "describe", *(("path_evidence", "reset_path_evidence") if KERNEL_EVIDENCE else ())]

@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from harness.cell.megatron_shims import DEFAULT_STREAM, CpuEvent, CpuStream, stream_context
+
 #: the device TE is told it runs on by default: an sm_90 (Hopper) part, TE's main production
 #: target, the one every cell without a Blackwell recipe runs on (``harness.backends.te_cpu.device``
 #: presents sm_100 for MXFP8 and NVFP4); on the GEMM paths this sizes workspaces, lies inside
@@ -141,6 +143,8 @@ def _factory(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
         if "device" in kwargs:
             kwargs["device"] = _on_cpu(kwargs["device"])
+        if kwargs.get("pin_memory"):  # page-locked host memory only speeds up a GPU's copies
+            kwargs["pin_memory"] = False
         return fn(*args, **kwargs)
 
     return wrapper
@@ -191,9 +195,10 @@ def _answers() -> dict[str, tuple[Any, str, str]]:
         "Tensor.to": (_tensor_to_wrapper(torch.Tensor.to), device_arg,
                       "module/linear.py, module/grouped_linear.py __init__ (device='cuda:0' from "
                       "utils.canonicalize_device)"),
-        "empty": (_factory(torch.empty), device_arg,
+        "empty": (_factory(torch.empty), f"{device_arg}; pin_memory=True -> False",
                   "module/base.py get_dummy_wgrad, cpp_extensions/gemm.py general_grouped_gemm "
-                  "(bias-gradient buffers) use device='cuda'; the modules' parameters use 'cuda:0'"),
+                  "(bias-gradient buffers) use device='cuda'; the modules' parameters use 'cuda:0'; "
+                  "cpu_offload_v1.py offload (pin_memory=True)"),
         "ones": (_factory(torch.ones), device_arg,
                  "quantization.py DelayedScalingRecipeState.__init__ (the scales, device='cuda')"),
         "eye": (_factory(torch.eye), device_arg,
@@ -210,6 +215,20 @@ def _answers() -> dict[str, tuple[Any, str, str]]:
                                           "GTP _strip_padding, ops.GroupedLinear _quantize_weights_mxfp8)"),
         "tensor": (_factory(torch.tensor), device_arg,
                    "module/grouped_linear.py _GroupedLinear.forward (m_splits on the module's device)"),
+        "empty_like": (_factory(torch.empty_like), device_arg,
+                       "cpu_offload_v1.py bulk_reload_group (device=torch.cuda.current_device(), an int)"),
+        # TE's CPU offloading (hook modes te_offload, te_offload_v1): streams and events order GPU
+        # copies; CPU work is done when a call returns, so there is nothing to order, and the
+        # copies (v1's; the default path copies only CUDA tensors) are exact on CPU
+        "cuda.Stream": (CpuStream, "a stream whose work is complete when issued",
+                        "cpu_offload.py OffloadSynchronizer.__init__, cpu_offload_v1.py "
+                        "AsyncDoubleBufferGroupOffloadHandler.__init__"),
+        "cuda.Event": (CpuEvent, "an event that is always reached",
+                       "cpu_offload.py start_offload (every TE module under offloading), push_tensor"),
+        "cuda.current_stream": (lambda device=None: DEFAULT_STREAM, "one stream whose work is complete",
+                                "cpu_offload.py, cpu_offload_v1.py (waits on the offload stream)"),
+        "cuda.stream": (stream_context, "a context that changes nothing",
+                        "cpu_offload_v1.py bulk_offload_group, bulk_reload_group"),
     }
 
 

@@ -18,6 +18,6 @@ if "harness.backends.te_cpu.backend" in sys.modules and sys.modules["harness.bac
                       "te-cpu-tf32 needs a process of its own")
 os.environ["DW_TE_CPU_FP32"] = "tf32"
 
-from harness.backends.te_cpu.backend import FP32_GEMM, GroupedLinear, Linear, describe, ops  # noqa: E402
+from harness.backends.te_cpu.backend import FP32_GEMM, GroupedLinear, Linear, describe, get_cpu_offload_context, ops  # noqa: E402
 
-__all__ = ["Linear", "GroupedLinear", "ops", "FP32_GEMM", "describe"]
+__all__ = ["Linear", "GroupedLinear", "ops", "FP32_GEMM", "describe", "get_cpu_offload_context"]
