@@ -55,7 +55,10 @@ HOOK_ENTRIES = ["hooks-strip-distributed-weight", "hooks-strip-distributed-weigh
 UNADDRESSED = ["backward-dw-assigns-grad", "grouped-tensor-delayed-bias-marked-but-not-delayed",
                # where an FP8 delayed bias gradient is computed, and which dtype an fp32 layer's
                # bias enters an FP8 GEMM in - not distributed-weight handling
-               "fp8-delayed-bias-grad-in-main-backward", "ops-grouped-fp8-gemm-fp32-bias"]
+               "fp8-delayed-bias-grad-in-main-backward", "ops-grouped-fp8-gemm-fp32-bias",
+               # TE's v1 CPU offloading and Megatron's offloading manager: the installers'
+               # own defects, not the layers' handling of a distributed weight
+               "cpu-offload-v1-clears-cached-fp8-weight", "megatron-offload-one-layer-chunk-mismatch"]
 #: the hunk of the patch that makes _GroupedLinear.backward (split-quantize path) prefer ctx's weights
 GROUPED_PREFERENCE = "decide from the parameter objects kept on ctx"
 GROUPED_HOOKED = ["--preset", "ci", "--modules", "grouped_linear", "--weights", "distributed",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -139,13 +138,17 @@ class _Checkpoint(Installer):
         return checkpoint(fn, x, use_reentrant=False)
 
 
-def _te_offload_module(backend: Any) -> Any:
-    """TE's ``cpu_offload`` module, through the backend's ``get_cpu_offload_context``."""
+#: TE's CPU offloading module (its ``NVTE_CPU_OFFLOAD_V1`` constant chooses the v1 path)
+TE_OFFLOAD = "transformer_engine.pytorch.cpu_offload"
+
+
+def _te_installer(backend: Any) -> Callable[..., Any]:
+    """The backend's ``get_cpu_offload_context`` (TE's own, which TE exports)."""
     get = getattr(backend, hook_modes.OFFLOAD_API, None)
     if get is None:
         raise RuntimeError(f"the backend has no {hook_modes.OFFLOAD_API}: TE's CPU offloading cannot run "
                            f"around its modules (the preflight refuses such a cell)")
-    return sys.modules[get.__module__]
+    return get
 
 
 class _TeOffload(Installer):
@@ -160,11 +163,11 @@ class _TeOffload(Installer):
     the v1 path exactly as under the environment variable; ``layers`` of ``layers``."""
 
     def __init__(self, backend: Any, layers: int, v1: bool) -> None:
-        self.module = _te_offload_module(backend)
+        get = _te_installer(backend)
+        self.module = importlib.import_module(TE_OFFLOAD)
         self.v1 = v1
         self._was = self.module.NVTE_CPU_OFFLOAD_V1
         self.module.NVTE_CPU_OFFLOAD_V1 = v1
-        get = self.module.get_cpu_offload_context
         if v1:
             self.ctx, self.sync = get(enabled=True, num_layers=layers, model_layers=layers)
         else:

@@ -51,11 +51,6 @@ def load() -> types.ModuleType:
     Raises:
         MegatronUnavailable: megatron-core 0.19.2 or TE is missing, or GTP reports no TE.
     """
-    if GTP_MODULE in sys.modules:
-        return sys.modules[GTP_MODULE]
-    why = weights.megatron_missing()
-    if why is not None:
-        raise MegatronUnavailable(f"{why}: {INSTALL_HINT}")
     if torch.cuda.device_count() == 0:  # no real GPU: TE runs on te-cpu's layer, applied by the rank
         if "transformer_engine.pytorch" not in sys.modules:
             raise MegatronUnavailable("TransformerEngine is not loaded in this process: without a GPU a rank "
@@ -63,7 +58,13 @@ def load() -> types.ModuleType:
                                       "a script imports harness.backends.te_cpu.backend first")
         from harness.cell import megatron_shims
 
+        # every time (idempotent): Megatron may have been imported by other code of the rank first
         megatron_shims.apply()
+    if GTP_MODULE in sys.modules:
+        return sys.modules[GTP_MODULE]
+    why = weights.megatron_missing()
+    if why is not None:
+        raise MegatronUnavailable(f"{why}: {INSTALL_HINT}")
     importlib.import_module("megatron.core")
     gtp = importlib.import_module(GTP_MODULE)
     if not gtp.HAVE_TE:

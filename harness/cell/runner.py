@@ -183,6 +183,14 @@ def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example
     use_path = getattr(backend, "use_path", None)
     if callable(use_path):
         use_path(modules.KINDS[cell.module].path)  # held for the whole cell, twin included
+    # what a backend holds only while its own cells run (a self-test mutant's planted fault,
+    # harness.backends.te_cpu.mutants), twin included
+    scope = getattr(backend, "cell_scope", None)
+    with scope() if callable(scope) else nullcontext():
+        return _run_scoped(backend, cell, ctx, example, evidence)
+
+
+def _run_scoped(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example, evidence: Any) -> RankResult:
     try:
         if cell.hooks == "off" or cell.expect == "error":
             keep = ctx.twins is not None and cell.hooks == "off" and cell.expect != "error"

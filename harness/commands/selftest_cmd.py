@@ -1,4 +1,10 @@
-"""``selftest``: the clean reference and every planted mutant; exit 1 unless all are caught."""
+"""``selftest``: the clean reference and every planted mutant; exit 1 unless all are caught.
+
+The cells that need TE (TE's and Megatron's installers, Megatron's expert layer) cannot run
+on the reference: where TE and Megatron-Core are installed they form the self-test's part in
+TE's own code - te-cpu on the project's patched tree (made in the run folder, ``te-fixed``), the
+faults planted there, and Megatron's expert layer with Megatron's weight too (its distributed
+weight); elsewhere they are left out with one line, as a sweep leaves them out."""
 
 from __future__ import annotations
 
@@ -15,7 +21,10 @@ from harness.commands import _options
 from harness.vocabulary.shape import Example
 from harness.launcher.launch import LaunchOptions
 from harness.records.record import CellResult
-from harness.orchestration.selftest import CLEAN, run_selftest, table, write
+from harness.orchestration.selftest import CLEAN, TeSide, run_selftest, table, write
+from harness.judging import ledger as ledgers
+from harness.te_tree import patch as te_patch, tree as te_tree
+from harness.vocabulary import matrix, modules, weights
 from harness.records.stream import ResultStream
 
 
@@ -37,9 +46,15 @@ def run(args: argparse.Namespace) -> int:
     _options.check_timeout(args.cell_timeout)
     info, args.device = preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells},
                                              keep_warm=True)
+    te_cells = [c for c in cells if selection.requires(c)]
+    cells, sel = selection.leave_out(cells, sel, preflight.missing(info))
     selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args, prefix="selftest").resolve()
     opts = LaunchOptions(backend=CLEAN, run_dir=run_dir, cell_timeout=args.cell_timeout, device=args.device)
+    te = _te_side(te_cells, sel, run_dir, args.cell_timeout)
+    if te is None and te_cells:
+        print(f"dw-harness selftest: {selection.left_out_line(sel)} (TE's part of the self-test needs "
+              f"TE and Megatron-Core: python -m harness install)", flush=True)
     done = [0]
 
     def progress(backend: str, res: CellResult) -> None:
@@ -52,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     started = runinfo.now()
     print(f"dw-harness selftest: {len(cells)} cells x (clean + mutants), run folder {run_dir}", flush=True)
     sel["clean_examples"] = args.examples
-    result = run_selftest(cells, opts, progress, clean_examples=args.examples)
+    result = run_selftest(cells, opts, progress, clean_examples=args.examples, te=te)
     write(result, run_dir / "selftest.json")
     record = assemble.start(backend=CLEAN, argv=args.argv, selection=sel, device=args.device,
                             backend_info=info.serialize(), world_sizes=[c.world_size for c in cells], started=started)
@@ -77,6 +92,29 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return exitcodes.MISMATCH
     return exitcodes.OK
+
+
+def _te_side(te_cells: list, sel: dict, run_dir: Path, cell_timeout: float) -> TeSide | None:
+    """The self-test's part in TE's own code, where TE and Megatron-Core are installed (None
+    elsewhere): the selection's cells that need TE, and Megatron's expert layer with Megatron's
+    weight (the layer's distributed weight, which the selection's default weights leave out),
+    on te-cpu over the project's patched tree, made now in the run folder."""
+    if not te_cells or weights.megatron_missing() is not None:
+        return None
+    layered = matrix.select(sel.get("preset", "ci"), {**{k: tuple(v) for k, v in (sel.get("overrides") or {}).items()},
+                                                      "module": modules.LAYERS, "weight": ("megatron",)},
+                            sel.get("filter"))
+    cells = list(dict.fromkeys([*te_cells, *layered]))
+    tree = run_dir / "te-fixed"
+    te_patch.make(tree)
+    version = te_tree.inspect(str(tree)).version
+    ledger = ledgers.choose(None, "transformer_engine", version)
+
+    def judge(results: list[CellResult]) -> list[CellResult]:
+        return ledgers.apply(results, ledger, judge_stale=False)[0] if ledger is not None else results
+
+    opts = LaunchOptions(backend=f"te-cpu@{tree}", run_dir=run_dir, cell_timeout=cell_timeout, device="cpu")
+    return TeSide(str(tree), cells, opts, judge)
 
 
 def fold_streams(run_dir: Path) -> None:

@@ -120,7 +120,9 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
     # the resumed run is the recorded selection, not whatever the defaults are now
     sel = previous.selection
     args.examples = int(sel.get("examples", 0))
-    cells = selection.recorded(sel)
+    # the shard is cut before anything is left out (as a fresh run cuts it); run() leaves the
+    # same cells out again after the backend's probe
+    cells = selection.recorded({**sel, "left_out": None})
     part = shard.Shard(**sel["shard"]) if sel.get("shard") else None
     cells, out = selection.apply_shard(cells, {"preset": sel.get("preset", "ci"), "overrides": sel.get("overrides", {}),
                                                "filter": sel.get("filter"),

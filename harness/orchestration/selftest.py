@@ -71,10 +71,14 @@ class SelftestResult:
     thresholds: list[sensitivity.Threshold] = field(default_factory=list)
     #: perturbation cells that raised or timed out (a harness or reference bug)
     anomalies: list[str] = field(default_factory=list)
+    #: the part in TE's own code: the clean patched tree's cells (judged under TE's ledger) and
+    #: the tree (None: not run)
+    te_clean: list[CellResult] = field(default_factory=list)
+    te_tree: str | None = None
 
     @property
     def false_alarms(self) -> int:
-        return sum(1 for c in self.clean if not c)
+        return sum(1 for c in [*self.clean, *self.te_clean] if not c)
 
     @property
     def score(self) -> float:
@@ -99,6 +103,8 @@ class SelftestResult:
         return {
             "score": self.score, "false_alarms": self.false_alarms, "ok": self.ok,
             "duration_s": self.duration_s, "clean_cells": len(self.clean),
+            "te": {"tree": self.te_tree, "clean_cells": len(self.te_clean),
+                   "false_alarms": sum(1 for c in self.te_clean if not c)} if self.te_tree else None,
             "max_ratio_per_dtype": self.max_ratio_per_dtype,
             "sensitivity": sensitivity.serialize(self.thresholds), "sensitivity_anomalies": self.anomalies,
             "mutants": [{**asdict(m), "killed": m.killed} for m in self.mutants],
@@ -157,31 +163,50 @@ def max_ratios(results: list[CellResult]) -> dict[str, float]:
     return out
 
 
-def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
-                 progress: Callable[[str, CellResult], None] = lambda b, r: None,
-                 clean_examples: int = 0) -> SelftestResult:
-    """Run the clean reference and every mutant over ``cells``; judge each mutant; then
-    measure the detection threshold (``harness.orchestration.sensitivity``; its first round shares the
-    mutants' launches, each later round is one more launch per launch group).
+@dataclass
+class TeSide:
+    """The self-test's part in TE's own code on CPU: the cells that need TE (TE's and Megatron's
+    installers, Megatron's expert layer), judged on te-cpu over the project's patched TE tree -
+    the clean backend there - and the faults planted in it (``fault_classes.TE``)."""
 
-    ``clean_examples`` hypothesis-drawn shapes per cell hunt for false alarms on the clean
-    reference (mutants need no extra examples: one kill is enough).
-    """
-    t0 = time.monotonic()
+    tree: str
+    cells: list[matrix.Cell]
+    opts: LaunchOptions
+    #: the cells the clean backend fails for a known defect of TE or Megatron (not the fix's:
+    #: ``ledger.apply`` under the shipped ledger) are no false alarm
+    judge: Callable[[list[CellResult]], list[CellResult]] = lambda results: results
+
+    @property
+    def clean(self) -> str:
+        return f"te-cpu@{self.tree}"
+
+    def spec(self, fault: str) -> str:
+        return f"{TE_MUTANT_PREFIX}{fault}@{self.tree}"
+
+
+#: the backend of a fault planted in TE's own code (``harness.backends.te_cpu.mutants``)
+TE_MUTANT_PREFIX = "harness.backends.te_cpu.mutants:"
+
+
+def _mutation(clean: str, cells: list[matrix.Cell], faults: dict[str, tuple[fault_classes.FaultClass, str]],
+              opts: LaunchOptions, progress: Callable[[str, CellResult], None], clean_examples: int = 0,
+              search: sensitivity.Search | None = None) -> tuple[list[CellResult], list[MutantVerdict]]:
+    """``clean`` and each fault's backend over ``cells`` (a fault over its own cells, in up to three
+    rounds while nothing killed it by evidence); the clean results and each fault's verdict."""
     stream = ResultStream(opts.run_dir)
     since = stream.size()
-    search = sensitivity.Search(cells)
-    tasks = [Task(CLEAN, c, clean_examples) for c in cells]
+    tasks = [Task(clean, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
-    for name, m in fault_classes.CATALOG.items():
-        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb)]
+    for name, (m, spec) in faults.items():
+        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb, c.hooks)]
         cover = first_round(mine)
-        tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in cover[:FIRST_CELLS]]
+        tasks += [Task(spec, c, 0) for c in cover[:FIRST_CELLS]]
         covered = set(cover)
         later[name] = [cover[FIRST_CELLS:], [c for c in mine if c not in covered]]
-    tasks += search.tasks()
+    if search is not None:
+        tasks += search.tasks()
     latest: dict[tuple[str, str], CellResult] = {}
-    rounds = dict.fromkeys(fault_classes.CATALOG, 1)
+    rounds = dict.fromkeys(faults, 1)
 
     def results_of(backend: str) -> list[CellResult]:
         return [res for (b, _), res in latest.items() if b == backend]
@@ -192,26 +217,54 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
         # the verdicts come from the result stream alone, one per (backend, cell)
         verdicts, since = stream.read_since(since)
         latest.update((v.key, v.result) for v in verdicts)
-        if search.pending:
-            search.observe(latest)
-        tasks = search.tasks()
+        tasks = []
+        if search is not None:
+            if search.pending:
+                search.observe(latest)
+            tasks = search.tasks()
         for name, pending in later.items():  # not killed by evidence yet: its next round
-            if _judge(fault_classes.CATALOG[name], results_of(MUTANT_PREFIX + name)).killed:
+            m, spec = faults[name]
+            if _judge(m, results_of(spec)).killed:
                 pending.clear()
             while pending:
                 round_cells = pending.pop(0)
                 rounds[name] += 1  # an empty round (a cover of FIRST_CELLS cells or fewer) counts too
                 if round_cells:
-                    tasks += [Task(MUTANT_PREFIX + name, c, 0) for c in round_cells]
+                    tasks += [Task(spec, c, 0) for c in round_cells]
                     break
         later = {n: p for n, p in later.items() if p}
-    results = {CLEAN: results_of(CLEAN), **{MUTANT_PREFIX + n: results_of(MUTANT_PREFIX + n) for n in fault_classes.CATALOG}}
-    verdicts = [_judge(m, results[MUTANT_PREFIX + name]) for name, m in fault_classes.CATALOG.items()]
-    for v in verdicts:
-        v.rounds = rounds[v.name]
-    return SelftestResult(verdicts, results[CLEAN], round(time.monotonic() - t0, 2),
-                          max_ratios(results[CLEAN]), search.thresholds(results[CLEAN]),
-                          search.anomalies)
+    verdicts = []
+    for name, (m, spec) in faults.items():
+        v = _judge(m, results_of(spec))
+        v.rounds = rounds[name]
+        verdicts.append(v)
+    return results_of(clean), verdicts
+
+
+def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
+                 progress: Callable[[str, CellResult], None] = lambda b, r: None,
+                 clean_examples: int = 0, te: TeSide | None = None) -> SelftestResult:
+    """Run the clean reference and every mutant over ``cells``; judge each mutant; then
+    measure the detection threshold (``harness.orchestration.sensitivity``; its first round shares the
+    mutants' launches, each later round is one more launch per launch group). ``te``: the part in
+    TE's own code (the clean patched tree and the faults planted there, over its cells).
+
+    ``clean_examples`` hypothesis-drawn shapes per cell hunt for false alarms on the clean
+    reference (mutants need no extra examples: one kill is enough).
+    """
+    t0 = time.monotonic()
+    search = sensitivity.Search(cells)
+    faults = {name: (m, MUTANT_PREFIX + name) for name, m in fault_classes.REFERENCE.items()}
+    clean, verdicts = _mutation(CLEAN, cells, faults, opts, progress, clean_examples, search)
+    te_clean: list[CellResult] = []
+    if te is not None:
+        te_faults = {name: (m, te.spec(name)) for name, m in fault_classes.TE.items()}
+        te_clean, te_verdicts = _mutation(te.clean, te.cells, te_faults, te.opts, progress)
+        te_clean = te.judge(te_clean)
+        verdicts += te_verdicts
+    return SelftestResult(verdicts, clean, round(time.monotonic() - t0, 2),
+                          max_ratios(clean), search.thresholds(clean), search.anomalies,
+                          te_clean=te_clean, te_tree=te.tree if te is not None else None)
 
 
 def table(result: SelftestResult) -> str:
@@ -220,9 +273,11 @@ def table(result: SelftestResult) -> str:
         lines.append(f"{m.name:28} {m.verdict:9} {len(m.killing_cells):>6}/{m.cells_run:<6}  "
                      f"{(m.first_check or '-').splitlines()[0][:110]}")
     lines.append("")
+    te = (f"; TE's own code on the patched tree {result.te_tree}: {len(result.te_clean)} cells, "
+          f"{sum(1 for c in result.te_clean if not c)} false alarm(s)") if result.te_tree else ""
     lines.append(f"mutation score {result.score:.0%} ({sum(m.killed for m in result.mutants)}/"
                  f"{len(result.mutants)} killed by evidence of their fault); clean reference: "
-                 f"{len(result.clean)} cells, {result.false_alarms} false alarm(s)")
+                 f"{len(result.clean)} cells, {sum(1 for c in result.clean if not c)} false alarm(s){te}")
     cover = [m.name for m in result.mutants if m.rounds == 2]
     every = [m.name for m in result.mutants if m.rounds == 3]
     lines.append(f"each mutant ran first on {FIRST_CELLS} cells of a pairwise-covering part of its cells; "

@@ -21,7 +21,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from harness.vocabulary.errors import NoVerdict
-from harness.vocabulary import matrix
+from harness.vocabulary import matrix, selection
 from harness.orchestration import preflight
 from harness.judging import ledger as ledgers
 from harness.launcher.launch import LaunchFailure, LaunchOptions, launch_cells
@@ -46,6 +46,8 @@ class BatchRunner:
         self.info, self.device = preflight.check_run(backend, device, {c.world_size for c in selected},
                                                      {c.module for c in selected})
         self.ledger = ledgers.choose(ledger_choice, self.info.upstream, self.info.version)
+        #: what this backend lacks of what some cells need (``selection.REQUIREMENTS``)
+        self.missing = preflight.missing(self.info)
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.results: dict[str, CellResult] = {}
@@ -81,6 +83,15 @@ class BatchRunner:
         finally:
             lock.release()
 
+    def left_out(self, cell: matrix.Cell) -> str | None:
+        """Why this run leaves ``cell`` out (it needs what the backend lacks), or None: such a
+        cell's test is skipped with that reason - never run, never counted as passed."""
+        needs = [r for r in selection.REQUIREMENTS if r in selection.requires(cell) & self.missing]
+        if not needs:
+            return None
+        return "left out: it needs " + " and ".join(
+            f"{selection.REQUIREMENTS[r][0]} ({selection.REQUIREMENTS[r][1]})" for r in needs)
+
     def judged(self, cell: matrix.Cell, collected: Callable[[], Iterable[matrix.Cell]]) -> CellResult:
         """The cell's verdict under the ledger (``known`` where its entries explain it all)."""
         return ledgers.judge(self.result(cell, collected), self.ledger.entries if self.ledger else ())[0]
@@ -96,7 +107,8 @@ class BatchRunner:
             return self.results[cell.id]
         batches: dict[int, list[matrix.Cell]] = {}
         for c in collected():
-            batches.setdefault(c.world_size, []).append(c)
+            if self.left_out(c) is None:
+                batches.setdefault(c.world_size, []).append(c)
         while not self._try_run(cell.world_size, batches.get(cell.world_size, [cell])):
             # someone else runs this batch: do another pending one meanwhile, or wait
             other = next((ws for ws in batches if ws != cell.world_size and not self._load(ws)
@@ -111,7 +123,7 @@ class BatchRunner:
     def stale_entries(self, collected: Iterable[matrix.Cell]) -> list[str]:
         """The stale-entry lines of the ledger over the ``collected`` cells (each entry that
         selects some of them and reproduces in none: "delete it")."""
-        cells = list(dict.fromkeys(collected))
+        cells = [c for c in dict.fromkeys(collected) if self.left_out(c) is None]
         _, outcome = ledgers.apply([self.result(c, lambda: cells) for c in cells], self.ledger)
         return [ledgers.stale_message(i, outcome) for i in outcome["stale"]]
 

@@ -209,7 +209,10 @@ def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 def cell_result(cell: matrix.Cell, harness_batches: BatchRunner, request: pytest.FixtureRequest,
                 record_property: Any) -> Any:
     """The cell's merged verdict over all ranks, from its world size's batch launch, judged
-    under the known-defects ledger."""
+    under the known-defects ledger (a cell the backend cannot run is skipped: left out)."""
+    why = harness_batches.left_out(cell)
+    if why is not None:
+        pytest.skip(why)
     res = _verdict(lambda: harness_batches.judged(cell, lambda: _collected(request.session)))
     record_property("status", label(res.status))  # the reader's word, as every report uses
     record_property("repro", res.repro)

@@ -21,9 +21,9 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from harness.vocabulary import recipes
+from harness.vocabulary import hook_modes, modules, recipes
 
-__all__ = ["CATALOG", "FaultClass", "GEMM_MODULES", "GENERIC_TEXTS", "MODULE_CLASSES", "NORM", "evidence_found"]
+__all__ = ["CATALOG", "REFERENCE", "TE", "FaultClass", "GEMM_MODULES", "GENERIC_TEXTS", "MODULE_CLASSES", "NORM", "evidence_found"]
 
 #: where the GEMM path's faults are planted: the three modules that path was written for.
 #: ``LayerNormLinear`` runs ``Linear``'s very GEMM code in the reference, so planting them
@@ -55,6 +55,11 @@ class FaultClass:
             fault of the FP8 path changes nothing in a cell without a recipe.
         first_mb: the fault is in what ``is_first_microbatch`` changes: only cells that pass
             the flag (``first_mb``) run it.
+        backend: where it is planted: ``"reference"`` (``harness.backends.reference.mutants``)
+            or ``"te-cpu"`` (``harness.backends.te_cpu.mutants``: TE's own code on CPU, on the
+            project's patched TE tree - a fault only TE's and Megatron's installers or
+            Megatron's expert layer can show).
+        hooks: the hook modes it can show under (None: every one).
     """
 
     name: str
@@ -64,12 +69,15 @@ class FaultClass:
     evidence: tuple[str, ...] = ()
     recipes: tuple[str, ...] | None = None
     first_mb: bool = False
+    backend: str = "reference"
+    hooks: tuple[str, ...] | None = None
 
-    def applies(self, module: str, recipe: str, first_mb: bool = False) -> bool:
+    def applies(self, module: str, recipe: str, first_mb: bool = False, hooks: str | None = None) -> bool:
         """Whether a cell of ``module`` under ``recipe`` (passing ``is_first_microbatch`` or
-        not) runs this fault's code."""
+        not, under ``hooks``) runs this fault's code."""
         return (module in self.modules and (self.recipes is None or recipe in self.recipes)
-                and (first_mb or not self.first_mb))
+                and (first_mb or not self.first_mb)
+                and (self.hooks is None or hooks is None or hooks in self.hooks))
 
 
 #: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
@@ -226,8 +234,32 @@ _ALL = (
                "is_first_microbatch=True is applied to a distributed weight too: main_grad is "
                "cleared before the first finalize, losing what it held",
                modules=_FLAG_MODULES, first_mb=True, evidence=("check:weight*.main_grad",)),
+    # planted in TE's own code on CPU (harness.backends.te_cpu.mutants): only the cells that
+    # need TE - its installers, Megatron's expert layer - can show them
+    FaultClass("offload-installs-no-hooks",
+               "TE's get_cpu_offload_context hands back a context that installs no saved-tensor "
+               "hook: the cell runs unhooked and proves nothing about hooks",
+               modules=modules.NAMES, backend="te-cpu", hooks=("te_offload", "te_offload_v1"),
+               evidence=("check:hook_packs",)),
+    FaultClass("fc2-fix-missing",
+               "the hook-safe fix applied to an expert layer's fc1 but not its fc2: under a hook "
+               "fc2's GroupedLinear forgets its distributed weights on the autograd context",
+               modules=modules.LAYERS, min_world_size=2, backend="te-cpu",
+               hooks=tuple(h for h in hook_modes.NAMES if hook_modes.KINDS[h].hooked and h != "mcore_offload"),
+               evidence=("text:weight was removed while fuse_wgrad_accumulation=True",
+                         "text:GEMM requested the columnwise representation",
+                         "check:*linear_fc2.leader.materialize_backward_calls")),
+    FaultClass("probs-grad-lost-under-hooks",
+               "under a saved-tensor hook the routing probabilities' gradient is taken from a copy "
+               "the graph does not link back to them: none reaches them",
+               modules=modules.LAYERS, backend="te-cpu",
+               hooks=tuple(h for h in hook_modes.NAMES if hook_modes.KINDS[h].hooked and h != "mcore_offload"),
+               evidence=("check:*probs.grad",)),
 )
 CATALOG: dict[str, FaultClass] = {f.name: f for f in _ALL}
+#: the faults planted in the reference, and those planted in TE's own code on CPU
+REFERENCE: dict[str, FaultClass] = {n: f for n, f in CATALOG.items() if f.backend == "reference"}
+TE: dict[str, FaultClass] = {n: f for n, f in CATALOG.items() if f.backend == "te-cpu"}
 
 
 def evidence_found(fault: Any, checks: Iterable[Any]) -> list[str]:

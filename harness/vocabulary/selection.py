@@ -233,6 +233,10 @@ def check_recipes(cells: list[matrix.Cell]) -> None:
     """
     missing = recipes.unmodelled((c.recipe, c.module) for c in cells)
     if missing:
-        modelled = "; ".join(f"{r}: {', '.join(m)}" for r, m in recipes.MODELLED.items() if r != "none")
+        by_modules: dict[tuple[str, ...], list[str]] = {}
+        for r, m in recipes.MODELLED.items():
+            if r != "none":
+                by_modules.setdefault(tuple(m), []).append(r)
+        modelled = "; ".join(f"{', '.join(rs)} on {', '.join(m)}" for m, rs in by_modules.items())
         raise UsageError(f"the oracle does not model {', '.join(missing)} yet (it models {modelled}): "
                          f"select other --recipes or --modules")

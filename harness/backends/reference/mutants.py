@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from harness.vocabulary.fault_classes import CATALOG, GEMM_MODULES, MODULE_CLASSES, NORM, FaultClass, evidence_found  # noqa: F401
+from harness.vocabulary.fault_classes import CATALOG, REFERENCE, GEMM_MODULES, MODULE_CLASSES, NORM, FaultClass, evidence_found  # noqa: F401
 from harness.backends.reference import _dw, _fp8, _modules, _norm, ops, prefix, recipe
 from harness.backends.reference._core import GemmCall, ReferenceImpl
 from harness.backends.reference.ops import OpsImpl
@@ -537,7 +537,7 @@ def _hooks_strip_subclass(fault: FaultClass) -> types.ModuleType:
 
 def _build() -> dict[str, Mutant]:
     out = {}
-    for fault in CATALOG.values():
+    for fault in REFERENCE.values():
         backend = (_hooks_strip_subclass(fault) if fault.name == "hooks-strip-subclass" else
                    backend_from_fault(fault.name, fault.description, IMPLEMENTATIONS[fault.name], fault.modules))
         out[fault.name] = Mutant(fault, backend)
