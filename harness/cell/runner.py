@@ -135,6 +135,8 @@ class _Step:
     choices: list[te_path.Choice | None] = field(default_factory=list)
     #: what the step's saved-tensor hooks packed (``harness.cell.hooks.Packs``)
     packs: hook_installers.Packs = field(default_factory=hook_installers.Packs)
+    #: forwards that ran to their end (a hook check needs one: before it nothing had to be saved)
+    forwards: int = 0
 
 
 def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
@@ -212,6 +214,7 @@ def _run_scoped(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exam
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
     _judge_path(cell, result, dict(evidence()) if callable(evidence) else None)
+    result.recipe = lowp.describe(backend, cell.recipe)
     return result
 
 
@@ -288,7 +291,8 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
     result.choice = choice.serialize() if choice is not None else None
     if hook_modes.KINDS[cell.hooks].hooked:
         result.hooks = step.packs.serialize(cell.hooks)
-        if result.status in ("pass", "fail") and judge:
+        # judged once a forward ran to its end: a step that raised before has saved nothing yet
+        if result.status in ("pass", "fail") and judge and step.forwards:
             result.comparisons.append(hooks_installed(cell.hooks, step.packs))
             result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
@@ -422,6 +426,7 @@ def _run_microbatches(module: torch.nn.Module, cell: Cell, inputs: CellInputs, c
             call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev, mb))
             installed.microbatch()
             out = installed.end_forward(installed.layer(call, x))
+            step.forwards += 1
         with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):

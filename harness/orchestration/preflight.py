@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from harness.vocabulary import hook_modes, modules, recipes, weights
+from harness.vocabulary import hook_modes, modules, recipes, selection, weights
 from harness.launcher import warm
 from harness.vocabulary.backend_specs import NATIVE_API, RECIPE_API, BackendInfo, split_tree, with_tree
 from harness.orchestration.probe import probe_backend
@@ -119,15 +119,8 @@ def check_native(info: BackendInfo, selected: Iterable[str]) -> None:
 
 
 def missing(info: BackendInfo) -> set[str]:
-    """What this run lacks of ``selection.REQUIREMENTS``: a backend that is not TE (it has no
-    ``get_cpu_offload_context``: TE's and Megatron's installers and Megatron's expert layer run
-    TE's own code), Megatron-Core not installed here."""
-    out = set()
-    if info.apis is not None and hook_modes.OFFLOAD_API not in info.apis:
-        out.add("te")
-    if weights.megatron_missing() is not None:
-        out.add("megatron")
-    return out
+    """What this run lacks of ``selection.REQUIREMENTS`` (``selection.missing``)."""
+    return selection.missing(info.apis)
 
 
 def check_run(backend: str, device: str, world_sizes: Iterable[int],

@@ -593,7 +593,7 @@ def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
 def _valid(domains: Domains) -> list[Cell]:
     """The valid cells of the product of ``domains``, in the order of
     ``itertools.product`` over ``AXIS_NAMES`` (an ungrouped module's cells take num_gemms=1,
-    once). Each constraint is checked as soon as both its axes have values, so a dead
+    a module that is not a layer layers=1, once). Each constraint is checked as soon as both its axes have values, so a dead
     prefix is never extended; the cells come out validated and are built without checking
     again (``_trusted``): ``full`` is hundreds of thousands of them."""
     position = {n: i for i, n in enumerate(AXIS_NAMES)}
@@ -602,12 +602,14 @@ def _valid(domains: Domains) -> list[Cell]:
         due[max(position[a], position[b])].append((position[a], position[b], ok))
     values = [domains[n] for n in AXIS_NAMES]
     ungrouped = {m for m in domains["module"] if not modules.KINDS[m].grouped}
-    gemms, module_at = position["num_gemms"], position["module"]
+    one_layer = {m for m in domains["module"] if not modules.KINDS[m].layer}
+    gemms, layers, module_at = position["num_gemms"], position["layers"], position["module"]
     rows: list[tuple[Any, ...]] = [()]
     for i, checks in enumerate(due):  # breadth first: the same order as depth first
         grown: list[tuple[Any, ...]] = []
         for row in rows:
-            for v in (1,) if i == gemms and row[module_at] in ungrouped else values[i]:
+            fixed_one = (i == gemms and row[module_at] in ungrouped) or (i == layers and row[module_at] in one_layer)
+            for v in (1,) if fixed_one else values[i]:
                 cand = (*row, v)
                 for a, b, ok in checks:
                     if not ok(cand[a], cand[b]):
@@ -754,14 +756,15 @@ def _covering(domains: Domains) -> list[Cell]:
     cells: dict[Cell, None] = {}
     turns: dict[tuple[str, ...], int] = {}
 
-    def add(slot: tuple[str, ...], **fixed: Any) -> None:
+    def add(slot: tuple[str, ...], **fixed: Any) -> bool:
         turn = turns.get(slot, 0)
         turns[slot] = turn + 1
         for i in range(len(slot)):  # this turn's module, or the next one the combination admits
             cell = _complete({"module": slot[(turn + i) % len(slot)], **fixed}, domains)
             if cell is not None:
                 cells.setdefault(cell)
-                return
+                return True
+        return False
 
     for m, h, f, w, ws in itertools.product(slots, full_hooks or domains["hooks"], domains["fused"],
                                             tiers["full"], domains["world_size"]):
@@ -770,8 +773,9 @@ def _covering(domains: Domains) -> list[Cell]:
     if full_hooks:
         for hi, h in enumerate(light_hooks):
             for i, (m, ws) in enumerate(itertools.product(slots, domains["world_size"])):
-                add(m, hooks=h, world_size=ws, weight=spread[(i + hi) % len(spread)],
-                    fused=domains["fused"][(i + hi) % len(domains["fused"])])
+                if not add(m, hooks=h, world_size=ws, weight=spread[(i + hi) % len(spread)],
+                           fused=domains["fused"][(i + hi) % len(domains["fused"])]):
+                    add(m, hooks=h, world_size=ws)  # the rotation's weight or fused cannot: any that can
     for m, d, f, w in itertools.product(slots, domains["delay_wgrad"], domains["fused"],
                                         tiers["full"]):
         add(m, delay_wgrad=d, fused=f, weight=w, world_size=max(domains["world_size"]))
@@ -865,10 +869,15 @@ def _seed(domains: Domains) -> list[Cell]:
     (the most demanding values elsewhere). An axis the user restricted away from that value
     keeps the user's values."""
     fixed = {k: v for k, v in SEED.items() if v in domains[k]}
+    attempts = [fixed]
+    if modules.KINDS[fixed.get("module", SEED["module"])].layer and "grouped_linear" in domains["module"]:
+        # the layer takes only Megatron's weight or a plain one: where the user's values rule it
+        # out, its experts' own class, TE's GroupedLinear, one layer
+        attempts.append({**{k: v for k, v in fixed.items() if k != "layers"}, "module": "grouped_linear"})
     cells: dict[Cell, None] = {}
     for h, ws in itertools.product([h for h in SEED_HOOKS if h in domains["hooks"]],
                                    domains["world_size"]):
-        cell = _complete({**fixed, "hooks": h, "world_size": ws}, domains)
+        cell = next((c for f in attempts if (c := _complete({**f, "hooks": h, "world_size": ws}, domains))), None)
         if cell is not None:
             cells.setdefault(cell)
     return list(cells)

@@ -4,7 +4,7 @@ launcher mode (which runs under a user's own torchrun, without the CLI)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from harness.vocabulary import hook_modes, matrix, modules, recipes, weights
 from harness.vocabulary import shard
@@ -138,6 +138,19 @@ def requires(cell: matrix.Cell) -> frozenset[str]:
     if weights.KINDS[cell.weight].implementer == "megatron":
         out.add("megatron")
     return frozenset(out)
+
+
+def missing(apis: Iterable[str] | None) -> set[str]:
+    """What a run lacks of ``REQUIREMENTS``, given its backend's APIs (``BackendInfo.apis``;
+    None: not known, nothing assumed missing): a backend that is not TE (it has no
+    ``get_cpu_offload_context``: TE's and Megatron's installers and Megatron's expert layer run
+    TE's own code), Megatron-Core not installed here."""
+    out = set()
+    if apis is not None and hook_modes.OFFLOAD_API not in apis:
+        out.add("te")
+    if weights.megatron_missing() is not None:
+        out.add("megatron")
+    return out
 
 
 def _causes(cell: matrix.Cell, missing: set[str]) -> list[tuple[str, str]]:
