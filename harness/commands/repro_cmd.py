@@ -71,6 +71,12 @@ def detail(res: CellResult) -> str:
                 lines.append(f"          {r.choice['reason']}")
         if r.path is not None:
             lines.append("    kernels: " + (", ".join(f"{k} x{n}" for k, n in sorted(r.path.items())) or "none"))
+        if r.recipe:  # what TE was shown (harness.cell.lowp.describe)
+            lines.append(f"    recipe: {r.recipe['recipe']} (TE's {r.recipe['te_class']}"
+                         + (f", device {r.recipe['device']})" if r.recipe.get("device") else ")"))
+        if r.hooks:  # what the installer's hooks saw (harness.cell.hooks.Packs)
+            lines.append(f"    hooks: {r.hooks['mode']} by {r.hooks['installer']}'s installer, {r.hooks['packs']} packs, "
+                         f"{r.hooks['weight_packs']} on a DistributedWeight")
         if r.error:
             lines.append(f"    raised {r.error['type']}: {r.error['message']}")
             tb = (r.error.get("traceback") or "").rstrip()
