@@ -213,9 +213,11 @@ def test_cells_selects_by_id_or_substring(capsys):
     assert want and set(want) < set(listed)
 
 
-def test_no_command_is_usage_error(capsys):
+def test_no_command_prints_the_help(capsys):
+    """Nothing asked: the help, every command with its one-line summary (exit 2: nothing was done)."""
     assert cli.main([]) == 2
-    assert "usage: dw-harness" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "usage: dw-harness [OPTIONS] COMMAND ..." in out and "sweep     run the matrix under torchrun" in out
 
 
 def _collected(keyword: str) -> list[str]:

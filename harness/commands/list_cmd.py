@@ -16,22 +16,19 @@ from harness.commands import _options
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="print the cells a selection expands to")
     selection.add_selection(p)
-    p.add_argument("--json", action="store_true", help="print the cells as JSON")
-    g = p.add_argument_group("what a backend is expected to do (optional)")
+    g = p.add_argument_group("backend and judging (optional): what a backend is expected to do")
     g.add_argument("--backend", help="also name, per cell, the known-defects ledger entries of this backend that "
                    "select it (te-cpu: TE 2.20's); the backend is imported in a subprocess, as sweep does")
     g.add_argument("--te-tree", metavar="PATH", help="as sweep's: the backend imports TE from this tree")
     g.add_argument("--ledger", default="auto", metavar="auto|none|FILE", help="as sweep's (default: auto)")
+    p.add_argument_group("output").add_argument("--json", action="store_true", help="print the cells as JSON")
     p.set_defaults(func=run)
 
 
 def _expected(args: argparse.Namespace, cells: list[matrix.Cell]) -> dict[str, list[str]] | None:
     """Cell id -> the ledger entries selecting it, for ``--backend`` (None without it)."""
-    if args.backend is None:
-        if args.te_tree:
-            raise exitcodes.UsageError("--te-tree needs --backend (te-cpu or transformer_engine.pytorch)")
+    if args.backend is None:  # --te-tree and --ledger FILE without it: refused by _inputs.backend_needed
         return None
-    _options.backend_spec(args)
     try:
         info = preflight.check_backend(args.backend)
     except BackendError as exc:

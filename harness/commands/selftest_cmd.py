@@ -31,11 +31,10 @@ from harness.records.stream import ResultStream
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("selftest", help="prove the harness kills every known fault class "
                        "(docs/fault-classes.md) with zero false alarms")
-    selection.add_selection(p)
-    _options.add_out(p, "selftest", "run folder")
-    _options.add_timeout_and_device(p)
-    p.add_argument("--examples", type=int, default=0, metavar="N",
-                   help="hunt for false alarms: N hypothesis-drawn shapes per cell on the clean reference")
+    selection.add_selection(p).add_argument(
+        "--examples", type=int, default=0, metavar="N",
+        help="hunt for false alarms: N hypothesis-drawn shapes per cell on the clean reference")
+    _options.add_run_control(p, "selftest", "run folder")
     p.set_defaults(func=run)
 
 
@@ -43,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     cells, sel = selection.select(args)
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
-    _options.check_timeout(args.cell_timeout)
     info, args.device = preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells},
                                              keep_warm=True)
     te_cells = [c for c in cells if selection.requires(c)]

@@ -74,7 +74,7 @@ from harness.vocabulary import filters, hook_modes, modules, recipes, weights
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
     "SEED", "compile_filter", "describe", "ids_digest", "parse_sample", "parse_values", "plan", "product",
-    "restricts", "sample", "select",
+    "restricts", "sample", "select", "why_empty",
 ]
 
 #: the saved-tensor hook modes a cell's forward runs under (``harness.vocabulary.hook_modes``;
@@ -925,18 +925,8 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     Raises:
         MatrixError: unknown preset, axis or value, or a malformed filter.
     """
-    if preset not in PRESETS:
-        raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
     pred = compile_filter(filter_expr) if filter_expr is not None else None
-    if preset in ("full", "seed") and "weight" not in (overrides or {}):
-        default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
-        overrides = {**(overrides or {}), "weight": default}
-    judged_only = preset in ("ci", "full") and "recipe" not in (overrides or {})
-    if judged_only:
-        overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
-    if preset in ("ci", "full") and "first_mb" not in (overrides or {}):
-        overrides = {**(overrides or {}), "first_mb": (False, True)}
-    domains = _domains(overrides)
+    domains, judged_only = _preset_domains(preset, overrides)
     if preset == "full":
         cells = product(Axis(n, v) for n, v in domains.items())
         if judged_only:
@@ -948,6 +938,101 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     if pred is not None:
         cells = [c for c in cells if pred(c)]
     return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order
+
+
+def _preset_domains(preset: str, overrides: Mapping[str, Sequence[Any] | Axis] | None) -> tuple[Domains, bool]:
+    """The domains a preset draws from - the user's ``overrides`` over the preset's own
+    defaults (``full``'s and ``seed``'s weights, ``ci``'s and ``full``'s judged recipes and
+    flagged microbatches) over the axes' - and whether the recipes are the judged default.
+
+    Raises:
+        MatrixError: an unknown preset, axis or value.
+    """
+    if preset not in PRESETS:
+        raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
+    if preset in ("full", "seed") and "weight" not in (overrides or {}):
+        default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
+        overrides = {**(overrides or {}), "weight": default}
+    judged_only = preset in ("ci", "full") and "recipe" not in (overrides or {})
+    if judged_only:
+        overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
+    if preset in ("ci", "full") and "first_mb" not in (overrides or {}):
+        overrides = {**(overrides or {}), "first_mb": (False, True)}
+    return _domains(overrides), judged_only
+
+
+def why_empty(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | None = None,
+              filter_expr: str | None = None) -> str:
+    """Why ``select(preset, overrides, filter_expr)`` selects no cell, in one line: the axis
+    rule (a constraint above, in its own words) that no combination of the domains' values
+    meets, naming the values and whether the user or the preset chose them; else the preset
+    drawing nothing from these values; else the filter matching none of the preset's cells.
+
+    Why: "the selection is empty" alone leaves the user to guess which of a dozen rules an
+    option broke (``--preset smoke --weights gtp_mcore_fp8``: smoke runs no recipe, and a
+    native weight exists only under one).
+    """
+    domains, _ = _preset_domains(preset, overrides)
+    given = {option: axis for option, axis in AXIS_OPTIONS.items() if axis in (overrides or {})}
+    chosen = {axis: option for option, axis in given.items()}
+
+    def values(axis: str, vals: Sequence[Any]) -> str:
+        shown = ",".join(_show(v) for v in vals)
+        if axis in chosen:
+            return f"{chosen[axis]} {shown}"
+        option = next(o for o, a in AXIS_OPTIONS.items() if a == axis)
+        return f"{axis} {shown} (preset {preset}'s; {option} names others)"
+
+    rule = _emptying_rule(domains)
+    if rule is not None:
+        a, b, reason, pruned = rule
+
+        def gone(axis: str) -> str:  # values another rule took from the axis first
+            by = [f"{_show(v)} by {other} {','.join(_show(o) for o in domains[other])}"
+                  for v, other in pruned.get(axis, ())]
+            return f" ({'; '.join(by)} ruled out first)" if by else ""
+
+        return f"{values(a, domains[a])}{gone(a)} with {values(b, domains[b])}{gone(b)}: {reason}"
+    drawn = select(preset, overrides)
+    restricted = "".join(f", {o} {','.join(_show(v) for v in domains[a])}" for o, a in given.items())
+    if not drawn:
+        return f"preset {preset} draws no cell from these values{restricted} (docs/cli.md, Presets)"
+    return (f"the filter {filter_expr!r} (--filter and --cells) matches none of the {len(drawn)} cell(s) of "
+            f"preset {preset}{restricted}")
+
+
+def _show(value: Any) -> str:
+    """An axis value as the command line spells it (``on``/``off`` for a boolean)."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _emptying_rule(domains: Domains) -> tuple[str, str, str, dict[str, list[tuple[Any, str]]]] | None:
+    """``(axis a, axis b, reason, pruned)`` of the constraint that leaves no valid cell in
+    ``domains``: first one that no pair of their values meets; else the one that removed the
+    last value of an axis while the rules of a connected group pruned each other (arc
+    consistency, as :func:`_supported`), with ``pruned``: axis -> the ``(value, other axis)``
+    each earlier rule took from it. None when every axis keeps a value. ``num_gemms`` and
+    ``layers`` take 1 outside their domains for the modules that fix them, so no rule on them
+    empties."""
+    usable = [(a, b, ok, why) for a, b, ok, why in _CONSTRAINTS if not {a, b} & _MODULE_FIXED]
+    for a, b, ok, why in usable:
+        if not any(ok(va, vb) for va in domains[a] for vb in domains[b]):
+            return a, b, why, {}
+    live = {a: list(v) for a, v in domains.items()}
+    pruned: dict[str, list[tuple[Any, str]]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for a, b, ok, why in usable:
+            keep_a = [va for va in live[a] if any(ok(va, vb) for vb in live[b])]
+            keep_b = [vb for vb in live[b] if any(ok(va, vb) for va in keep_a)]
+            if not keep_a or not keep_b:
+                return a, b, why, pruned
+            for axis, other, keep in ((a, b, keep_a), (b, a, keep_b)):
+                pruned.setdefault(axis, []).extend((v, other) for v in live[axis] if v not in keep)
+            if len(keep_a) != len(live[a]) or len(keep_b) != len(live[b]):
+                live[a], live[b], changed = keep_a, keep_b, True
+    return None
 
 
 def values_help(axis_name: str) -> str:
@@ -962,7 +1047,12 @@ def values_help(axis_name: str) -> str:
     if axis_name == "weight":
         return ", ".join(weights.NAMES)
     if axis_name == "recipe":  # the presets' default differs from the other axes'
-        judged = "; ".join(f"{r} on {', '.join(recipes.MODELLED[r])}" for r in recipes.JUDGED if r != "none")
+        # each module list once: the judged recipes grouped by the modules they are judged on
+        by_modules: dict[tuple[str, ...], list[str]] = {}
+        for r in recipes.JUDGED:
+            if r != "none":
+                by_modules.setdefault(tuple(recipes.MODELLED[r]), []).append(r)
+        judged = "; ".join(f"{', '.join(rs)} on {', '.join(ms)}" for ms, rs in by_modules.items())
         return f"{', '.join(_CHOICES[axis_name])} (ci and full default: none and the judged {judged})"
     return ", ".join(_CHOICES[axis_name])
 
