@@ -101,6 +101,28 @@ def test_every_example_says_whether_the_suite_runs_it():
                 f"{e.where}: {m.group(2)} never names {e.page.relative_to(ROOT)}"
 
 
+_COMMAND = re.compile(r"^\s*(?:\$ )?(?:python3? |torchrun |pip |[A-Z_]+=\S* (?:python|torchrun)|xdg-open )")
+
+
+def test_no_shell_example_hides_from_the_markers():
+    """A command shown as an indented code block, or in a fence without a language, would
+    escape the markers: every command block is a fenced ``bash`` (or ``python``) block."""
+    hidden = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        fenced = False
+        for n, line in enumerate(lines):
+            if line.strip().startswith("```"):
+                if not fenced and line.strip() == "```" and n + 1 < len(lines) and _COMMAND.match(lines[n + 1]):
+                    hidden.append(f"{page.relative_to(ROOT)}:{n + 1}: a command in a fence without a language")
+                fenced = not fenced
+                continue
+            if (not fenced and line.startswith("    ") and _COMMAND.match(line)
+                    and (n == 0 or not lines[n - 1].strip())):
+                hidden.append(f"{page.relative_to(ROOT)}:{n + 1}: an indented command block")
+    assert not hidden, hidden
+
+
 def _commands(body: str) -> list[tuple[str, int]]:
     """The block's command lines (continuations joined, comments dropped) and the exit each
     expects (``# exit N`` at its end; 0 otherwise)."""
