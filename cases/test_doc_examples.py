@@ -12,7 +12,8 @@ An example's fenced block is preceded by one marker line (docs/decisions.md says
   second node) or it is the suite itself; the reason says which.
 
 The figures (``<!--fig:NAME-->VALUE<!--/fig-->``, ``fixtures.figures``) of every source but the
-sweeps are checked here; a sweep's, by the test that runs that sweep (``figures.check_run``).
+sweeps are checked here; a sweep's on the run the suite already makes of it
+(``cases/test_sweep_figures.py``, ``figures.check_run``).
 """
 
 from __future__ import annotations
