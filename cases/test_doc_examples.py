@@ -12,7 +12,8 @@ An example's fenced block is preceded by one marker line (docs/decisions.md says
   second node) or it is the suite itself; the reason says which.
 
 The figures (``<!--fig:NAME-->VALUE<!--/fig-->``, ``fixtures.figures``) of every source but the
-sweeps are checked here; a sweep's, by the test that runs that sweep (``figures.check_run``).
+sweeps are checked here; a sweep's on the run the suite already makes of it
+(``cases/test_sweep_figures.py``, ``figures.check_run``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,28 @@ def test_every_example_says_whether_the_suite_runs_it():
             assert runner.is_file(), f"{e.where}: {m.group(2)} does not exist"
             assert str(e.page.relative_to(ROOT)) in runner.read_text(), \
                 f"{e.where}: {m.group(2)} never names {e.page.relative_to(ROOT)}"
+
+
+_COMMAND = re.compile(r"^\s*(?:\$ )?(?:python3? |torchrun |pip |[A-Z_]+=\S* (?:python|torchrun)|xdg-open )")
+
+
+def test_no_shell_example_hides_from_the_markers():
+    """A command shown as an indented code block, or in a fence without a language, would
+    escape the markers: every command block is a fenced ``bash`` (or ``python``) block."""
+    hidden = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        fenced = False
+        for n, line in enumerate(lines):
+            if line.strip().startswith("```"):
+                if not fenced and line.strip() == "```" and n + 1 < len(lines) and _COMMAND.match(lines[n + 1]):
+                    hidden.append(f"{page.relative_to(ROOT)}:{n + 1}: a command in a fence without a language")
+                fenced = not fenced
+                continue
+            if (not fenced and line.startswith("    ") and _COMMAND.match(line)
+                    and (n == 0 or not lines[n - 1].strip())):
+                hidden.append(f"{page.relative_to(ROOT)}:{n + 1}: an indented command block")
+    assert not hidden, hidden
 
 
 def _commands(body: str) -> list[tuple[str, int]]:
