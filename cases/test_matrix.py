@@ -13,10 +13,10 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness.vocabulary import matrix, modules, recipes, weights
+from harness.vocabulary import matrix, modules, recipes, shape, weights
 from harness.vocabulary.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
@@ -182,7 +182,16 @@ def cells(draw):
         d["fused"] = False
         if d["weight"] in NEEDS_DDP:
             d["consumer"] = "ddp"
-    return Cell(**d)
+    if not modules.KINDS[d["module"]].layer:
+        d["layers"] = 1
+    if not recipes.KINDS[d["recipe"]].blocked:
+        d["shape"] = "base"
+    else:
+        d["shape"] = draw(st.sampled_from(shape.NAMES))
+    try:  # the rarer rules (Megatron's layer and weights, first_mb, offloading): drawn again
+        return Cell(**d)
+    except MatrixError:
+        assume(False)
 
 
 @given(cells())
@@ -737,3 +746,53 @@ def test_enumeration_and_feasibility_match_brute_force(domains, rnd):
                   if n in constrained and rnd.random() < 0.3 else rnd.choice(domains[n]) for n in names}
         expect = any(all(getattr(c, n) == v for n, v in assign.items()) for c in cells)
         assert matrix._feasible(assign, domains) == expect, assign
+
+
+# --- the shape axis (shapes that span blocks) -----------------------------------------------
+
+def test_ci_block_cells_span_two_blocks_of_every_operand():
+    """``ci``'s ``blocks`` cells: for every block recipe and every module value the oracle
+    judges it on, one cell per ``BLOCK_CELLS`` template, each of whose quantized operands spans
+    at least two blocks along every blocked dimension (the rule of ``shape.spans``, counted here
+    again from the recipe's block lengths); every recipe has such cells (a per-tensor recipe,
+    with no blocked dimension, in every cell); the base cells are those of ``--shapes base``."""
+    ci = select("ci")
+    blocks = [c for c in ci if c.shape == "blocks"]
+    want = {(r, m, t) for r in recipes.BLOCKED for m in recipes.MODELLED[r] for t in range(len(matrix.BLOCK_CELLS))}
+    got = set()
+    for c in blocks:
+        t = next(i for i, tmpl in enumerate(matrix.BLOCK_CELLS)
+                 if all((v(DEFAULTS[k]) if callable(v) else v) == getattr(c, k) for k, v in tmpl.items()))
+        got.add((c.recipe, c.module, t))
+        e = shape.fitted(shape.Example(), c.module, c.bias, c.recipe, c.num_gemms, c.shape)
+        kind = recipes.KINDS[c.recipe]
+        rows = shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape)
+        for dim in (e.in_features, e.out_features, rows):  # every blocked dimension, 1-D blocks
+            assert dim >= 2 * kind.block_length and dim % kind.align == 0, (c.id, dim)
+        assert not kind.weight_tile or min(e.in_features, e.out_features) >= 2 * kind.weight_tile, c.id
+        assert shape.spans(c.recipe, e.in_features, e.out_features, rows), c.id
+        # a ragged edge where TE pads: not a whole number of 4 blocks (scale columns) or 128 rows
+        assert e.in_features % (4 * kind.block_length) and e.in_features % 128, c.id
+    assert got == want and len(blocks) == len(want)
+    for r in recipes.QUANTIZED:
+        mine = [c for c in ci if c.recipe == r]
+        spanning = [c for c in mine if shape.spans(c.recipe, *(lambda e: (e.in_features, e.out_features,
+                    shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape)))(
+                        shape.fitted(shape.Example(), c.module, c.bias, c.recipe, c.num_gemms, c.shape)))]
+        assert spanning, r
+        assert recipes.KINDS[r].blocked or len(spanning) == len(mine), r
+    base = [c for c in ci if c.shape == "base"]
+    assert matrix.ids_digest(base) == matrix.ids_digest(select("ci", {"shape": ("base",)}))
+
+
+def test_blocks_shape_needs_a_block_recipe_and_round_trips():
+    base = dict(module="linear", weight="distributed", hooks="off", fused=True, dtype="bf16", world_size=2,
+                consumer="ddp", microbatches=2, num_gemms=1, bias=True, input_grad=True, delay_wgrad=False)
+    for r in ("none", "delayed", "current"):
+        with pytest.raises(MatrixError, match="requires a recipe that scales blocks"):
+            Cell(**base, recipe=r, shape="blocks")
+    c = Cell(**base, recipe="blockwise", shape="blocks")
+    assert c.id.endswith("-rblockwise-sblocks") and Cell.from_id(c.id) == c
+    assert Cell.from_dict({k: v for k, v in c.serialize().items() if k != "shape"}).shape == "base"
+    assert not any(c.shape == "blocks" for p in ("full", "smoke") for c in select(p, {"module": ("linear",)}))
+    assert {c.shape for c in select("ci", {"shape": ("blocks",), "module": ("linear",)})} == {"blocks"}

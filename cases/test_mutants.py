@@ -227,3 +227,22 @@ def test_fp8_scales_are_checked_exactly_after_the_step():
     bad = scales(mutants.MUTANTS["fp8-dgrad-weight-requantized"].backend)
     assert not bad.ok and bad.actual["weight"] != bad.expected["weight"], bad.message
     assert bad.actual["input"] == bad.expected["input"]
+
+
+@pytest.mark.parametrize("name", ["block-amax-from-neighbour", "block-tile-boundary-off-by-one"])
+def test_block_faults_die_only_where_operands_span_blocks(name):
+    """The faults of block indexing and tile boundaries change nothing in an operand of one
+    block: under FP8 block scaling they survive every base-shape cell the reference runs hooks
+    off (one 1x128 block per row, one 128x128 tile: ci's shapes before the ``shape`` axis), and
+    die by evidence in every block-spanning cell (``shape`` ``blocks``: two blocks and a ragged
+    third along every blocked dimension, inputs with a block magnitude profile)."""
+    m = mutants.MUTANTS[name]
+    mine = [c for c in CELLS if c.recipe == "blockwise" and m.applies(c.module, c.recipe, c.first_mb)]
+    spanning = [c for c in mine if c.shape == "blocks"]
+    base = [c for c in mine if c.shape == "base" and c.hooks == "off"]
+    assert spanning and base
+    survived = [c.id for c in spanning
+                if not mutants.evidence_found(m, run_cell(m.backend, c, RankContext()).comparisons)]
+    assert not survived, f"{name} survived block-spanning cells: {survived}"
+    killed = [c.id for c in base if run_cell(m.backend, c, RankContext()).status not in GOOD]
+    assert not killed, f"{name} killed base-shape cells (one block each): {killed}"

@@ -121,8 +121,8 @@ def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: Modul
 
 def fitted(example: Example, cell: Cell) -> Example:
     """``example`` as the cell runs it (``harness.vocabulary.shape.fitted``: the module's out_features,
-    the recipe's alignment)."""
-    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms)
+    the recipe's alignment, the block-spanning shape)."""
+    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms, cell.shape)
 
 
 @dataclass
@@ -315,7 +315,8 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
     with _owned("harness", "inputs", cell):
         inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
                              cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma,
-                             unit=recipes.KINDS[cell.recipe].align)
+                             unit=shape.group_unit(cell.recipe, cell.shape),
+                             profile=shape.KINDS[cell.shape].profile)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
     try:
