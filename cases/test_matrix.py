@@ -343,7 +343,7 @@ def test_full_size_is_product_minus_invalid():
     assert len(full) == 62640 + 3 * 45360 + 36288 + 30240 == 265248
     # the oracle judges every pair the matrix can generate; the guard still names any other
     assert recipes.unmodelled((c.recipe, c.module) for c in full) == []
-    assert recipes.unmodelled([("mxfp8", "grouped_linear_tensor")]) == ["mxfp8/grouped_linear_tensor"]
+    assert recipes.unmodelled([("mxfp8", "mcore_grouped_mlp")]) == ["mxfp8/mcore_grouped_mlp"]
 
 
 
@@ -636,8 +636,11 @@ def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
     with pytest.raises(MatrixError, match="recipe nvfp4 with dtype='fp16' does not exist in TE"):
         Cell(**{**base.serialize(), "dtype": "fp16", "recipe": "nvfp4"})
     for m in sorted(TENSOR):
-        with pytest.raises(MatrixError, match="a recipe on a grouped-tensor path"):
-            Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": "delayed"})
+        for r in ("delayed", "nvfp4"):  # TE takes no grouped-tensor path under them
+            with pytest.raises(MatrixError, match="on a grouped-tensor path .* does not exist in TE"):
+                Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": r})
+        for r in ("current", "mxfp8", "blockwise"):
+            assert Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": r}).recipe == r
     with pytest.raises(MatrixError, match="hooks='checkpoint' with recipe='delayed' is not built"):
         Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "delayed"})
     Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "current"})
@@ -758,7 +761,8 @@ def test_ci_block_cells_span_two_blocks_of_every_operand():
     with no blocked dimension, in every cell); the base cells are those of ``--shapes base``."""
     ci = select("ci")
     blocks = [c for c in ci if c.shape == "blocks"]
-    want = {(r, m, t) for r in recipes.BLOCKED for m in recipes.MODELLED[r] for t in range(len(matrix.BLOCK_CELLS))}
+    want = {(r, m, t) for r in recipes.BLOCKED for m in recipes.MODELLED[r] for t, tmpl in enumerate(matrix.BLOCK_CELLS)
+            if tmpl["dtype"] in modules.KINDS[m].dtypes}  # the grouped-tensor paths have no fp32
     got = set()
     for c in blocks:
         t = next(i for i, tmpl in enumerate(matrix.BLOCK_CELLS)
@@ -766,7 +770,7 @@ def test_ci_block_cells_span_two_blocks_of_every_operand():
         got.add((c.recipe, c.module, t))
         e = shape.fitted(shape.Example(), c.module, c.bias, c.recipe, c.num_gemms, c.shape)
         kind = recipes.KINDS[c.recipe]
-        rows = shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape)
+        rows = shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape, c.module)
         for dim in (e.in_features, e.out_features, rows):  # every blocked dimension, 1-D blocks
             assert dim >= 2 * kind.block_length and dim % kind.align == 0, (c.id, dim)
         assert not kind.weight_tile or min(e.in_features, e.out_features) >= 2 * kind.weight_tile, c.id
@@ -777,7 +781,7 @@ def test_ci_block_cells_span_two_blocks_of_every_operand():
     for r in recipes.QUANTIZED:
         mine = [c for c in ci if c.recipe == r]
         spanning = [c for c in mine if shape.spans(c.recipe, *(lambda e: (e.in_features, e.out_features,
-                    shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape)))(
+                    shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape, c.module)))(
                         shape.fitted(shape.Example(), c.module, c.bias, c.recipe, c.num_gemms, c.shape)))]
         assert spanning, r
         assert recipes.KINDS[r].blocked or len(spanning) == len(mine), r

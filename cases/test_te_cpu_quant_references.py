@@ -11,6 +11,9 @@ on the device each recipe needs, then compares every byte TE's reference gives:
 | `mxfp8` | ``tests/cpp/operator/test_cast_mxfp8.cu`` ``compute_ref`` and ``test_swizzle.cu`` ``compute_ref_swizzle``, ported | row- and column-wise data, E8M0 scales, the GEMM-ready (swizzled) scales |
 | `blockwise` | ``tests/pytorch/references/blockwise_quantizer_reference.py`` (vendored: ``fixtures/te_references/``) | data, scales, column-wise data and scales (1x128 and 128x128; power-of-two and fp32 scales), as TE's ``test_float8_blockwise_scaling_exact.py`` compares them |
 | `nvfp4` | ``NVFP4QuantizerRef`` (TE 2.20.2's wheel, ``custom_recipes/reference_nvfp4.py``) | E2M1 data both ways, E4M3 block scales both ways, the amaxes (1x16 and 16x16) |
+| `current grouped` | ``tests/cpp/operator/test_cast_current_scaling_grouped.cu``, ported | ``group_quantize``: each group's data and transpose, the amax, scale and scale-inverse buffers (an empty group among them) |
+| `mxfp8 grouped` | ``tests/cpp/operator/test_cast_mxfp8_grouped.cu`` and ``test_swizzle.cu``, ported | ``group_quantize`` of 128-row groups: data both ways, each group's padded scales, and in the GEMM's layout |
+| `blockwise grouped` | ``blockwise_quantizer_reference.py`` per group | ``group_quantize`` of 128-row groups: each member's data and scales both ways, 1x128 and 128x128 |
 
 Inputs: shapes of one block and of several, with ragged edges where TE pads (multiples of the
 recipe's alignment that are not of its block or of the scale padding), in fp32 and bf16, both
@@ -42,7 +45,8 @@ import pytest
 
 from fixtures.te_script import run_te_script
 
-RECIPES = ("delayed", "current", "mxfp8", "blockwise", "nvfp4")
+RECIPES = ("delayed", "current", "mxfp8", "blockwise", "nvfp4", "current grouped", "mxfp8 grouped",
+           "blockwise grouped")
 
 _SCRIPT = """
     import math, os, torch
@@ -126,6 +130,20 @@ _SCRIPT = """
 
     # FP8 block scaling (Hopper), as TE's test_float8_blockwise_scaling_exact.py compares it
     ref = BlockwiseQuantizerReference()
+
+    def compare_blockwise(recipe, got, x, torch_fp8, pow2, tile):
+        want = ref.quantize(x, quant_dtype=torch_fp8, return_transpose=True, eps=0.0, pow_2_scales=pow2,
+                            quant_tile_shape=tile)
+        m, n = x.shape
+        for field, data, scale, want_data, want_scale, grid in (
+                ("rowwise", got._rowwise_data, got._rowwise_scale_inv, want.data, want.scale, (m, n)),
+                ("columnwise", got._columnwise_data, got._columnwise_scale_inv, want.data_t, want.scale_t, (n, m))):
+            mask = ref.scale_munger.munge_scale_shapes_for_backend(QuantizeResult(
+                None, torch.ones(math.ceil(grid[0] / tile[0]), math.ceil(grid[1] / tile[1])), None, None),
+                tile).scale  # the scale buffer's padding is don't-care
+            compare(recipe, f"{{field}} data", data, want_data.view(torch.uint8))
+            compare(recipe, f"{{field}} scales", scale * mask, want_scale)
+
     for dtype in DTYPES:
         for shape in ((128, 128), (256, 272), (303, 300)):
             for x in inputs(shape, dtype).values():
@@ -134,19 +152,38 @@ _SCRIPT = """
                         for pow2 in (True, False):
                             q = Float8BlockQuantizer(fp8, rowwise=True, columnwise=True, amax_epsilon=0.0,
                                                      force_pow_2_scales=pow2, block_scaling_dim=dim)
-                            got = tex.quantize(x, q)
-                            want = ref.quantize(x, quant_dtype=torch_fp8, return_transpose=True, eps=0.0,
-                                                pow_2_scales=pow2, quant_tile_shape=tile)
-                            m, n = shape
-                            for field, data, scale, want_data, want_scale, grid in (
-                                    ("rowwise", got._rowwise_data, got._rowwise_scale_inv, want.data, want.scale, (m, n)),
-                                    ("columnwise", got._columnwise_data, got._columnwise_scale_inv, want.data_t,
-                                     want.scale_t, (n, m))):
-                                mask = ref.scale_munger.munge_scale_shapes_for_backend(QuantizeResult(
-                                    None, torch.ones(math.ceil(grid[0] / tile[0]), math.ceil(grid[1] / tile[1])),
-                                    None, None), tile).scale  # the scale buffer's padding is don't-care
-                                compare("blockwise", f"{{field}} data", data, want_data.view(torch.uint8))
-                                compare("blockwise", f"{{field}} scales", scale * mask, want_scale)
+                            compare_blockwise("blockwise", tex.quantize(x, q), x, torch_fp8, pow2, tile)
+
+    # the grouped-tensor path's grouped quantization (group_quantize), member by member, against
+    # TE's grouped references: current scaling and FP8 block scaling on Hopper here, MXFP8 below
+    def grouped_inputs(rows, k, dtype):
+        return inputs((sum(rows), k), dtype), torch.tensor(rows, dtype=torch.int64)
+
+    for dtype in DTYPES:
+        for rows, k in (([64, 0, 96, 16], 96), ([128, 256], 272)):
+            xs, splits = grouped_inputs(rows, k, dtype)
+            for x in xs.values():
+                for fp8, torch_fp8 in FP8:
+                    q = Float8CurrentScalingQuantizer(fp8, device="cpu", rowwise=True, columnwise=True)
+                    got = tex.group_quantize(x, q, len(rows), splits)
+                    want = cpp_refs.current_grouped_ref(x, rows, torch_fp8)
+                    compare("current grouped", "data", got.rowwise_data, want["rowwise"])
+                    compare("current grouped", "transpose", got.columnwise_data, want["colwise"])
+                    for field in ("scale_inv", "amax", "scale"):
+                        compare("current grouped", field, getattr(got, field), want[field])
+        for rows, k in (([128, 0, 256], 272), ([256, 128], 128)):
+            xs, splits = grouped_inputs(rows, k, dtype)
+            for x in xs.values():
+                for fp8, torch_fp8 in FP8:
+                    for dim, tile in ((1, (1, 128)), (2, (128, 128))):
+                        q = Float8BlockQuantizer(fp8, rowwise=True, columnwise=True, amax_epsilon=0.0,
+                                                 force_pow_2_scales=True, block_scaling_dim=dim)
+                        got = tex.group_quantize(x, q, len(rows), splits)
+                        start = 0
+                        for member, r in zip(got.split_into_quantized_tensors(), rows):
+                            if r:
+                                compare_blockwise("blockwise grouped", member, x[start:start + r], torch_fp8, True, tile)
+                            start += r
 
     # MXFP8 and NVFP4 (Blackwell)
     device.present(device.BLACKWELL)
@@ -173,6 +210,26 @@ _SCRIPT = """
                         else:
                             compare("mxfp8", "rowwise scales", rows[:r, :c // 32], want["scales_rowwise"])
                             compare("mxfp8", "columnwise scales", cols[:r // 32, :c], want["scales_colwise"])
+    for dtype in DTYPES:
+        for rows, k in (([128, 0, 256], 96), ([256, 128], 160)):
+            xs, splits = grouped_inputs(rows, k, dtype)
+            for x in xs.values():
+                for fp8, torch_fp8 in FP8:
+                    want = cpp_refs.mxfp8_grouped_ref(x, rows, torch_fp8)
+                    for swizzled in (False, True):
+                        q = MXFP8Quantizer(fp8, rowwise=True, columnwise=True)
+                        q.optimize_for_gemm = swizzled
+                        got = tex.group_quantize(x, q, len(rows), splits)
+                        compare("mxfp8 grouped", "rowwise data", got.rowwise_data, want["rowwise"])
+                        compare("mxfp8 grouped", "columnwise data", got.columnwise_data, want["colwise"])
+                        if swizzled:  # the GEMM's layout, member by member (whole 128-row members)
+                            rows_sw = torch.cat([cpp_refs.swizzle_ref(b, True) for b in want["scale_blocks_rowwise"]])
+                            cols_sw = torch.cat([cpp_refs.swizzle_ref(b, False) for b in want["scale_blocks_colwise"]])
+                            compare("mxfp8 grouped", "rowwise scales, GEMM layout", got.scale_inv, rows_sw)
+                            compare("mxfp8 grouped", "columnwise scales, GEMM layout", got.columnwise_scale_inv, cols_sw)
+                        else:
+                            compare("mxfp8 grouped", "rowwise scales", got.scale_inv, want["scales_rowwise"])
+                            compare("mxfp8 grouped", "columnwise scales", got.columnwise_scale_inv, want["scales_colwise"])
     for dtype in DTYPES:
         for shape in ((48, 48), (64, 96), (272, 272)):
             r, c = shape

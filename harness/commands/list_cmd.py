@@ -49,7 +49,7 @@ def _dims(cell: matrix.Cell) -> dict[str, object]:
     dimension it is blocked along under the cell's recipe (``shape.operand_blocks``; empty
     without blocks), with the rule's verdict (``shape.spans``: at least two along each)."""
     e = shape.fitted(shape.Example(), cell.module, cell.bias, cell.recipe, cell.num_gemms, cell.shape)
-    rows = shape.smallest_group_rows(e, cell.recipe, cell.num_gemms, cell.shape)
+    rows = shape.smallest_group_rows(e, cell.recipe, cell.num_gemms, cell.shape, cell.module)
     return {"dims": {"in_features": e.in_features, "out_features": e.out_features, "rows": e.rows,
                      "group_rows_min": rows},
             "operand_blocks": shape.operand_blocks(cell.recipe, e.in_features, e.out_features, rows),

@@ -33,11 +33,10 @@ restated; these combinations are invalid and never generated:
 - Megatron's class at world size 1, which it never builds;
 - a dtype the module's path does not have (``modules.ModuleKind.dtypes``: the grouped-tensor
   paths have no fp32);
-- a recipe on a grouped-tensor path (``grouped_linear_tensor``, ``ops_grouped_linear_tensor``):
-  TE 2.20.2 never takes that path under ``DelayedScaling`` (``is_module_grouped_tensor_path_supported``),
-  and for the other recipes te-cpu has none of its grouped quantization kernels
-  (``group_quantize``, ``bgrad_group_quantize``, ``group_requantize_inplace``), so the cell
-  could not be judged on the path it names (docs/low-precision.md);
+- ``delayed`` or ``nvfp4`` on a grouped-tensor path (``grouped_linear_tensor``,
+  ``ops_grouped_linear_tensor``): TE 2.20.2 never takes that path under ``DelayedScaling``, and
+  under NVFP4 only with the random Hadamard transform, which the ``nvfp4`` value switches off
+  (``is_module_grouped_tensor_path_supported``; ``recipes.RecipeKind.grouped_tensor``);
 - ``shape='blocks'`` without a recipe that scales blocks (``mxfp8``, ``blockwise``, ``nvfp4``):
   ``none`` and the per-tensor recipes have no block to span;
 - ``hooks='checkpoint'`` with ``recipe='delayed'``: torch's checkpoint, which the hook mode
@@ -170,9 +169,10 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
-    ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
-     "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
-     "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),
+    ("module", "recipe", lambda m, r: modules.KINDS[m].path != "grouped_tensor" or not recipes.KINDS[r].grouped_tensor,
+     "recipe 'delayed' or 'nvfp4' on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) "
+     "does not exist in TE 2.20.2: it takes no grouped-tensor path under DelayedScaling, and under NVFP4 only "
+     "with the random Hadamard transform (harness.vocabulary.recipes.RecipeKind.grouped_tensor)"),
     ("shape", "recipe", lambda s, r: not shape.KINDS[s].spans_blocks or recipes.KINDS[r].blocked,
      f"shape='blocks' requires a recipe that scales blocks ({', '.join(recipes.BLOCKED)}): none and the "
      f"per-tensor recipes have no block to span"),

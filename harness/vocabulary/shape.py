@@ -86,13 +86,17 @@ def span(recipe: str) -> int:
     return 2 * kind.block_length + kind.align if kind.blocked else 0
 
 
-def group_unit(recipe: str, shape: str = "base") -> int:
+def group_unit(recipe: str, shape: str = "base", module: str = "linear") -> int:
     """Every group's rows are a multiple of this (``harness.cell.inputs.draw_splits`` draws in
     units of it): the recipe's alignment, or under ``blocks`` the :func:`span`, so that every
-    group that has rows spans two blocks along them (its wgrad GEMM's K)."""
-    if KINDS[shape].spans_blocks and recipes.KINDS[recipe].blocked:
-        return span(recipe)
-    return recipes.KINDS[recipe].align
+    group that has rows spans two blocks along them (its wgrad GEMM's K); on a grouped-tensor
+    path that, rounded up to the recipe's ``member_rows`` (TE's grouped MXFP8 and FP8
+    block-scaling quantizers take whole 128-row members)."""
+    kind = recipes.KINDS[recipe]
+    unit = span(recipe) if KINDS[shape].spans_blocks and kind.blocked else kind.align
+    if modules.KINDS[module].path == "grouped_tensor" and kind.quantized:
+        unit = _up(unit, kind.member_rows)
+    return unit
 
 
 def fitted(example: Example, module: str, bias: bool, recipe: str = "none", groups: int = 1,
@@ -107,7 +111,7 @@ def fitted(example: Example, module: str, bias: bool, recipe: str = "none", grou
     recipe keeps its example's shapes exactly."""
     align = recipes.KINDS[recipe].align
     out = modules.KINDS[module].out_features(example.out_features, bias)
-    unit = group_unit(recipe, shape)
+    unit = group_unit(recipe, shape, module)
     low = span(recipe) if KINDS[shape].spans_blocks else 0
     rows = max(example.rows, unit * groups) if unit > 1 else example.rows
     fit = {"in_features": max(_up(example.in_features, align), low),
@@ -116,10 +120,11 @@ def fitted(example: Example, module: str, bias: bool, recipe: str = "none", grou
     return replace(example, **changed) if changed else example
 
 
-def smallest_group_rows(example: Example, recipe: str, groups: int, shape: str = "base") -> int:
+def smallest_group_rows(example: Example, recipe: str, groups: int, shape: str = "base",
+                        module: str = "linear") -> int:
     """The fewest rows a group that has rows can get in a cell of ``example`` (fitted): all of
     them with one group, else one :func:`group_unit` (the splits are drawn in whole units)."""
-    return example.rows if groups == 1 else min(example.rows, group_unit(recipe, shape))
+    return example.rows if groups == 1 else min(example.rows, group_unit(recipe, shape, module))
 
 
 def operand_blocks(recipe: str, in_features: int, out_features: int, group_rows: int) -> dict[str, dict[str, int]]:
