@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.vocabulary import matrix
+from harness.vocabulary import matrix, recipes, shape
 from harness.records import recordfile
 from harness.launcher import launch
 
@@ -154,8 +154,13 @@ def test_list_json_matches_select(capsys):
     assert [d["id"] for d in listed] == [c.id for c in cells]
     for d, c in zip(listed, cells):
         assert d["expect"] == c.expect
-        axes = {k: v for k, v in d.items() if k not in ("id", "expect")}
+        axes = {k: v for k, v in d.items() if k not in ("id", "expect", "dims", "operand_blocks", "spans_blocks")}
         assert axes == c.serialize() and matrix.Cell.from_dict(axes) == c
+        # the shapes the cell runs with, and the block rule's verdict on them (harness.vocabulary.shape)
+        assert set(d["dims"]) == {"in_features", "out_features", "rows", "group_rows_min"}
+        assert d["spans_blocks"] == shape.spans(c.recipe, d["dims"]["in_features"], d["dims"]["out_features"],
+                                                d["dims"]["group_rows_min"])
+        assert (d["operand_blocks"] == {}) == (not recipes.KINDS[c.recipe].blocked)
 
 
 def test_list_prints_ids_and_counts(capsys):

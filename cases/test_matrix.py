@@ -14,10 +14,10 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness.vocabulary import matrix, modules, recipes, weights
+from harness.vocabulary import matrix, modules, recipes, shape, weights
 from harness.vocabulary.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
@@ -60,6 +60,8 @@ def valid(assign: dict) -> bool:
     if assign.get("module") in SINGLE and assign.get("num_gemms", 1) != 1:
         return False
     if assign.get("module") in TENSOR and assign.get("dtype") == "fp32":
+        return False
+    if assign.get("module") in TENSOR and assign.get("recipe") in ("delayed", "nvfp4"):  # no such path in TE
         return False
     if assign.get("consumer") == "autograd" and assign.get("weight") in NEEDS_DDP:
         return False
@@ -254,6 +256,7 @@ def cells(draw):
             d["dtype"] = "bf16"
     else:
         d["layers"] = 1
+    d["shape"] = draw(st.sampled_from(shape.NAMES)) if recipes.KINDS[d["recipe"]].blocked else "base"
     return Cell(**d)
 
 
@@ -377,7 +380,7 @@ def test_full_size_is_product_minus_invalid():
     flagged = [c for c in everything if c.first_mb]
     takes = [c for c in full if c.microbatches == 2 and CLASS[c.module] not in ("ops", "TEGroupedMLP")]
     assert {dataclasses.replace(c, first_mb=False) for c in flagged} == set(takes)
-    assert len(flagged) == len(takes) == 148824 and len(everything) == 432528 + 148824
+    assert len(flagged) == len(takes) == 164376 and len(everything) == 505104 + 164376
     assert {c.weight for c in full} == {"distributed", "plain", "gtp_mcore", "gtp_nograd"}
     # linear cells exist only with num_gemms=1, which is in the default domain
     domains = {**DEFAULTS, "weight": ("distributed", "plain", "gtp_mcore", "gtp_nograd")}
@@ -393,7 +396,12 @@ def test_full_size_is_product_minus_invalid():
     judged = {"linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"}
     assert {(c.recipe, c.module) for c in lowp} == {(r, m) for r in recipes.JUDGED if r != "none"
                                                     for m in recipes.MODELLED[r]} == {
-        (r, m) for r in ("current", "delayed", "mxfp8", "blockwise", "nvfp4") for m in judged}
+        (r, m) for r in ("current", "delayed", "mxfp8", "blockwise", "nvfp4") for m in judged} | {
+        (r, m) for r in ("current", "mxfp8", "blockwise") for m in TENSOR}
+    for module in sorted(TENSOR):  # the grouped-tensor paths: TE takes them under three recipes
+        twins = sum(c.module == module for c in none)
+        for r in ("current", "mxfp8", "blockwise"):
+            assert sum(c.recipe == r and c.module == module for c in lowp) == twins, (r, module)
     for module, count in (("linear", 10368), ("grouped_linear", 20736), ("ops_grouped_linear", 20736),
                           ("layernorm_linear", 10368), ("rmsnorm_linear", 10368)):
         twins = sum(c.module == module for c in none)
@@ -403,10 +411,10 @@ def test_full_size_is_product_minus_invalid():
         # nvfp4: no fp16 cell (TE's FP4 GEMM refuses an fp16 output), a third of the dtypes
         assert sum(c.recipe == "nvfp4" and c.module == module for c in lowp) == twins * 2 // 3, module
     assert not any(c.recipe == "nvfp4" and c.dtype == "fp16" for c in full)
-    assert len(full) == 102912 + 3 * 72576 + 63504 + 48384 == 432528
+    assert len(full) == 102912 + 3 * 72576 + 63504 + 48384 + 3 * (10368 + 13824) == 505104
     # the oracle judges every pair the matrix can generate; the guard still names any other
     assert recipes.unmodelled((c.recipe, c.module) for c in full) == []
-    assert recipes.unmodelled([("mxfp8", "grouped_linear_tensor")]) == ["mxfp8/grouped_linear_tensor"]
+    assert recipes.unmodelled([("mxfp8", "mcore_grouped_mlp")]) == ["mxfp8/mcore_grouped_mlp"]
 
 
 
@@ -622,7 +630,8 @@ def test_megatron_ci_size():
     hooked no-input-gradient and delayed-wgrad interactions (n) and (d)."""
     ci = unflagged(select("ci", {"weight": ["megatron"]}))
     assert {c.world_size for c in ci} == {2, 4}
-    assert 60 <= sum(c.recipe == "none" for c in ci) <= 180 and sum(c.recipe != "none" for c in ci) <= 240
+    # under the recipes: the judged modules, the grouped-tensor paths among them (three recipes)
+    assert 60 <= sum(c.recipe == "none" for c in ci) <= 180 and sum(c.recipe != "none" for c in ci) <= 300
 
 
 def test_seed_preset_is_the_production_combination():
@@ -661,9 +670,10 @@ def test_presets_keep_their_cells_and_add_the_judged_recipes():
     assert recipes.JUDGED == ("none", "delayed", "current", "mxfp8", "blockwise", "nvfp4")
     assert {c.recipe for c in ci} == set(recipes.JUDGED) == {c.recipe for c in select("full")}
     assert {c.module for c in ci if c.recipe != "none"} == {"linear", "grouped_linear", "ops_grouped_linear",
-                                                          "layernorm_linear", "rmsnorm_linear"}
-    assert {c.module for c in ci if c.recipe in ("mxfp8", "blockwise")} == {
-        "linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"}
+                                                          "layernorm_linear", "rmsnorm_linear"} | TENSOR
+    assert {c.module for c in ci if c.recipe in ("mxfp8", "blockwise", "current")} == {
+        "linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"} | TENSOR
+    assert not {c.module for c in ci if c.recipe in ("delayed", "nvfp4")} & TENSOR  # no such path in TE
     for preset in ("smoke", "seed"):
         assert {c.recipe for c in select(preset)} == {"none"}, preset
 
@@ -676,7 +686,7 @@ def test_ci_recipe_cells_are_all_pairs_on_the_judged_modules():
     ci = unflagged(select("ci"))
     assert_recipe_pairs(ci, DEFAULTS)
     lowp = [c for c in ci if c.recipe != "none"]
-    assert 60 <= len(lowp) <= 480
+    assert 60 <= len(lowp) <= 560
     for r in ("current", "delayed", "mxfp8", "blockwise", "nvfp4"):
         for m in recipes.MODELLED[r]:
             assert any(c.recipe == r and c.module == m and c.weight == "distributed" and c.hooks == "off"
@@ -701,8 +711,11 @@ def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
     with pytest.raises(MatrixError, match="recipe nvfp4 with dtype='fp16' does not exist in TE"):
         Cell(**{**base.serialize(), "dtype": "fp16", "recipe": "nvfp4"})
     for m in sorted(TENSOR):
-        with pytest.raises(MatrixError, match="a recipe on a grouped-tensor path"):
-            Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": "delayed"})
+        for r in ("delayed", "nvfp4"):  # TE takes no grouped-tensor path under them
+            with pytest.raises(MatrixError, match="on a grouped-tensor path .* does not exist in TE"):
+                Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": r})
+        for r in ("current", "mxfp8", "blockwise"):
+            assert Cell(**{**base.serialize(), "module": m, "num_gemms": 4, "recipe": r}).recipe == r
     with pytest.raises(MatrixError, match="hooks='checkpoint' with recipe='delayed' is not built"):
         Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "delayed"})
     Cell(**{**base.serialize(), "hooks": "checkpoint", "recipe": "current"})
@@ -710,8 +723,8 @@ def test_recipe_in_the_id_only_when_quantized_and_old_records_load():
 
 def test_ci_under_one_recipe_is_its_covering_design():
     cells = unflagged(select("ci", {"recipe": ["current"]}))
-    assert {c.recipe for c in cells} == {"current"} and not {c.module for c in cells} & TENSOR
-    domains = {**DEFAULTS, "recipe": ("current",), "module": tuple(m for m in DEFAULTS["module"] if m not in TENSOR)}
+    assert {c.recipe for c in cells} == {"current"} and {c.module for c in cells} >= TENSOR
+    domains = {**DEFAULTS, "recipe": ("current",), "module": tuple(m for m in DEFAULTS["module"] if m not in LAYER)}
     assert_pairwise(cells, domains)
     both = select("ci", {"recipe": ["none", "current"]})
     assert {c for c in unflagged(select("ci")) if c.recipe == "none"} <= set(both)
@@ -730,7 +743,7 @@ def test_first_microbatch_cells():
     keep their ids; the flag is named in the id only when passed; smoke and seed pass none."""
     ci = select("ci")
     flagged = [c for c in ci if c.first_mb]
-    assert 30 <= len(flagged) <= 120 and len(unflagged(ci)) == 984
+    assert 30 <= len(flagged) <= 120 and len(unflagged(ci)) == 1030
     assert {c.microbatches for c in flagged} == {2} and not any(CLASS[c.module] in ("ops", "TEGroupedMLP") for c in flagged)
     assert {c.recipe for c in flagged} == {"none", "delayed", "current", "mxfp8", "blockwise", "nvfp4"}
     mods = tuple(m for m in DEFAULTS["module"] if CLASS[m] not in ("ops", "TEGroupedMLP"))
@@ -813,3 +826,54 @@ def test_enumeration_and_feasibility_match_brute_force(domains, rnd):
                   if n in constrained and rnd.random() < 0.3 else rnd.choice(domains[n]) for n in names}
         expect = any(all(getattr(c, n) == v for n, v in assign.items()) for c in cells)
         assert matrix._feasible(assign, domains) == expect, assign
+
+
+# --- the shape axis (shapes that span blocks) -----------------------------------------------
+
+def test_ci_block_cells_span_two_blocks_of_every_operand():
+    """``ci``'s ``blocks`` cells: for every block recipe and every module value the oracle
+    judges it on, one cell per ``BLOCK_CELLS`` template, each of whose quantized operands spans
+    at least two blocks along every blocked dimension (the rule of ``shape.spans``, counted here
+    again from the recipe's block lengths); every recipe has such cells (a per-tensor recipe,
+    with no blocked dimension, in every cell); the base cells are those of ``--shapes base``."""
+    ci = select("ci")
+    blocks = [c for c in ci if c.shape == "blocks"]
+    want = {(r, m, t) for r in recipes.BLOCKED for m in recipes.MODELLED[r] for t, tmpl in enumerate(matrix.BLOCK_CELLS)
+            if tmpl["dtype"] in modules.KINDS[m].dtypes}  # the grouped-tensor paths have no fp32
+    got = set()
+    for c in blocks:
+        t = next(i for i, tmpl in enumerate(matrix.BLOCK_CELLS)
+                 if all((v(DEFAULTS[k]) if callable(v) else v) == getattr(c, k) for k, v in tmpl.items()))
+        got.add((c.recipe, c.module, t))
+        e = shape.fitted(shape.Example(), c.module, c.bias, c.recipe, c.num_gemms, c.shape)
+        kind = recipes.KINDS[c.recipe]
+        rows = shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape, c.module)
+        for dim in (e.in_features, e.out_features, rows):  # every blocked dimension, 1-D blocks
+            assert dim >= 2 * kind.block_length and dim % kind.align == 0, (c.id, dim)
+        assert not kind.weight_tile or min(e.in_features, e.out_features) >= 2 * kind.weight_tile, c.id
+        assert shape.spans(c.recipe, e.in_features, e.out_features, rows), c.id
+        # a ragged edge where TE pads: not a whole number of 4 blocks (scale columns) or 128 rows
+        assert e.in_features % (4 * kind.block_length) and e.in_features % 128, c.id
+    assert got == want and len(blocks) == len(want)
+    for r in recipes.QUANTIZED:
+        mine = [c for c in ci if c.recipe == r]
+        spanning = [c for c in mine if shape.spans(c.recipe, *(lambda e: (e.in_features, e.out_features,
+                    shape.smallest_group_rows(e, c.recipe, c.num_gemms, c.shape, c.module)))(
+                        shape.fitted(shape.Example(), c.module, c.bias, c.recipe, c.num_gemms, c.shape)))]
+        assert spanning, r
+        assert recipes.KINDS[r].blocked or len(spanning) == len(mine), r
+    base = [c for c in ci if c.shape == "base"]
+    assert matrix.ids_digest(base) == matrix.ids_digest(select("ci", {"shape": ("base",)}))
+
+
+def test_blocks_shape_needs_a_block_recipe_and_round_trips():
+    base = dict(module="linear", weight="distributed", hooks="off", fused=True, dtype="bf16", world_size=2,
+                consumer="ddp", microbatches=2, num_gemms=1, bias=True, input_grad=True, delay_wgrad=False)
+    for r in ("none", "delayed", "current"):
+        with pytest.raises(MatrixError, match="requires a recipe that scales blocks"):
+            Cell(**base, recipe=r, shape="blocks")
+    c = Cell(**base, recipe="blockwise", shape="blocks")
+    assert c.id.endswith("-rblockwise-sblocks") and Cell.from_id(c.id) == c
+    assert Cell.from_dict({k: v for k, v in c.serialize().items() if k != "shape"}).shape == "base"
+    assert not any(c.shape == "blocks" for p in ("full", "smoke") for c in select(p, {"module": ("linear",)}))
+    assert {c.shape for c in select("ci", {"shape": ("blocks",), "module": ("linear",)})} == {"blocks"}

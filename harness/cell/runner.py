@@ -121,8 +121,8 @@ def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: Modul
 
 def fitted(example: Example, cell: Cell) -> Example:
     """``example`` as the cell runs it (``harness.vocabulary.shape.fitted``: the module's out_features,
-    the recipe's alignment)."""
-    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms)
+    the recipe's alignment, the block-spanning shape)."""
+    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms, cell.shape)
 
 
 @dataclass
@@ -232,7 +232,8 @@ def _judge_path(cell: Cell, result: RankResult, called: dict[str, int] | None) -
     ran = result.status in ("pass", "fail") and result.error is None  # a raise stops anywhere
     if choice is not None and kind.path and choice.path != kind.path:
         taken = modules.on_path(kind, choice.path)
-        clash = taken.path_mismatch(called) if taken is not None and called is not None and ran else None
+        clash = (taken.path_mismatch(called, cell.recipe != "none") if taken is not None and called is not None
+                 and ran else None)
         if clash is not None:
             _path_mismatch(result, f"{clash}; yet TE's {choice.node} records the "
                                    f"{te_path.NAMES[choice.path]} path")
@@ -240,7 +241,7 @@ def _judge_path(cell: Cell, result: RankResult, called: dict[str, int] | None) -
         choice.reason = te_path.explain(choice, kind.path)
         result.choice, result.status = choice.serialize(), PATH_NOT_TAKEN
         return
-    mismatch = kind.path_mismatch(called) if called is not None and ran else None
+    mismatch = kind.path_mismatch(called, cell.recipe != "none") if called is not None and ran else None
     if mismatch is not None:
         recorded = f"; TE's {choice.node} records the {te_path.NAMES[choice.path]} path" if choice else ""
         _path_mismatch(result, mismatch + recorded)
@@ -319,7 +320,8 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
     with _owned("harness", "inputs", cell):
         inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
                              cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma,
-                             unit=recipes.KINDS[cell.recipe].align)
+                             unit=shape.group_unit(cell.recipe, cell.shape, cell.module),
+                             profile=shape.KINDS[cell.shape].profile)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
     try:

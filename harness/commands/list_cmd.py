@@ -7,7 +7,7 @@ import argparse
 import json
 from collections import Counter
 
-from harness.vocabulary import errors as exitcodes, matrix, selection
+from harness.vocabulary import errors as exitcodes, matrix, selection, shape
 from harness.orchestration import preflight
 from harness.vocabulary.backend_specs import BackendError
 from harness.commands import _options
@@ -40,11 +40,24 @@ def _expected(args: argparse.Namespace, cells: list[matrix.Cell]) -> dict[str, l
     return {c.id: [e.id for e in entries if e.selects(c.serialize())] for c in cells}
 
 
+def _dims(cell: matrix.Cell) -> dict[str, object]:
+    """The shapes ``cell`` runs with (its example fitted: ``shape.fitted``), the fewest rows a
+    group with rows gets, and the blocks every quantized operand of every GEMM spans along each
+    dimension it is blocked along under the cell's recipe (``shape.operand_blocks``; empty
+    without blocks), with the rule's verdict (``shape.spans``: at least two along each)."""
+    e = shape.fitted(shape.Example(), cell.module, cell.bias, cell.recipe, cell.num_gemms, cell.shape)
+    rows = shape.smallest_group_rows(e, cell.recipe, cell.num_gemms, cell.shape, cell.module)
+    return {"dims": {"in_features": e.in_features, "out_features": e.out_features, "rows": e.rows,
+                     "group_rows_min": rows},
+            "operand_blocks": shape.operand_blocks(cell.recipe, e.in_features, e.out_features, rows),
+            "spans_blocks": shape.spans(cell.recipe, e.in_features, e.out_features, rows)}
+
+
 def run(args: argparse.Namespace) -> int:
     cells, _ = selection.select(args)
     expected = _expected(args, cells)
     if args.json:
-        print(json.dumps([{"id": c.id, "expect": c.expect, **c.serialize(),
+        print(json.dumps([{"id": c.id, "expect": c.expect, **c.serialize(), **_dims(c),
                            **({"ledger_entries": expected[c.id]} if expected is not None else {})} for c in cells],
                          indent=1))
         return 0

@@ -24,7 +24,7 @@ from harness.records.record import CellResult
 from harness.orchestration.selftest import CLEAN, TeSide, run_selftest, table, write
 from harness.judging import ledger as ledgers
 from harness.te_tree import patch as te_patch, tree as te_tree
-from harness.vocabulary import matrix, modules, weights
+from harness.vocabulary import fault_classes, matrix, modules, weights
 from harness.records.stream import ResultStream
 
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
     info, args.device = preflight.check_run(CLEAN, args.device, {c.world_size for c in cells}, {c.module for c in cells},
                                              keep_warm=True)
-    te_cells = [c for c in cells if selection.requires(c)]
+    te_cells = [c for c in cells if selection.requires(c) or _te_fault_runs(c)]
     cells, sel = selection.leave_out(cells, sel, preflight.missing(info))
     selection.check_shardable(cells, Example().out_features)
     run_dir = _options.run_dir(args, prefix="selftest").resolve()
@@ -90,6 +90,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return exitcodes.MISMATCH
     return exitcodes.OK
+
+
+def _te_fault_runs(cell: matrix.Cell) -> bool:
+    """Whether a fault planted in TE's own code on CPU (``fault_classes.TE``) runs on ``cell``:
+    such a cell joins the self-test's part in TE's code even when the reference runs it too
+    (a fault of te-cpu's kernels, shown by the block-spanning cells)."""
+    return any(f.applies(cell.module, cell.recipe, cell.first_mb, cell.hooks, cell.shape)
+               for f in fault_classes.TE.values())
 
 
 def _te_side(te_cells: list, sel: dict, run_dir: Path, cell_timeout: float) -> TeSide | None:

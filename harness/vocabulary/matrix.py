@@ -4,10 +4,10 @@ Pure Python (no torch), so every rank, the CLI and the reports can rebuild the s
 cheaply. Every rank calls :func:`select` with the same arguments and compares
 :func:`ids_digest` before any cell runs; after that only indices travel.
 
-A cell fixes one value on each of fifteen axes, in this order::
+A cell fixes one value on each of sixteen axes, in this order::
 
     module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
-    bias, input_grad, delay_wgrad, recipe, first_mb, layers
+    bias, input_grad, delay_wgrad, recipe, first_mb, layers, shape
 
 ``recipe`` (``harness.vocabulary.recipes``) is ``none`` for every cell that runs no low-precision recipe:
 the cells that existed before the axis, whose ids it leaves unchanged (a recipe is named in
@@ -15,6 +15,9 @@ the id only when it is not ``none``: ``...-nodelay-rcurrent``). Under a recipe t
 shapes are aligned to it (``harness.vocabulary.shape.fitted``). ``layers`` (the MoE layers of
 a model chunk of Megatron's expert layer, ``harness.vocabulary.modules``) is 1 for every other
 module, and named in the id only when it is not 1 (``...-l2``); so is ``first_mb`` (``-fmb``).
+``shape`` (``harness.vocabulary.shape``) is ``base`` for every cell that runs the example's
+shapes, and named in the id only when it is not (``...-rblockwise-sblocks``): ``blocks`` cells
+span at least two blocks of their recipe along every blocked dimension of every GEMM operand.
 
 Each constraint below is a rule of the axis value it names (``modules.ModuleKind``,
 ``weights.WeightKind``, ``hook_modes.HookMode``, ``recipes.RecipeKind``), asked here, never
@@ -30,11 +33,12 @@ restated; these combinations are invalid and never generated:
 - Megatron's class at world size 1, which it never builds;
 - a dtype the module's path does not have (``modules.ModuleKind.dtypes``: the grouped-tensor
   paths have no fp32);
-- a recipe on a grouped-tensor path (``grouped_linear_tensor``, ``ops_grouped_linear_tensor``):
-  TE 2.20.2 never takes that path under ``DelayedScaling`` (``is_module_grouped_tensor_path_supported``),
-  and for the other recipes te-cpu has none of its grouped quantization kernels
-  (``group_quantize``, ``bgrad_group_quantize``, ``group_requantize_inplace``), so the cell
-  could not be judged on the path it names (docs/low-precision.md);
+- ``delayed`` or ``nvfp4`` on a grouped-tensor path (``grouped_linear_tensor``,
+  ``ops_grouped_linear_tensor``): TE 2.20.2 never takes that path under ``DelayedScaling``, and
+  under NVFP4 only with the random Hadamard transform, which the ``nvfp4`` value switches off
+  (``is_module_grouped_tensor_path_supported``; ``recipes.RecipeKind.grouped_tensor``);
+- ``shape='blocks'`` without a recipe that scales blocks (``mxfp8``, ``blockwise``, ``nvfp4``):
+  ``none`` and the per-tensor recipes have no block to span;
 - ``hooks='checkpoint'`` with ``recipe='delayed'``: torch's checkpoint, which the hook mode
   uses, recomputes the forward during backward with the scales delayed scaling has updated
   since (and records its amaxes again); TE restores the forward's scales for a recompute only
@@ -69,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.vocabulary.errors import MatrixError
-from harness.vocabulary import filters, hook_modes, modules, recipes, weights
+from harness.vocabulary import filters, hook_modes, modules, recipes, shape, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
@@ -88,6 +92,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("fp32", "bf16", "fp16"),
     "consumer": ("ddp", "autograd"),
     "recipe": recipes.NAMES,
+    "shape": shape.NAMES,
 }
 _BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad", "first_mb")
 _INT_AXES = ("world_size", "microbatches", "num_gemms", "layers")
@@ -102,6 +107,8 @@ _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "first_mb": (False,),
     # MoE layers per chunk of Megatron's expert layer (every other module: 1)
     "layers": (1, 2),
+    # ``ci`` adds the block-spanning shapes under the block recipes (``select``, ``_block_cells``)
+    "shape": ("base",),
 }
 AXIS_NAMES: tuple[str, ...] = tuple(_DEFAULTS)
 AXIS_OPTIONS: dict[str, str] = {
@@ -109,7 +116,7 @@ AXIS_OPTIONS: dict[str, str] = {
     "--dtypes": "dtype", "--world-sizes": "world_size", "--consumers": "consumer",
     "--microbatches": "microbatches", "--num-gemms": "num_gemms", "--bias": "bias",
     "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad", "--recipes": "recipe",
-    "--first-microbatch": "first_mb", "--layers": "layers",
+    "--first-microbatch": "first_mb", "--layers": "layers", "--shapes": "shape",
 }
 PRESETS: tuple[str, ...] = ("ci", "full", "smoke", "seed")
 #: the production combination of the original hook defect's report: Megatron's expert layer
@@ -162,9 +169,13 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
-    ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
-     "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
-     "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),
+    ("module", "recipe", lambda m, r: modules.KINDS[m].path != "grouped_tensor" or not recipes.KINDS[r].grouped_tensor,
+     "recipe 'delayed' or 'nvfp4' on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) "
+     "does not exist in TE 2.20.2: it takes no grouped-tensor path under DelayedScaling, and under NVFP4 only "
+     "with the random Hadamard transform (harness.vocabulary.recipes.RecipeKind.grouped_tensor)"),
+    ("shape", "recipe", lambda s, r: not shape.KINDS[s].spans_blocks or recipes.KINDS[r].blocked,
+     f"shape='blocks' requires a recipe that scales blocks ({', '.join(recipes.BLOCKED)}): none and the "
+     f"per-tensor recipes have no block to span"),
     ("module", "first_mb", lambda m, f: not f or modules.KINDS[m].takes_first_microbatch,
      "first_mb (is_first_microbatch) requires a module whose forward takes it: ops.GroupedLinear's "
      "(ops_grouped_linear, ops_grouped_linear_tensor) and Megatron's expert layer's do not"),
@@ -273,6 +284,7 @@ class Cell:
     recipe: str = "none"
     first_mb: bool = False
     layers: int = 1
+    shape: str = "base"
 
     def __post_init__(self) -> None:
         for name in AXIS_NAMES:
@@ -293,7 +305,8 @@ class Cell:
                 f"{'delay' if self.delay_wgrad else 'nodelay'}"
                 f"{'' if self.recipe == 'none' else f'-r{self.recipe}'}"
                 f"{'-fmb' if self.first_mb else ''}"
-                f"{'' if self.layers == 1 else f'-l{self.layers}'}")
+                f"{'' if self.layers == 1 else f'-l{self.layers}'}"
+                f"{'' if self.shape == 'base' else f'-s{self.shape}'}")
 
     @property
     def distributed(self) -> bool:
@@ -341,13 +354,14 @@ class Cell:
     def from_dict(cls, d: Mapping[str, Any]) -> Cell:
         """Rebuild a cell from :meth:`serialize` output.
 
-        A dict without ``recipe``, ``first_mb`` or ``layers`` (a record written before the axis
-        existed) is a cell without a recipe, without the flag, of one layer.
+        A dict without ``recipe``, ``first_mb``, ``layers`` or ``shape`` (a record written before
+        the axis existed) is a cell without a recipe, without the flag, of one layer, of the
+        example's shapes.
 
         Raises:
             MatrixError: missing or unknown keys, or bad values.
         """
-        d = {"recipe": "none", "first_mb": False, "layers": 1, **d}
+        d = {"recipe": "none", "first_mb": False, "layers": 1, "shape": "base", **d}
         missing = [n for n in AXIS_NAMES if n not in d]
         extra = [k for k in d if k not in _DEFAULTS]
         if missing or extra:
@@ -362,7 +376,9 @@ class Cell:
             MatrixError: the id is malformed, not canonical, or names an invalid cell.
         """
         parts = cell_id.split("-")
-        recipe, first_mb, layers = "none", False, 1
+        recipe, first_mb, layers, shape_ = "none", False, 1, "base"
+        if len(parts) > 12 and parts[-1][:1] == "s" and parts[-1][1:] in shape.NAMES:
+            shape_ = parts.pop()[1:]
         if len(parts) > 12 and parts[-1][:1] == "l" and parts[-1][1:].isdigit():
             layers = int(parts.pop()[1:])
         if len(parts) > 12 and parts[-1] == "fmb":
@@ -373,7 +389,8 @@ class Cell:
         if len(parts) != 12:
             raise MatrixError(f"Malformed cell id {cell_id!r}: expected 12 '-'-separated "
                               f"parts (then r<recipe> with a recipe, fmb with the first-microbatch "
-                              f"flag, l<layers> with more than one layer), got {len(cell_id.split('-'))}")
+                              f"flag, l<layers> with more than one layer, s<shape> with another shape "
+                              f"than the example's), got {len(cell_id.split('-'))}")
 
         def flag(i: int, yes: str, no: str) -> bool:
             if parts[i] not in (yes, no):
@@ -395,7 +412,7 @@ class Cell:
             cell = cls(parts[0], parts[1], parts[2][len("hooks_"):], flag(3, "fused", "unfused"),
                        parts[4], number(5, "ws"), parts[6], number(7, "mb"), number(8, "g"),
                        flag(9, "bias", "nobias"), flag(10, "igrad", "noigrad"),
-                       flag(11, "delay", "nodelay"), recipe, first_mb, layers)
+                       flag(11, "delay", "nodelay"), recipe, first_mb, layers, shape_)
         except MatrixError as e:
             if str(e).startswith("Malformed"):
                 raise
@@ -679,7 +696,53 @@ def _module_slots(domain: tuple[str, ...]) -> list[tuple[str, ...]]:
 def _ci(domains: Domains, judged_only: bool = False) -> list[Cell]:
     """The ``ci`` preset: the covering design (:func:`_covering`) of the cells without a
     recipe, and an all-pairs design for each other recipe selected (:func:`_recipe_cells`);
-    when ``none`` is not selected, the covering design of each selected recipe."""
+    when ``none`` is not selected, the covering design of each selected recipe. All of them
+    run the example's shapes; the block-spanning shape adds a few cells per block recipe and
+    module (:func:`_block_cells`)."""
+    blocks = _block_cells({**domains, "first_mb": (False,)}, judged_only) if any(
+        shape.KINDS[s].spans_blocks for s in domains["shape"]) and False in domains["first_mb"] else []
+    if "base" not in domains["shape"]:
+        return blocks
+    domains = {**domains, "shape": ("base",)}
+    return list(dict.fromkeys(_ci_base(domains, judged_only) + blocks))
+
+
+#: the cells of the block-spanning shape, per block recipe and module value (``_block_cells``):
+#: a distributed weight of full coverage at the largest world size, fused, in bf16 (its gathered
+#: weight quantized whole, tile edges across shard edges); and a plain weight at the smallest
+#: world size, unfused, in fp32 (where the smallest scale errors show: an fp32 output rounds
+#: far below a quantization step). Hooks off, an input gradient and no delayed wgrad in both:
+#: the hooked and must-raise forms of a recipe's weight handling are the base shapes' cells.
+BLOCK_CELLS: tuple[dict[str, Any], ...] = (
+    {"weight": "distributed", "hooks": "off", "fused": True, "dtype": "bf16", "world_size": max,
+     "input_grad": True, "delay_wgrad": False},
+    {"weight": "plain", "hooks": "off", "fused": False, "dtype": "fp32", "world_size": min,
+     "input_grad": True, "delay_wgrad": False},
+)
+
+
+def _block_cells(domains: Domains, judged_only: bool) -> list[Cell]:
+    """The ``blocks`` shape's cells (``harness.vocabulary.shape``): for each block recipe
+    selected, each module value (the oracle's on that recipe when the recipe axis took its
+    default) and each of :data:`BLOCK_CELLS` whose values the domains hold, the cell with the
+    other axes at their most demanding values. A few cells, not a design: a larger shape costs
+    every GEMM, the quantizes and the oracle more, and what it buys is the sight of blocks,
+    tiles and scale layouts, which one cell per weight handling shows."""
+    out: dict[Cell, None] = {}
+    spanning = tuple(s for s in domains["shape"] if shape.KINDS[s].spans_blocks)
+    for r in (r for r in domains["recipe"] if recipes.KINDS[r].blocked):
+        for m in (m for m in domains["module"] if not judged_only or recipes.judged(r, m)):
+            for s, template in itertools.product(spanning, BLOCK_CELLS):
+                fixed = {k: (v(domains[k]) if callable(v) else v) for k, v in template.items()}
+                fixed = {k: v for k, v in fixed.items() if v in domains[k]}
+                cell = _complete({"module": m, "recipe": r, "shape": s, **fixed}, domains)
+                if cell is not None:
+                    out.setdefault(cell)
+    return list(out)
+
+
+def _ci_base(domains: Domains, judged_only: bool) -> list[Cell]:
+    """:func:`_ci` over the example's shapes."""
     flagged = _flagged_cells(domains, judged_only) if True in domains["first_mb"] else []
     domains = {**domains, "first_mb": (False,)} if False in domains["first_mb"] else domains
     recipes_ = domains["recipe"]
@@ -958,6 +1021,8 @@ def _preset_domains(preset: str, overrides: Mapping[str, Sequence[Any] | Axis] |
         overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
     if preset in ("ci", "full") and "first_mb" not in (overrides or {}):
         overrides = {**(overrides or {}), "first_mb": (False, True)}
+    if preset == "ci" and "shape" not in (overrides or {}):
+        overrides = {**(overrides or {}), "shape": shape.NAMES}
     return _domains(overrides), judged_only
 
 
@@ -1054,6 +1119,9 @@ def values_help(axis_name: str) -> str:
                 by_modules.setdefault(tuple(recipes.MODELLED[r]), []).append(r)
         judged = "; ".join(f"{', '.join(rs)} on {', '.join(ms)}" for ms, rs in by_modules.items())
         return f"{', '.join(_CHOICES[axis_name])} (ci and full default: none and the judged {judged})"
+    if axis_name == "shape":
+        return (f"{', '.join(_CHOICES[axis_name])} (ci's default: both, blocks under "
+                f"{', '.join(recipes.BLOCKED)} only, a few cells each; elsewhere base)")
     return ", ".join(_CHOICES[axis_name])
 
 

@@ -110,6 +110,7 @@ def use_recipe(recipe: str) -> None:
     for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
     before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
     device.present(device.capability_for(recipe))
+    extension.present_recipe(recipe)
 
 
 def recipe_device(recipe: str) -> str:
