@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from harness.vocabulary import matrix  # noqa: E402
 from harness.launcher.launch import LaunchOptions  # noqa: E402
 from harness.orchestration.sweep import SweepSpec, run_sweep  # noqa: E402
+from harness.records.record import load  # noqa: E402
 
 BACKEND = "harness.backends.reference"
 
@@ -46,7 +47,7 @@ def sweep_once(cells: list[matrix.Cell], run_dir: Path, packing: bool, device: s
     t0 = time.monotonic()
     record = run_sweep(spec)
     wall = time.monotonic() - t0
-    return {"wall_s": round(wall, 3), "statuses": dict(Counter(c.status for c in record.cells)),
+    return {"wall_s": round(wall, 3), "statuses": dict(Counter(c.status for c in load(run_dir).cells)),
             "launches": [{"world_size": l.world_size, "cells": len(l.cells), "duration_s": l.duration_s}
                          for l in record.launches]}
 

@@ -1,17 +1,20 @@
 """Reports rendered from a run record (``results.json``) alone: HTML, JUnit XML, markdown, diff.
 
 Every renderer is a pure function of the parsed JSON (``RunRecord.serialize()``): no torch,
-no access to the run folder, so a report can be re-rendered anywhere from the one file.
+no access to the run folder, so a report can be re-rendered anywhere from the one file. A
+renderer only iterates the record's ``cells`` (never indexes them, never keeps them all), so
+they may be a list or a stream (``harness.records.recordfile.read_streamed``: what the
+commands pass, whatever the run's size).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TextIO
 
 from .diff import CellChange, RunDiff, diff_records, render_diff_html, render_diff_text
 from .html import render_html
-from .junit import render_junit
+from .junit import render_junit, write_junit
 from .markdown import render_markdown
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "render_junit",
     "render_markdown",
     "write_all",
+    "write_junit",
 ]
 
 
@@ -36,13 +40,14 @@ def write_all(record: dict[str, Any], run_dir: Path, *, selftest: dict[str, Any]
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"html": run_dir / "report.html", "junit": run_dir / "junit.xml", "markdown": run_dir / "summary.md"}
-    texts = {
-        "html": render_html(record, selftest=selftest),
-        "junit": render_junit(record),
-        "markdown": render_markdown(record, html_path=str(paths["html"])),
+    writers: dict[str, Callable[[TextIO], Any]] = {
+        "html": lambda f: f.write(render_html(record, selftest=selftest)),
+        "junit": lambda f: write_junit(record, f),  # a testcase at a time: its tree would be O(cells)
+        "markdown": lambda f: f.write(render_markdown(record, html_path=str(paths["html"]))),
     }
-    for key, text in texts.items():
+    for key, write in writers.items():
         tmp = paths[key].with_name(paths[key].name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as f:
+            write(f)
         tmp.replace(paths[key])
     return paths

@@ -59,8 +59,10 @@ import base64
 import gzip
 import json
 import math
+import tempfile
+import zlib
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from harness.vocabulary.status import vocabulary
 
@@ -158,8 +160,9 @@ def _axis_key(v: Any) -> Any:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def _axes_table(cells: list[dict[str, Any]]) -> tuple[list[list[Any]], list[list[int]]]:
-    """``[[axis, [values...]], ...]`` and, per cell, the index of its value on each axis (-1: absent).
+def _axes_table(cells: Iterable[dict[str, Any]]) -> tuple[list[list[Any]], list[int]]:
+    """``[[axis, [values...]], ...]`` and, per cell and axis (flat), the index of its value on
+    that axis (-1: absent).
 
     Values keep matrix order, except numeric axes, which are sorted ascending.
     """
@@ -182,11 +185,11 @@ def _axes_table(cells: list[dict[str, Any]]) -> tuple[list[list[Any]], list[list
             keys.sort(key=lambda k: values[a][k])
         index[a] = {k: i for i, k in enumerate(keys)}
         table.append([a, [_jsonable(values[a][k]) for k in keys]])
-    rows = []
+    flat: list[int] = []  # per cell, one index per axis: no list per cell (a record may have 100,000s)
     for c in cells:
         ax = c.get("axes") or {}
-        rows.append([index[a][_axis_key(ax[a])] if a in ax else -1 for a in names])
-    return table, rows
+        flat.extend([index[a][_axis_key(ax[a])] if a in ax else -1 for a in names])
+    return table, flat
 
 
 def _known(cells: list[dict[str, Any]], entries: list[dict[str, Any]]) -> tuple[list[list[Any]], dict[str, list[Any]]]:
@@ -209,7 +212,7 @@ def _summary(cells: list[dict[str, Any]], statuses: list[str],
              entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     st_index = {s: i for i, s in enumerate(statuses)}
     le, kn = _known(cells, entries or [])
-    axes_table, rows = _axes_table(cells)
+    axes_table, flat = _axes_table(cells)
     S = _Strings()
     templates = []
     for c in cells:
@@ -226,7 +229,7 @@ def _summary(cells: list[dict[str, Any]], statuses: list[str],
         "levels": list(LEVELS),
         "id": [str(c.get("id", "")) for c in cells],
         "st": [st_index[c.get("status", "error")] for c in cells],
-        "ax": [j for row in rows for j in row],
+        "ax": flat,
         "r": [_ratio(c.get("worst_ratio")) for c in cells],
         "ff": {str(i): S.add(c["first_failure"]) for i, c in enumerate(cells) if c.get("first_failure") is not None},
         "rp": common,
@@ -396,12 +399,65 @@ def _size(x: Any) -> int:
     return len(json.dumps(x, separators=(",", ":"), ensure_ascii=True, allow_nan=False))
 
 
+def _ascii_len(text: str) -> int:
+    """``len`` of ``text``'s JSON with ``ensure_ascii`` (``_size``), from its JSON without it."""
+    if text.isascii():
+        return len(text)
+    return len(text) + sum(5 if ord(ch) < 0x10000 else 11 for ch in text if ord(ch) > 0x7F)
+
+
+class _Details:
+    """The detail blob's per-cell entries in order, as JSON text on disk, and the size the blob's
+    list of them takes (``_size``): a record of a few hundred thousand cells packs its detail
+    without holding it (what ``encode`` of the whole would write, a piece at a time)."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n")
+        self.n = 0
+        self._ascii = 0
+
+    def add(self, packed: list[Any]) -> None:
+        self.add_text(json.dumps(packed, separators=(",", ":"), ensure_ascii=False, allow_nan=False))
+
+    def add_text(self, text: str) -> None:
+        self._file.write(text + "\n")  # JSON text holds no raw newline
+        self.n += 1
+        self._ascii += _ascii_len(text)
+
+    def size(self) -> int:
+        """``_size`` of the list of the entries."""
+        return 2 + self._ascii + max(self.n - 1, 0)
+
+    def texts(self) -> Iterator[str]:
+        self._file.seek(0)
+        for _ in range(self.n):
+            yield self._file.readline()[:-1]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _encode_detail(strings: list[str], cells: _Details) -> str:
+    """``encode({"S": strings, "c": [the cells]})``, the cells' JSON read from disk as it is compressed."""
+    zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # gzip.compress(..., mtime=0)'s stream, fed in pieces
+    out = [zipper.compress(('{"S":' + json.dumps(strings, separators=(",", ":"), ensure_ascii=False,
+                                                  allow_nan=False) + ',"c":[').encode("utf-8"))]
+    for n, text in enumerate(cells.texts()):
+        out.append(zipper.compress(("," + text if n else text).encode("utf-8")))
+    out.append(zipper.compress(b"]}"))
+    out.append(zipper.flush())
+    return base64.b64encode(b"".join(out)).decode("ascii")
+
+
 def pack(record: dict[str, Any], *, budget: int = 8_000_000,
-         extra: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """Pack ``record``; returns (summary, detail, thinning level of passing/skipped cells).
+         extra: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], str, str]:
+    """Pack ``record``; returns (summary, the detail blob already encoded (``encode``'s text),
+    thinning level of passing/skipped cells).
 
     Args:
-        record: the parsed ``results.json``.
+        record: the parsed ``results.json``; its ``cells`` are only iterated (a few passes), so
+            they may be a stream (``harness.records.stored.StoredCells``); each cell's detail
+            goes to disk as it is packed (``_Details``).
         budget: target size in bytes of both serialized blobs together; thinning stops at the
             first level that fits (``none`` may still exceed it for huge records).
         extra: optional callable returning more top-level keys for the summary.
@@ -416,27 +472,45 @@ def pack(record: dict[str, Any], *, budget: int = 8_000_000,
     n_thin = sum(thin)
     # the cells that are never thinned, once; their strings seed the detail string table
     S0 = _Strings()
-    kept = {i: _detail_cell(c, None, S0) for i, c in enumerate(cells) if not thin[i]}
+    kept = _Details()
+    for i, c in enumerate(cells):
+        if not thin[i]:
+            kept.add(_detail_cell(c, None, S0))
     li = 0
     if n_thin:
         n_checks = sum(len(r.get("comparisons") or ()) for c, t in zip(cells, thin) if t for r in c.get("ranks") or ())
         if 90 * n_checks + 60 * n_thin > room:  # may not fit: estimate from a sample
-            fixed = _size(list(kept.values())) + _size(S0.table)
+            fixed = kept.size() + _size(S0.table)
             idx = [i for i, t in enumerate(thin) if t]
-            sample = idx[::max(1, len(idx) // _SAMPLE)][:_SAMPLE]
+            sample = set(idx[::max(1, len(idx) // _SAMPLE)][:_SAMPLE])
+            drawn = [c for i, c in enumerate(cells) if i in sample]  # one pass: cells may be a stream
             for li, level in enumerate(LEVELS):
                 Sx = _Strings()
-                per = _size([_detail_cell(cells[i], level, Sx) for i in sample]) / len(sample)
+                per = _size([_detail_cell(c, level, Sx) for c in drawn]) / len(drawn)
                 if fixed + per * n_thin + _size(Sx.table) <= room:
                     break
-    while True:
-        level = LEVELS[li]
-        S = S0.copy()
-        per_cell = [kept[i] if i in kept else _detail_cell(c, level, S) for i, c in enumerate(cells)]
-        detail = {"S": S.table, "c": per_cell}
-        if li == len(LEVELS) - 1 or _size(detail) <= room:
-            return summary, detail, level
-        li += 1
+    try:
+        while True:
+            level = LEVELS[li]
+            S = S0.copy()
+            per_cell = _Details()
+            whole = kept.texts()
+            for i, c in enumerate(cells):
+                if thin[i]:
+                    per_cell.add(_detail_cell(c, level, S))
+                else:
+                    per_cell.add_text(next(whole))
+            # _size({"S": S.table, "c": per_cell})
+            size = len('{"S":,"c":}') + _size(S.table) + per_cell.size()
+            if li == len(LEVELS) - 1 or size <= room:
+                try:
+                    return summary, _encode_detail(S.table, per_cell), level
+                finally:
+                    per_cell.close()
+            per_cell.close()
+            li += 1
+    finally:
+        kept.close()
 
 
 # ----------------------------------------------------------------------------- decoder

@@ -22,11 +22,12 @@ Why it looks the way it does:
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from . import _assets
 from .review_section import html as review_html
@@ -195,7 +196,7 @@ def _ledger(record: dict[str, Any]) -> str:
             f'delete the entry.</p><dl class="meta">{meta}</dl>{table}</section>')
 
 
-def _near_miss(cells: list[dict[str, Any]]) -> str:
+def _near_miss(cells: Iterable[dict[str, Any]]) -> str:
     """Histogram of worst_ratio (log buckets, stacked by status) and the top passing ratios."""
     buckets: list[dict[str, int]] = [{} for _ in RATIO_BUCKETS]
     no_ratio = 0
@@ -219,8 +220,10 @@ def _near_miss(cells: list[dict[str, Any]]) -> str:
         over = " over" if label.startswith(">") else ""
         bars.append(f'<span class="lab{over}">{_e(label)}</span><span class="track">{segs}</span>'
                     f'<span class="cnt">{total:,}</span>')
-    passing = sorted((c for c in cells if c.get("status") == "pass" and c.get("worst_ratio") is not None),
-                     key=lambda c: ratio_key(c["worst_ratio"]), reverse=True)[:TOP_NEAR_MISSES]
+    # nlargest is sorted(..., reverse=True)[:n] holding n cells, not every passing one
+    passing = heapq.nlargest(TOP_NEAR_MISSES, (c for c in cells if c.get("status") == "pass"
+                                               and c.get("worst_ratio") is not None),
+                             key=lambda c: ratio_key(c["worst_ratio"]))
     rows = []
     for c in passing:
         wc = worst_check(c)
@@ -249,17 +252,18 @@ def failure_signature(text: str | None) -> str:
     return _DIGITS.sub("#", (text or "(no message)").strip())[:240]
 
 
-def _signatures(cells: list[dict[str, Any]], limit: int = 12) -> str:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _signatures(cells: Iterable[dict[str, Any]], limit: int = 12) -> str:
+    groups: dict[str, list[Any]] = {}  # signature -> [cells, the first one's id]
     for c in cells:
         if c.get("status") in BAD_STATUSES:
-            groups.setdefault(f'{c.get("status")}: {failure_signature(c.get("first_failure"))}', []).append(c)
+            g = groups.setdefault(f'{c.get("status")}: {failure_signature(c.get("first_failure"))}', [0, c["id"]])
+            g[0] += 1
     if not groups:
         return ""
     rows = "".join(
-        f'<tr><td class="num">{len(cs):,}</td><td class="mono" style="overflow-wrap:anywhere">{_e(sig)}</td>'
-        f'<td class="idcell"><a href="#{_e(cs[0]["id"])}">{_e(cs[0]["id"])}</a></td></tr>'
-        for sig, cs in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:limit])
+        f'<tr><td class="num">{n:,}</td><td class="mono" style="overflow-wrap:anywhere">{_e(sig)}</td>'
+        f'<td class="idcell"><a href="#{_e(first)}">{_e(first)}</a></td></tr>'
+        for sig, (n, first) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:limit])
     extra = f'<p class="muted">… and {len(groups) - limit} more signatures.</p>' if len(groups) > limit else ""
     return ('<section class="card" id="signatures"><h2>Failure signatures</h2>'
             '<table class="plain" style="width:100%"><tr><th class="num">cells</th><th>first failure (numbers as #)</th>'
@@ -367,7 +371,7 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         raise ValueError(f"Cannot have an axis both in rows={tuple(rows)!r} and cols={tuple(cols)!r}")
     counts = counts_of(record)
     top, run_card = _header(record, counts)
-    summary, detail, level = pack(record, budget=budget,
+    summary, detail, level = pack(record, budget=budget,  # detail: already encoded, from disk
                                   extra=lambda: {"layout": {"rows": list(rows), "cols": list(cols)}})
     v = verdict(record)
     legend = "".join(f'<span><i class="{_status_class(s)}"></i>{_e(STATUS_LABELS[s])}</span>' for s in STATUSES)
@@ -395,5 +399,5 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
         f'<script type="{SCRIPT_TYPE}" id="dw-data">{encode(summary)}</script>',
         f"<script>{_assets.js()}</script>",
         # after the program: the grid is built (and painted) while the parser is still here
-        f'<script type="{SCRIPT_TYPE}" id="dw-detail">{encode(detail)}</script></body></html>',
+        f'<script type="{SCRIPT_TYPE}" id="dw-detail">{detail}</script></body></html>',
     ])

@@ -19,8 +19,9 @@ the run, or is not judged (a shard), is ``<skipped>``; one that reproduces passe
 
 from __future__ import annotations
 
+import io
 import xml.etree.ElementTree as ET
-from typing import Any
+from typing import Any, TextIO
 
 from harness.judging.review import path_reason
 
@@ -108,8 +109,59 @@ def _review_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
     return [("review", review_headline(rev)), ("te_tree", review_tree_line(rev))]
 
 
+def _cell_case(c: dict[str, Any], record: dict[str, Any]) -> ET.Element:
+    """One cell's ``<testcase>`` (the module docstring's mapping)."""
+    status = c.get("status", "error")
+    module = str((c.get("axes") or {}).get("module", "cell"))
+    tc = ET.Element("testcase", {
+        "classname": clean_text(f"dw_harness.{module}"),
+        "name": clean_text(c.get("id", "")),
+        "time": f"{float(c.get('duration_s') or 0.0):.3f}",
+    })
+    if status == "fail":
+        el = ET.SubElement(tc, "failure", {"message": _one_line(c.get("first_failure") or "cell failed"),
+                                            "type": "mismatch"})
+        el.text = _body(c)
+    elif status not in (*GOOD_STATUSES, "skipped"):  # error, timeout, harness_error, ...
+        errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
+        etype = "timeout" if status == "timeout" else (errs[0].get("type", "error") if errs else status)
+        el = ET.SubElement(tc, "error", {"message": _one_line(c.get("first_failure") or status),
+                                          "type": clean_text(etype)})
+        el.text = _body(c)
+    elif status == "skipped":
+        ET.SubElement(tc, "skipped", {"message": _one_line(c.get("first_failure") or "skipped")})
+    elif status == PATH_NOT_TAKEN:  # the named path never ran: pytest's skip, with TE's reason
+        ET.SubElement(tc, "skipped", {"message": _one_line(f"{STATUS_LABELS[status]}: {path_reason(c)}")})
+    elif status == "known":  # pytest's xfail: the reason names the entries
+        el = ET.SubElement(tc, "skipped", {"type": "pytest.xfail",
+                                           "message": _one_line(f"{STATUS_LABELS['known']}: " + "; ".join(known_refs(c, record)))})
+        el.text = _known_text(c)
+    elif status == "xfail":
+        out = ET.SubElement(tc, "system-out")
+        errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
+        what = f": {errs[0].get('type', '')}: {errs[0].get('message', '')}" if errs else ""
+        out.text = clean_text(f"expected error met{what}")
+    return tc
+
+
+#: stands for the cells' testcases in the document's frame (``write_junit``)
+_CELLS = "dw-harness: the cells' testcases go here"
+#: ``ET.indent(space=" ")``'s tail of a testcase (level 2) followed by another
+_CASE_TAIL = "\n  "
+
+
 def render_junit(record: dict[str, Any]) -> str:
     """Render ``record`` (the parsed ``results.json``) as a JUnit XML document (a string)."""
+    out = io.StringIO()
+    write_junit(record, out)
+    return out.getvalue()
+
+
+def write_junit(record: dict[str, Any], out: TextIO) -> None:
+    """Write ``render_junit``'s document to ``out`` a testcase at a time: the frame (totals,
+    properties, the ledger's entries) is built as one tree around a stand-in for the cells,
+    and each cell's testcase is indented and written as its turn comes, so a record of a few
+    hundred thousand cells is never one tree in memory (the same bytes as one tree)."""
     counts = counts_of(record)
     cells = record.get("cells") or []
     env = record.get("environment") or {}
@@ -140,39 +192,24 @@ def render_junit(record: dict[str, Any]) -> str:
     if reviewing:  # the verdict first: one testcase per entry, a required one not fixed fails
         for e in entries:
             _entry_case(suite, e, record)
-    for c in cells:
-        status = c.get("status", "error")
-        module = str((c.get("axes") or {}).get("module", "cell"))
-        tc = ET.SubElement(suite, "testcase", {
-            "classname": clean_text(f"dw_harness.{module}"),
-            "name": clean_text(c.get("id", "")),
-            "time": f"{float(c.get('duration_s') or 0.0):.3f}",
-        })
-        if status == "fail":
-            el = ET.SubElement(tc, "failure", {"message": _one_line(c.get("first_failure") or "cell failed"),
-                                                "type": "mismatch"})
-            el.text = _body(c)
-        elif status not in (*GOOD_STATUSES, "skipped"):  # error, timeout, harness_error, ...
-            errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
-            etype = "timeout" if status == "timeout" else (errs[0].get("type", "error") if errs else status)
-            el = ET.SubElement(tc, "error", {"message": _one_line(c.get("first_failure") or status),
-                                              "type": clean_text(etype)})
-            el.text = _body(c)
-        elif status == "skipped":
-            ET.SubElement(tc, "skipped", {"message": _one_line(c.get("first_failure") or "skipped")})
-        elif status == PATH_NOT_TAKEN:  # the named path never ran: pytest's skip, with TE's reason
-            ET.SubElement(tc, "skipped", {"message": _one_line(f"{STATUS_LABELS[status]}: {path_reason(c)}")})
-        elif status == "known":  # pytest's xfail: the reason names the entries
-            el = ET.SubElement(tc, "skipped", {"type": "pytest.xfail",
-                                               "message": _one_line(f"{STATUS_LABELS['known']}: " + "; ".join(known_refs(c, record)))})
-            el.text = _known_text(c)
-        elif status == "xfail":
-            out = ET.SubElement(tc, "system-out")
-            errs = [r.get("error") for r in c.get("ranks") or [] if r.get("error")]
-            what = f": {errs[0].get('type', '')}: {errs[0].get('message', '')}" if errs else ""
-            out.text = clean_text(f"expected error met{what}")
+    stand_in = ET.SubElement(suite, "testcase", {"name": _CELLS}) if cells else None
     if not reviewing:
         for e in entries:
             _entry_case(suite, e, record)
     ET.indent(root, space=" ")
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    frame = '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    if stand_in is None:
+        out.write(frame)
+        return
+    before, after = frame.split(ET.tostring(stand_in, encoding="unicode"))
+    out.write(before)
+    last = None
+    for c in cells:
+        if last is not None:
+            last.tail = _CASE_TAIL
+            out.write(ET.tostring(last, encoding="unicode"))
+        last = _cell_case(c, record)
+        ET.indent(last, space=" ", level=2)
+    last.tail = stand_in.tail
+    out.write(ET.tostring(last, encoding="unicode"))
+    out.write(after)

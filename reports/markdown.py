@@ -147,16 +147,19 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     env = record.get("environment") or {}
     v = verdict(record)
     n = sum(counts.values())
-    bad = [c for c in record.get("cells") or [] if c.get("status") in BAD_STATUSES
-           or c.get("status") not in STATUSES]
+    def missed(c: dict[str, Any]) -> bool:
+        return c.get("status") in BAD_STATUSES or c.get("status") not in STATUSES
+
+    # what the head needs of the failing cells: their statuses (the list is read again below)
+    missed_counts = Counter(c.get("status") for c in record.get("cells") or [] if missed(c))
+    n_bad = sum(missed_counts.values())
     extra = [f"{counts.get('known', 0):,} known defect{'s' if counts.get('known', 0) != 1 else ''}"
              if counts.get("known") else "",
              f"{len(stale_entries(record)):,} stale ledger entr{'ies' if len(stale_entries(record)) != 1 else 'y'}"
              if stale_entries(record) else "",
              f"{counts[PATH_NOT_TAKEN]:,} {STATUS_LABELS[PATH_NOT_TAKEN]}" if counts.get(PATH_NOT_TAKEN) else ""]
-    missed = Counter(c.get("status") for c in bad)
-    what = f" ({counts_text(missed)})" if bad else ""
-    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {len(bad):,} of {n:,} cells missed their expectation{what}"
+    what = f" ({counts_text(missed_counts)})" if n_bad else ""
+    head: list[str] = [f"## {ICONS[v]} dw-harness: {v} — {n_bad:,} of {n:,} cells missed their expectation{what}"
                        + "".join(f", {x}" for x in extra if x) + "\n\n"]
     if record.get("status") == "incomplete":
         head.append("> [!WARNING]\n> **INCOMPLETE**: the sweep did not finish; counts cover the cells recorded so far.\n\n")
@@ -177,9 +180,9 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     if html_path:
         link = html_path if re.match(r"^[a-z]+://", html_path) else None
         head.append(f"\nFull report: [{_md_text(html_path)}](<{link}>)\n" if link else f"\nFull report: {_code(html_path)}\n")
-    passing = [c for c in record.get("cells") or [] if c.get("status") == "pass" and c.get("worst_ratio") is not None]
-    if passing:
-        top = max(passing, key=lambda c: ratio_key(c["worst_ratio"]))
+    top = max((c for c in record.get("cells") or [] if c.get("status") == "pass" and c.get("worst_ratio") is not None),
+              key=lambda c: ratio_key(c["worst_ratio"]), default=None)
+    if top is not None:
         head.append(f"\nClosest passing cell: {_code(top['id'])} at ratio {fmt_ratio(top['worst_ratio'])} of its bound.\n")
     head.append(_ledger(record))
     head.append(_not_taken(record))
@@ -188,21 +191,21 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
     size = len(out.encode())
     if size > limit_bytes:
         raise ValueError(f"Cannot fit the summary head ({size} bytes) in limit_bytes={limit_bytes!r}")
-    if not bad:
+    if not n_bad:
         return out
-    section = f"\n### Failing cells ({len(bad):,})\n\n"
+    section = f"\n### Failing cells ({n_bad:,})\n\n"
     where = _md_text(f"see the HTML report{f': {html_path}' if html_path else ''}")
 
     def tail(more: int) -> str:
         return f"\n... and {more:,} more ({where})\n"
 
-    tail_room = len(tail(len(bad)).encode())
+    tail_room = len(tail(n_bad).encode())
     if size + len(section.encode()) + tail_room > limit_bytes:
         return out
     parts = [out, section]
     size += len(section.encode())
     shown = 0
-    for c in bad:
+    for c in (c for c in record.get("cells") or [] if missed(c)):
         entry = _cell_entry(c)
         b = len(entry.encode())
         if size + b + tail_room > limit_bytes:
@@ -210,6 +213,6 @@ def render_markdown(record: dict[str, Any], *, html_path: str | None = None, lim
         parts.append(entry)
         size += b
         shown += 1
-    if shown < len(bad):
-        parts.append(tail(len(bad) - shown))
+    if shown < n_bad:
+        parts.append(tail(n_bad - shown))
     return "".join(parts)

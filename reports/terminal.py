@@ -45,14 +45,17 @@ def summary(record: dict[str, Any]) -> str:
     else:
         lines += [""] * bool(review.code_lines(record)) + review.code_lines(record)
     lines += not_taken_lines(record)
-    bad = [c for c in record.get("cells") or [] if c["status"] not in GOOD_STATUSES]
+    bad, listed = 0, []  # the first LISTED failing cells' lines, and how many there are
+    for c in record.get("cells") or []:
+        if c["status"] not in GOOD_STATUSES:
+            bad += 1
+            if bad <= LISTED:
+                first = c.get("first_failure") or (failing_messages(c, 1) or [""])[0]
+                listed.append(f"  {label(c['status']).upper():7} {c['id']}\n          {first}\n          repro: {c.get('repro')}")
     if bad:
-        lines += ["", f"{len(bad)} cell(s) did not meet their expectation:"]
-        for c in bad[:LISTED]:
-            first = c.get("first_failure") or (failing_messages(c, 1) or [""])[0]
-            lines.append(f"  {label(c['status']).upper():7} {c['id']}\n          {first}\n          repro: {c.get('repro')}")
-        if len(bad) > LISTED:
-            lines.append(f"  ... and {len(bad) - LISTED} more (see the report)")
+        lines += ["", f"{bad} cell(s) did not meet their expectation:", *listed]
+        if bad > LISTED:
+            lines.append(f"  ... and {bad - LISTED} more (see the report)")
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.commands import _options, _outcome
+from harness.records import recordfile
 from harness.orchestration.merge import merge
 
 
@@ -21,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     record = merge(args.runs, args.argv)  # refuses (exit 2) before anything is written
     run_dir = _options.run_dir(args, prefix="merged")
     path = record.write(run_dir)
-    paths = _outcome.write_reports(record, run_dir)
-    return _outcome.conclude(record, f"run record: {path} ({record.selection['merged_shards']} shards, "
+    stored = recordfile.read_streamed(path)
+    paths = _outcome.write_reports(stored, run_dir)
+    return _outcome.conclude(stored, f"run record: {path} ({record.selection['merged_shards']} shards, "
                              f"{record.status})", paths)

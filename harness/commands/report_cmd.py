@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.vocabulary import errors as exitcodes
+from harness.records import recordfile
 from harness.records.record import load
 from harness.vocabulary.status import counts_text
 
@@ -26,14 +27,15 @@ def run(args: argparse.Namespace) -> int:
     from harness_reports import write_all
 
     try:
-        record = load(args.run)
+        if args.margins:
+            return _print_margins(load(args.run))
+        # the cells read from the file one at a time, on each pass: never the whole list
+        record = recordfile.read_streamed(args.run)
     except (OSError, ValueError) as exc:
         raise exitcodes.UsageError(f"cannot read run record {str(args.run)!r}: {exc}") from exc
-    if args.margins:
-        return _print_margins(record)
     out = args.to or (args.run if args.run.is_dir() else args.run.parent)
     out.mkdir(parents=True, exist_ok=True)
-    for kind, path in write_all(record.serialize(), out).items():
+    for kind, path in write_all(record, out).items():
         print(f"{kind}: {path}")
     return exitcodes.OK
 

@@ -18,7 +18,7 @@ from harness.vocabulary.backend_specs import split_tree
 from harness.commands import _options, _outcome
 from harness.vocabulary.shape import Example
 from harness.launcher.launch import LaunchOptions
-from harness.records.record import CellResult, RunRecord, load
+from harness.records.record import CellResult, RunRecord
 from harness.vocabulary.status import counts_text, label
 from harness.orchestration.sweep import SweepSpec, run_sweep
 
@@ -87,13 +87,12 @@ class Progress:
             print(self.line(done, total), flush=True)
         self.said = now
 
-    def resuming(self, kept: list[CellResult], todo: int) -> None:
-        """A resumed run starts from the verdicts it has: say so, and count them."""
-        have = Counter(r.status for r in kept)
-        self.counts.update(have)
-        total = len(kept) + todo
-        have = f" ({counts_text(have)})" if kept else ""
-        print(f"dw-harness: resuming: {len(kept)} of {total} cells have a verdict{have}; {todo} to run", flush=True)
+    def resuming(self, kept: Counter, todo: int) -> None:
+        """A resumed run starts from the verdicts it has (their statuses): say so, and count them."""
+        self.counts.update(kept)
+        n = sum(kept.values())
+        have = f" ({counts_text(kept)})" if n else ""
+        print(f"dw-harness: resuming: {n} of {n + todo} cells have a verdict{have}; {todo} to run", flush=True)
 
     def waiting(self, what: str) -> None:
         """The launcher has nothing new to say for a while: say what it is waiting for."""
@@ -114,8 +113,9 @@ def _resumed_selection(args: argparse.Namespace) -> tuple[list[matrix.Cell], dic
         raise exitcodes.UsageError(f"--resume continues the recorded selection; drop {', '.join(extra)} "
                                    "(or start a new run with --out)")
     try:
-        previous = load(args.resume)
-    except (OSError, ValueError) as exc:
+        previous = recordfile.read_head(args.resume)  # never its cells: a record may hold 100,000s
+        previous = RunRecord.from_dict({**previous, "cells": []})
+    except (OSError, ValueError, KeyError) as exc:
         raise exitcodes.UsageError(f"cannot resume {str(args.resume)!r}: no readable run record ({exc})") from exc
     args.out = args.resume
     args.backend = previous.backend
@@ -142,7 +142,7 @@ def _check_same_code(run_dir: Path, backend: str, info) -> None:
     Raises:
         UsageError: the code changed since the record was written (naming both).
     """
-    differs = provenance.differences(provenance.identity(load(run_dir).serialize()),
+    differs = provenance.differences(provenance.identity(recordfile.read_head(run_dir)),
                                      provenance.identity_of(backend, info.serialize()))
     if differs:
         raise exitcodes.UsageError(f"cannot resume {str(run_dir)!r}: its verdicts judged other code than now "
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # also on Ctrl-C or a launch failure: render what is there, marked incomplete
         try:
-            paths = _outcome.write_reports(load(run_dir), run_dir)
+            paths = _outcome.write_reports(recordfile.read_streamed(run_dir), run_dir)
         except (OSError, ValueError):
             paths = {}
-    return _outcome.conclude(record, f"run record: {recordfile.path_in(run_dir)}", paths)
+    return _outcome.conclude(recordfile.read_streamed(run_dir), f"run record: {recordfile.path_in(run_dir)}", paths)

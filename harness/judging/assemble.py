@@ -11,13 +11,17 @@ a change under review names the entries it must fix in ``selection["fixes"]``.
 
 from __future__ import annotations
 
+import json
 import shlex
-from typing import Any, Sequence
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 from harness.judging import ledger as ledgers
 from harness.vocabulary import matrix, tolerance
 from harness.records import runinfo
-from harness.records.record import CellResult, RunRecord
+from harness.records.record import CellResult, RunRecord, status_counts
 
 
 def start(*, backend: str, argv: Sequence[str], selection: dict[str, Any], device: str,
@@ -42,6 +46,27 @@ def judge(record: RunRecord, cells: Sequence[CellResult], ledger: ledgers.Ledger
     record.cells, record.ledger = ledgers.apply(cells, ledger, judge_stale=not record.selection.get("shard"),
                                                 required=record.selection.get("fixes"))
     return record
+
+
+def write_judged(record: RunRecord, verdicts: Iterable[CellResult], ledger: ledgers.Ledger | None, path: Path,
+                 seen: Callable[[CellResult], None] = lambda judged: None) -> Path:
+    """``judge`` then ``RunRecord.write`` for verdicts that come one at a time (in selection
+    order), never held as a list: each is judged under ``ledger`` as it comes (``seen`` is
+    shown it), and spilled, lean, to an unnamed file beside the record; the head - the counts,
+    the ledger's outcome - is known after the last and is written first. The same bytes as
+    ``judge`` and ``write`` of the list (``cases/test_record_file.py``). Returns the file."""
+    fold = ledgers.Fold(ledger, judge_stale=not record.selection.get("shard"), required=record.selection.get("fixes"))
+    counts: Counter = Counter()
+    folder = path if path.is_dir() else path.parent
+    with tempfile.TemporaryFile("w+", encoding="utf-8", dir=folder, prefix=".cells-") as spill:
+        for cell in verdicts:
+            judged = fold.add(cell)
+            counts[judged.status] += 1
+            seen(judged)
+            spill.write(json.dumps(judged.serialize(lean=True), separators=(",", ":")) + "\n")
+        spill.seek(0)
+        record.cells, record.ledger = [], fold.outcome()
+        return record.write_with(path, (line[:-1] for line in spill), status_counts(counts.elements()))
 
 
 def unrun(cell: matrix.Cell, why: str) -> CellResult:

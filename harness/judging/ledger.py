@@ -67,7 +67,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = ["Entry", "Item", "Ledger", "LedgerError", "Symptom", "LEDGER_DIR", "FIXED", "FAILING", "NOT_EXERCISED",
-           "apply", "choose", "load", "failing_items", "stale_message", "unexplained"]
+           "Fold", "apply", "choose", "load", "failing_items", "stale_message", "unexplained"]
 
 #: the ledgers shipped with the harness
 LEDGER_DIR = Path(__file__).resolve().parent / "ledgers"
@@ -663,9 +663,68 @@ def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[
 FIXED, FAILING, NOT_EXERCISED = "fixed here", "still failing", "not exercised"
 
 
+class Fold:
+    """``apply`` one cell at a time: each verdict judged as it arrives (``add``), the entries'
+    tallies kept, the outcome read at the end (``outcome``) - so a sweep judges a stream of
+    verdicts without holding them (docs/performance.md, "the parent's memory")."""
+
+    def __init__(self, ledger: Ledger | None, judge_stale: bool = True, required: Sequence[str] | None = None) -> None:
+        self.ledger, self.judge_stale, self.required = ledger, judge_stale, required
+        self._tally = {e.id: _Tally() for e in ledger.entries} if ledger else {}
+
+    def add(self, cell: CellResult) -> CellResult:
+        """``cell`` judged under the ledger (a skipped cell as it is), counted into its entries."""
+        if self.ledger is None:
+            return judge(cell, ())[0]
+        if cell.status == "skipped":
+            return cell
+        judged, selecting, reproduced = judge(cell, self.ledger.entries)
+        for e in selecting:
+            t = self._tally[e.id]
+            t.selected.append(cell.id)
+            if judged.status in ("pass", "xfail"):
+                t.met.append(cell.id)
+            elif judged.status == PATH_NOT_TAKEN:
+                t.other_path.append(cell.id)
+            if e.id in reproduced:
+                t.reproduced.append(cell.id)
+            if judged.known and e.id in judged.known:
+                t.known.append(cell.id)
+        return judged
+
+    def outcome(self) -> dict[str, Any] | None:
+        """The ledger's outcome over the cells added so far (``apply``'s), None without a ledger."""
+        if self.ledger is None:
+            return None
+        judge_stale, required = self.judge_stale, self.required
+        outcome = self.ledger.serialize()
+        stale, unfixed = [], []
+        for e in outcome["entries"]:
+            t = self._tally[e["id"]]
+            # fixed only where it could have shown: a selected cell that now meets its expectation;
+            # cells that all fail earlier (another entry's defect) leave it not exercised, not stale
+            verdict = FAILING if t.reproduced else FIXED if t.met else NOT_EXERCISED
+            e.update(selected=list(t.selected), reproduced=list(t.reproduced), known_cells=list(t.known),
+                     verdict=verdict, path_not_taken=list(t.other_path),
+                     stale=judge_stale and required is None and verdict == FIXED)
+            if required is not None:
+                e["required"] = e["id"] in required
+                if e["required"] and (verdict != FIXED if judge_stale else verdict == FAILING):
+                    unfixed.append(e["id"])
+            if e["stale"]:
+                stale.append(e["id"])
+        outcome["stale"] = stale
+        outcome["judged_stale"] = judge_stale
+        if required is not None:
+            outcome["required"] = list(required)
+            outcome["unfixed"] = unfixed
+        return outcome
+
+
 def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool = True,
           required: Sequence[str] | None = None) -> tuple[list[CellResult], dict[str, Any] | None]:
-    """The cells under ``ledger`` and the ledger's outcome for the run record.
+    """The cells under ``ledger`` and the ledger's outcome for the run record (``Fold`` over
+    a list).
 
     The outcome is the ledger (``Ledger.serialize()``) with, per entry, the cells it
     selects, reproduces in and explains (``known``), its ``verdict`` (``FIXED``, ``FAILING``,
@@ -678,48 +737,8 @@ def apply(cells: Iterable[CellResult], ledger: Ledger | None, judge_stale: bool 
     Then an entry fixed here is the news the review wants, never stale; ``unfixed`` lists the
     required entries that are not fixed here (each fails the gate).
     """
-    cells = list(cells)
-    if ledger is None:
-        return [judge(c, ())[0] for c in cells], None
-    tally = {e.id: _Tally() for e in ledger.entries}
-    out = []
-    for cell in cells:
-        if cell.status == "skipped":
-            out.append(cell)
-            continue
-        judged, selecting, reproduced = judge(cell, ledger.entries)
-        for e in selecting:
-            tally[e.id].selected.append(cell.id)
-            if judged.status in ("pass", "xfail"):
-                tally[e.id].met.append(cell.id)
-            elif judged.status == PATH_NOT_TAKEN:
-                tally[e.id].other_path.append(cell.id)
-            if e.id in reproduced:
-                tally[e.id].reproduced.append(cell.id)
-            if judged.known and e.id in judged.known:
-                tally[e.id].known.append(cell.id)
-        out.append(judged)
-    outcome = ledger.serialize()
-    stale, unfixed = [], []
-    for e in outcome["entries"]:
-        t = tally[e["id"]]
-        # fixed only where it could have shown: a selected cell that now meets its expectation;
-        # cells that all fail earlier (another entry's defect) leave it not exercised, not stale
-        verdict = FAILING if t.reproduced else FIXED if t.met else NOT_EXERCISED
-        e.update(selected=t.selected, reproduced=t.reproduced, known_cells=t.known, verdict=verdict,
-                 path_not_taken=t.other_path, stale=judge_stale and required is None and verdict == FIXED)
-        if required is not None:
-            e["required"] = e["id"] in required
-            if e["required"] and (verdict != FIXED if judge_stale else verdict == FAILING):
-                unfixed.append(e["id"])
-        if e["stale"]:
-            stale.append(e["id"])
-    outcome["stale"] = stale
-    outcome["judged_stale"] = judge_stale
-    if required is not None:
-        outcome["required"] = list(required)
-        outcome["unfixed"] = unfixed
-    return out, outcome
+    fold = Fold(ledger, judge_stale, required)
+    return [fold.add(c) for c in cells], fold.outcome()
 
 
 def stale_message(entry_id: str, outcome: dict[str, Any]) -> str:

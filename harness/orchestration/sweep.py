@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from harness.judging import ledger as ledgers
 from harness.judging import assemble
 from harness.vocabulary import matrix
-from harness.records import runfolder, runinfo
+from harness.records import recordfile, runfolder, runinfo
 from harness.vocabulary import packing
 from harness.launcher.launch import LaunchFailure, LaunchOptions, launch_cells
-from harness.records.record import CellResult, RunRecord, load
+from harness.records.record import CellResult, RunRecord
 from harness.records.stream import ResultStream
+from harness.records.verdicts import Verdicts
 
 
 @dataclass
@@ -44,36 +46,28 @@ class SweepSpec:
     slots: int = 0
     #: the known-defects ledger the verdicts are judged under (None: no ledger)
     ledger: ledgers.Ledger | None = None
-    #: on resume, before anything runs: the verdicts the folder already has, and how many cells will run
-    on_resume: Callable[[list[CellResult], int], None] = field(default=lambda before, todo: None)
+    #: on resume, before anything runs: the statuses (judged under the ledger) of the verdicts
+    #: the folder already has and keeps, and how many cells will run
+    on_resume: Callable[[Counter, int], None] = field(default=lambda kept, todo: None)
 
 
-def to_run(spec: SweepSpec, verdicts: dict[str, CellResult]) -> list[matrix.Cell]:
+def to_run(spec: SweepSpec, verdicts: Verdicts | None) -> list[matrix.Cell]:
     """The cells this sweep launches: all of them, or on resume the ones without a verdict in
-    ``verdicts`` (cell id -> last verdict), plus those that missed their expectation with
-    ``rerun_failed``."""
-    if not spec.resume:
+    ``verdicts``, plus those that missed their expectation with ``rerun_failed``."""
+    if not spec.resume or verdicts is None:
         return list(spec.cells)
     return [c for c in spec.cells
-            if c.id not in verdicts or (spec.rerun_failed and not verdicts[c.id])]
-
-
-def known_verdicts(run_dir: Path, backend: str, stream: ResultStream) -> dict[str, CellResult]:
-    """A run folder's verdicts: its record's (a folder may hold only the record, e.g. a CI
-    artifact), then its result stream's, the later winning. Skipped cells have none."""
-    out: dict[str, CellResult] = {}
-    try:
-        previous = load(run_dir)
-        if previous.backend == backend:
-            out.update((c.id, c) for c in previous.cells if c.status != "skipped")
-    except (OSError, ValueError):
-        pass
-    out.update(stream.latest(backend))
-    return out
+            if c.id not in verdicts or (spec.rerun_failed and not verdicts.met(c.id))]
 
 
 def run_sweep(spec: SweepSpec) -> RunRecord:
-    """Run every cell of ``spec`` and return the (already written) run record.
+    """Run every cell of ``spec`` and return the (already written) run record: its head, its
+    cells on disk only (``harness.records.recordfile.read_streamed`` reads them back).
+
+    The record is a fold of the folder's verdicts, never a list of them: ``Verdicts`` knows
+    where each cell's latest verdict is (the stream's line, else the earlier record's), and each
+    write reads them back one at a time in selection order and judges them as they come
+    (``assemble.write_judged``), so the parent's memory does not grow with the cells.
 
     Raises:
         LaunchFailure: no cell could start (the record is written first, ``incomplete``).
@@ -82,41 +76,40 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     run_dir.mkdir(parents=True, exist_ok=True)
     stream = ResultStream(run_dir)
     # a fresh sweep counts only what it appends; a resumed one continues the folder's verdicts
-    since = stream.size()
-    before = known_verdicts(run_dir, spec.backend, stream) if spec.resume else {}
-    todo = to_run(spec, before)
-    if spec.resume:
-        rerun = {c.id for c in todo}
-        kept = [r for r in before.values() if r.id not in rerun]
-        spec.on_resume([ledgers.judge(r, spec.ledger.entries if spec.ledger else ())[0] for r in kept], len(todo))
+    verdicts = Verdicts(run_dir, spec.backend, since=0 if spec.resume else stream.size(), earlier=spec.resume)
+    todo = to_run(spec, verdicts)
     record = assemble.start(backend=spec.backend, argv=spec.argv, selection=spec.selection,
                             device=spec.options.device, backend_info=spec.backend_info,
                             world_sizes=[c.world_size for c in spec.cells])
     if spec.resume:  # the launches so far stay on the record
         try:
-            record.launches = load(run_dir).launches
+            record.launches = load_head(run_dir).launches
         except (OSError, ValueError):
             pass
     t0 = time.monotonic()
     total = len(spec.cells)
-    order = {c.id for c in spec.cells}
     done = [total - len(todo)]
 
-    def fold(final: bool) -> int:
-        """The record's cells from the stream (unrun cells as skipped once the sweep ends);
-        returns how many cells have no verdict yet."""
-        verdicts, _ = stream.read_since(since)
-        latest = {**before, **{v.result.id: v.result for v in verdicts if v.backend == spec.backend}}
-        cells = [latest[c.id] for c in spec.cells if c.id in latest]
-        if final and len(cells) < total:
-            # not ``latest.get(c.id) or ...``: a failing CellResult is falsy (``__bool__``)
-            cells = [latest[c.id] if c.id in latest else
-                     assemble.unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
-                     for c in spec.cells]
-        assemble.judge(record, cells, spec.ledger)
+    def fold(final: bool, seen: Callable[[CellResult], None] = lambda judged: None) -> None:
+        """Write the record: its cells from the folder's verdicts, read back one at a time
+        (unrun cells as skipped once the sweep ends)."""
+        verdicts.refresh()
+
+        def cells() -> Iterator[CellResult]:
+            for c in spec.cells:
+                v = verdicts.get(c.id)
+                if v is None:
+                    if not final:
+                        continue
+                    # not ``verdicts.get(c.id) or ...``: a failing CellResult is falsy (``__bool__``)
+                    v = assemble.unrun(c, "not run: the sweep ended before this cell (sweep --resume runs it)")
+                yield v
+
         record.duration_s = round(time.monotonic() - t0, 3)
-        record.write(run_dir)
-        return total - len(latest.keys() & order)
+        try:
+            assemble.write_judged(record, cells(), spec.ledger, run_dir, seen)
+        finally:
+            verdicts.rewind()
 
     next_write = [time.monotonic() + 5.0]
 
@@ -132,21 +125,40 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
             fold(final=False)
             next_write[0] = time.monotonic() + max(5.0, 10 * (time.monotonic() - started))
 
-    fold(final=False)
+    # on resume: the statuses (judged) of the verdicts the folder keeps, counted by the first write
+    rerun = {c.id for c in todo}
+    kept: Counter = Counter()
+
+    def keep(judged: CellResult) -> None:
+        if judged.id not in rerun:
+            kept[judged.status] += 1
+
+    if todo:  # the record before the first launch: an interrupted run leaves one
+        fold(final=False, seen=keep if spec.resume else lambda judged: None)
+        if spec.resume:
+            spec.on_resume(kept, len(todo))
     try:
         for width, members in packing.launch_groups(todo, spec.packing, spec.slots):
             record.launches.extend(launch_cells(width, [todo[i] for i in members], spec.options, collect))
-        record.status = "complete" if fold(final=False) == 0 else "incomplete"
+        verdicts.refresh()
+        record.status = "complete" if all(c.id in verdicts for c in spec.cells) else "incomplete"
     except LaunchFailure as exc:
         record.launches.extend(exc.launches)
         record.failure = str(exc)
         raise
     finally:
         record.finished = runinfo.now()
-        fold(final=True)
+        fold(final=True, seen=keep if spec.resume and not todo else lambda judged: None)
+    if spec.resume and not todo:  # nothing ran: the one write counted them
+        spec.on_resume(kept, 0)
     if record.status == "complete":
         retire(run_dir, stream)
     return record
+
+
+def load_head(run_dir: Path) -> RunRecord:
+    """A run folder's record without its cells (its launches, its selection)."""
+    return RunRecord.from_dict({**recordfile.read_head(run_dir), "cells": []})
 
 
 def retire(run_dir: Path, stream: ResultStream) -> None:

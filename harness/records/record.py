@@ -46,7 +46,7 @@ import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from harness.records import recordfile
 from harness.vocabulary.status import GOOD_STATUSES, HARNESS_ERROR, PATH_NOT_TAKEN, STATUSES
@@ -326,16 +326,14 @@ class RunRecord:
 
     @property
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in STATUSES}
-        for c in self.cells:
-            out[c.status] = out.get(c.status, 0) + 1
-        return out
+        return status_counts(c.status for c in self.cells)
 
     def serialize(self) -> dict[str, Any]:
         return {**self._head(), "cells": [c.serialize(lean=True) for c in self.cells]}
 
-    def _head(self) -> dict[str, Any]:
-        """Everything but the cells (``serialize``'s keys in its order, ``cells`` last)."""
+    def _head(self, counts: dict[str, int] | None = None) -> dict[str, Any]:
+        """Everything but the cells (``serialize``'s keys in its order, ``cells`` last);
+        ``counts``: the cells' counts when they are not in ``self.cells``."""
         return {
             "schema": self.schema,
             "status": self.status,
@@ -350,7 +348,7 @@ class RunRecord:
             "tolerance": self.tolerance,
             "world_sizes": self.world_sizes,
             "launches": [l.serialize() for l in self.launches],
-            "counts": self.counts,
+            "counts": self.counts if counts is None else counts,
             "failure": self.failure,
             "ledger": self.ledger,
         }
@@ -382,6 +380,21 @@ class RunRecord:
         or to a file (plain JSON unless its name ends in ``.gz``). The cells are serialized
         one at a time as they are written (never the whole record at once). Returns the file."""
         return recordfile.write(self._head(), path, (c.serialize(lean=True) for c in self.cells))
+
+    def write_with(self, path: str | Path, cells: Iterable[str], counts: dict[str, int]) -> Path:
+        """``write`` with the cells from elsewhere, not ``self.cells``: each the compact JSON of
+        its ``CellResult.serialize(lean=True)``, in order, and their ``counts``
+        (``status_counts``) - the same bytes as ``write`` of those cells (the sweep folds its
+        verdicts from disk into the record without holding them)."""
+        return recordfile.write(self._head(counts), path, cells, encoded=True)
+
+
+def status_counts(statuses: Iterable[str]) -> dict[str, int]:
+    """Cells per status: every status of the vocabulary (0 when none), then any other seen."""
+    out = {s: 0 for s in STATUSES}
+    for s in statuses:
+        out[s] = out.get(s, 0) + 1
+    return out
 
 
 def load(path: str | Path) -> RunRecord:

@@ -5,15 +5,22 @@ cell); its keys and numbers repeat so much that gzip shrinks it ~10x (measured: 
 and gzip + JSON stays readable with the standard library and ``zcat ... | jq``. The reader
 still takes a plain ``results.json`` (records written before the switch, or by hand), so
 ``report``, ``diff``, ``merge`` and ``--resume`` accept both.
+
+A record is also read a cell at a time (``cells_of``, ``read_head``; ``read_streamed``: its
+``cells`` a ``harness.records.stored.StoredCells``): a sweep of a few hundred thousand cells holds gigabytes of Python
+objects as a list, and its reports and its resumed fold need one cell at a time
+(docs/performance.md, "the parent's memory").
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 FILENAME = "results.json.gz"
 #: the uncompressed name records had before (still read)
@@ -34,14 +41,15 @@ def path_in(run_dir: str | Path) -> Path:
 _BATCH = 512
 
 
-def write(data: dict[str, Any], path: str | Path, cells: Iterable[Any] | None = None) -> Path:
+def write(data: dict[str, Any], path: str | Path, cells: Iterable[Any] | None = None, *,
+          encoded: bool = False) -> Path:
     """Write ``data`` atomically (a reader or a crash never sees half a record).
 
     ``path`` is a run folder (its ``results.json.gz``) or a file; a file whose name does not
     end in ``.gz`` is written as plain JSON. ``cells``: the record's ``cells``, each a JSON
-    value, encoded a few at a time and written last - so a record of a few hundred thousand
-    cells is never one string in memory (a ``full`` sweep's record is gigabytes of JSON before
-    gzip). Returns the file written.
+    value (``encoded``: each already its compact JSON text), encoded a few at a time and
+    written last - so a record of a few hundred thousand cells is never one string in memory
+    (a ``full`` sweep's record is gigabytes of JSON before gzip). Returns the file written.
     """
     p = Path(path)
     if p.is_dir():
@@ -50,16 +58,16 @@ def write(data: dict[str, Any], path: str | Path, cells: Iterable[Any] | None = 
     with open(tmp, "wb") as raw:
         if p.suffix == ".gz":
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=_LEVEL, mtime=0) as f:
-                for chunk in _encoded(data, cells):
+                for chunk in _encoded(data, cells, encoded):
                     f.write(chunk)
         else:
-            for chunk in _encoded(data, cells):
+            for chunk in _encoded(data, cells, encoded):
                 raw.write(chunk)
     os.replace(tmp, p)
     return p
 
 
-def _encoded(data: dict[str, Any], cells: Iterable[Any] | None) -> Iterator[bytes]:
+def _encoded(data: dict[str, Any], cells: Iterable[Any] | None, encoded: bool = False) -> Iterator[bytes]:
     """The record's JSON in pieces: ``data``, then ``"cells": [...]`` as its last key."""
     head = json.dumps(data, separators=(",", ":"))
     if cells is None:
@@ -71,7 +79,7 @@ def _encoded(data: dict[str, Any], cells: Iterable[Any] | None) -> Iterator[byte
     batch: list[str] = []
     first = True
     for cell in cells:
-        batch.append(json.dumps(cell, separators=(",", ":")))
+        batch.append(cell if encoded else json.dumps(cell, separators=(",", ":")))
         if len(batch) == _BATCH:
             yield (("" if first else ",") + ",".join(batch)).encode()
             batch, first = [], False
@@ -95,3 +103,145 @@ def read(path: str | Path) -> dict[str, Any]:
         return json.loads(text)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise ValueError(f"{p}: not a readable run record ({exc})") from exc
+
+
+#: characters decoded per read when a record is streamed
+_CHUNK = 1 << 20
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+#: a value that ends this close to the chunk's end may be a number cut short ("10." of "10.5")
+_NUMBER_TAIL = 40
+
+
+def _open_text(path: str | Path) -> IO[str]:
+    """The record's JSON text, decompressed as it is read (gzip told by its magic bytes)."""
+    p = Path(path)
+    if p.is_dir():
+        p = path_in(p)
+    raw = open(p, "rb")
+    if raw.peek(2)[:2] == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8")
+
+
+class _Values:
+    """JSON text read a chunk at a time: punctuation and whole values taken one by one."""
+
+    def __init__(self, f: IO[str]) -> None:
+        self.f, self.buf, self.pos, self.eof = f, "", 0, False
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.f.read(_CHUNK)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf, self.pos = self.buf[self.pos:] + chunk, 0
+        return True
+
+    def char(self) -> str:
+        """The next character that is not white space (consumed)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                self.pos += 1
+                return self.buf[self.pos - 1]
+            if not self._more():
+                raise ValueError("the record's JSON ends early")
+
+    def value(self) -> Any:
+        """The next whole JSON value (read on while it is cut by the chunk's end)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            try:
+                v, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError:
+                if self._more():
+                    continue
+                raise ValueError("the record's JSON is malformed or ends early") from None
+            if end + _NUMBER_TAIL > len(self.buf) and self._more():  # a number may go on in the next chunk
+                continue
+            self.pos = end
+            return v
+
+
+def _walk(path: str | Path, head: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+    """The record's cells one at a time; its other keys go into ``head`` when given."""
+    try:
+        with _open_text(path) as f:
+            r = _Values(f)
+            if r.char() != "{":
+                raise ValueError("a run record is a JSON object")
+            if r.char() == "}":
+                return
+            r.pos -= 1
+            while True:
+                key = r.value()
+                if r.char() != ":":
+                    raise ValueError("malformed JSON object")
+                if key == "cells":
+                    if r.char() != "[":
+                        raise ValueError("cells is not a list")
+                    if r.char() != "]":
+                        r.pos -= 1
+                        while True:
+                            yield r.value()
+                            c = r.char()
+                            if c == "]":
+                                break
+                            if c != ",":
+                                raise ValueError("malformed cells list")
+                elif head is not None:
+                    head[key] = r.value()
+                else:
+                    r.value()
+                c = r.char()
+                if c == "}":
+                    return
+                if c != ",":
+                    raise ValueError("malformed JSON object")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: not a readable run record ({exc})") from exc
+
+
+def cells_of(path: str | Path, head: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """The cells of the record in ``path`` (a run folder or a record file), read one at a time;
+    its other keys go into ``head`` when given (those before ``cells`` as soon as the first
+    cell comes: the writer puts ``cells`` last).
+
+    Raises:
+        OSError: no record there. ValueError: not a record's JSON (or a broken gzip file).
+    """
+    return _walk(path, head)
+
+
+def read_head(path: str | Path) -> dict[str, Any]:
+    """The record's keys before its ``cells`` - every key but the cells in a record this module
+    wrote (it puts them last) - read without reading a cell: what ``--resume`` needs of a
+    record of any size (its selection, backend, launches).
+
+    Raises:
+        OSError: no record there. ValueError: not a record's JSON (or a broken gzip file).
+    """
+    head: dict[str, Any] = {}
+    for _ in _walk(path, head):
+        break
+    return head
+
+
+def read_streamed(path: str | Path) -> dict[str, Any]:
+    """The record in ``path`` (as ``read``) with its ``cells`` a ``harness.records.stored.StoredCells``:
+    one pass reads its other keys and sets its cells aside on disk; every later pass over
+    ``cells`` reads them from there, one at a time.
+
+    Raises:
+        OSError: no record there. ValueError: not a record's JSON (or a broken gzip file).
+    """
+    from harness.records.stored import StoredCells
+
+    head: dict[str, Any] = {}
+    head["cells"] = StoredCells(_walk(path, head))
+    return head

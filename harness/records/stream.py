@@ -12,8 +12,8 @@ before the lock is released, so a crash loses nothing that was appended. A torn 
 
 The on-disk format is private to this module (today ``cells.jsonl``, one
 ``{"backend", "launch", "result"}`` object a line); callers use ``ResultStream``'s methods
-only (``append``; ``read``, ``latest``, ``read_since`` from a ``size``; ``retire``,
-``compress``), never the file, so the format can change without touching them. The ranks'
+only (``append``; ``read``, ``latest``, ``read_since`` from a ``size``; ``lines`` and ``at``
+to index a large stream a line at a time; ``retire``, ``compress``), never the file, so the format can change without touching them. The ranks'
 own report files are JSON lines appended the same way; ``LineTail`` follows one with the same
 reading (complete lines only) as ``read_since``.
 
@@ -30,6 +30,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any, Iterator
 
 from filelock import FileLock
 
@@ -115,6 +116,43 @@ class ResultStream:
         """
         lines, offset = _lines_since(self.path, offset)
         return [v for line in lines if (v := _parse(line)) is not None], offset
+
+    def lines(self, offset: int = 0) -> Iterator[tuple[int, int, dict[str, Any] | None]]:
+        """Each complete line after ``offset`` as ``(its offset, the offset after it, its
+        object)`` (None: a torn or unparsable line), read a line at a time: what indexes a
+        large stream without holding its verdicts; ``at`` reads one back."""
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            f.seek(offset)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    return  # still being written
+                try:
+                    d = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    d = None
+                ok = isinstance(d, dict) and isinstance(d.get("result"), dict) and "id" in d["result"]
+                yield offset, offset + len(line), d if ok else None
+                offset += len(line)
+
+    def at(self, offset: int, f: IO[bytes] | None = None) -> Appended:
+        """The verdict of the line at ``offset`` (one ``lines`` gave); ``f``: the stream's file,
+        open for reading (``open``), for many reads in a row."""
+        if f is None:
+            with self.open() as f:
+                return self.at(offset, f)
+        f.seek(offset)
+        v = _parse(f.readline().decode("utf-8", errors="replace"))
+        if v is None:
+            raise ValueError(f"{self.path}: no verdict at offset {offset}")
+        return v
+
+    def open(self) -> IO[bytes]:
+        """The stream's file, for ``at``."""
+        return open(self.path, "rb")
 
     def compress(self) -> None:
         """Gzip the stream in place (``cells.jsonl.gz``, every line kept): a finished

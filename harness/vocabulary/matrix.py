@@ -66,9 +66,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,7 +262,7 @@ class Axis:
 AXES: tuple[Axis, ...] = tuple(Axis(n, v) for n, v in _DEFAULTS.items())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cell:
     """One combination of axis values: one test case, run on ``world_size`` ranks.
 
@@ -607,12 +608,14 @@ def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
     return list(_valid(_domains({a.name: a for a in axes})))
 
 
-def _valid(domains: Domains) -> list[Cell]:
+def _valid(domains: Domains) -> Iterator[Cell]:
     """The valid cells of the product of ``domains``, in the order of
     ``itertools.product`` over ``AXIS_NAMES`` (an ungrouped module's cells take num_gemms=1,
     a module that is not a layer layers=1, once). Each constraint is checked as soon as both its axes have values, so a dead
     prefix is never extended; the cells come out validated and are built without checking
-    again (``_trusted``): ``full`` is hundreds of thousands of them."""
+    again (``_trusted``): ``full`` is hundreds of thousands of them. They are made one valid
+    prefix of the first axes at a time, so a caller that keeps few of them (``select`` with a
+    sample) never holds them all."""
     position = {n: i for i, n in enumerate(AXIS_NAMES)}
     due: list[list[tuple[int, int, Callable[[Any, Any], bool]]]] = [[] for _ in AXIS_NAMES]
     for a, b, ok, _ in _CONSTRAINTS:
@@ -621,27 +624,46 @@ def _valid(domains: Domains) -> list[Cell]:
     ungrouped = {m for m in domains["module"] if not modules.KINDS[m].grouped}
     one_layer = {m for m in domains["module"] if not modules.KINDS[m].layer}
     gemms, layers, module_at = position["num_gemms"], position["layers"], position["module"]
-    rows: list[tuple[Any, ...]] = [()]
-    for i, checks in enumerate(due):  # breadth first: the same order as depth first
-        grown: list[tuple[Any, ...]] = []
-        for row in rows:
-            fixed_one = (i == gemms and row[module_at] in ungrouped) or (i == layers and row[module_at] in one_layer)
-            for v in (1,) if fixed_one else values[i]:
-                cand = (*row, v)
-                for a, b, ok in checks:
-                    if not ok(cand[a], cand[b]):
-                        break
-                else:
-                    grown.append(cand)
-        rows = grown
-    return [_trusted(row) for row in rows]
+
+    def grow(rows: list[tuple[Any, ...]], upto: int) -> list[tuple[Any, ...]]:
+        """``rows`` extended to their first ``upto`` axes (breadth first: the order of depth first)."""
+        for i in range(len(rows[0]) if rows else 0, upto):
+            grown: list[tuple[Any, ...]] = []
+            for row in rows:
+                fixed_one = (i == gemms and row[module_at] in ungrouped) or (i == layers and row[module_at] in one_layer)
+                for v in (1,) if fixed_one else values[i]:
+                    cand = (*row, v)
+                    for a, b, ok in due[i]:
+                        if not ok(cand[a], cand[b]):
+                            break
+                    else:
+                        grown.append(cand)
+            rows = grown
+        return rows
+
+    # one valid prefix of the first axes at a time: a caller that keeps few cells never holds all
+    for prefix in grow([()], _PREFIX):
+        for row in grow([prefix], len(AXIS_NAMES)):
+            yield _trusted(row)
+
+
+#: the axes ``_valid`` fixes before it makes the rest (the cells of one such prefix are few)
+_PREFIX = 3
+
+
+#: each axis' slot of ``Cell`` (a slotted class): ``_trusted`` fills them without ``Cell``'s checks
+_SLOTS = None
 
 
 def _trusted(values: Sequence[Any]) -> Cell:
     """A cell from axis values in ``AXIS_NAMES`` order already known legal and valid (from
     :func:`_valid`): ``Cell``'s own checks skipped."""
+    global _SLOTS
+    if _SLOTS is None:
+        _SLOTS = tuple(getattr(Cell, n).__set__ for n in AXIS_NAMES)
     cell = object.__new__(Cell)
-    cell.__dict__.update(zip(AXIS_NAMES, values))
+    for put, v in zip(_SLOTS, values):
+        put(cell, v)
     return cell
 
 
@@ -968,7 +990,7 @@ def compile_filter(expr: str) -> Callable[[Cell], bool]:
 
 
 def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | None = None,
-           filter_expr: str | None = None) -> list[Cell]:
+           filter_expr: str | None = None, sample: tuple[int, int] | None = None) -> list[Cell]:
     """Select the cells to run, identically on every rank.
 
     Args:
@@ -990,16 +1012,19 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     """
     pred = compile_filter(filter_expr) if filter_expr is not None else None
     domains, judged_only = _preset_domains(preset, overrides)
-    if preset == "full":
-        cells = product(Axis(n, v) for n, v in domains.items())
+    cells: Iterable[Cell]
+    if preset == "full":  # a stream: with a sample, only the sample is ever held
+        cells = _valid(_domains({n: Axis(n, v) for n, v in domains.items()}))
         if judged_only:
-            cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
+            cells = (c for c in cells if recipes.judged(c.recipe, c.module))
     elif preset == "ci":
         cells = _ci(domains, judged_only)
     else:
         cells = {"smoke": _smoke, "seed": _seed}[preset](domains)
     if pred is not None:
-        cells = [c for c in cells if pred(c)]
+        cells = (c for c in cells if pred(c))
+    if sample is not None:
+        cells = _sampled(cells, *sample)
     return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order
 
 
@@ -1175,11 +1200,14 @@ def sample(cells: Sequence[Cell], count: int, seed: int = 0) -> list[Cell]:
     """A deterministic sample of ``count`` cells (all when there are no more), in selection
     order: the cells whose sha256 of ``"SEED:ID"`` is smallest - the same on every machine
     and Python, and a cell's membership depends only on its id, the seed and the ranking."""
-    if count >= len(cells):
-        return list(cells)
-    rank = {c: hashlib.sha256(f"{seed}:{c.id}".encode()).digest() for c in cells}
-    keep = set(sorted(cells, key=rank.__getitem__)[:count])
-    return [c for c in cells if c in keep]
+    return _sampled(cells, count, seed)
+
+
+def _sampled(cells: Iterable[Cell], count: int, seed: int) -> list[Cell]:
+    """``sample`` of a stream of cells, holding ``count`` of them (and their digests), not all."""
+    ranked = heapq.nsmallest(count, enumerate(cells),
+                             key=lambda ic: hashlib.sha256(f"{seed}:{ic[1].id}".encode()).digest())
+    return [c for _, c in sorted(ranked, key=lambda ic: ic[0])]
 
 
 def describe(cells: Sequence[Cell]) -> str:

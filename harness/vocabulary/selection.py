@@ -108,10 +108,9 @@ def recorded(sel: dict[str, Any]) -> list[matrix.Cell]:
     """The cells of a selection as a run record stores it (preset, overrides, filter, the
     optional ``sample``, and what the backend could not run, ``left_out``), before any shard:
     what ``--resume`` and ``merge`` expand again."""
+    drawn = (sel["sample"]["count"], sel["sample"].get("seed", 0)) if sel.get("sample") else None
     cells = matrix.select(sel.get("preset", "ci"), {k: tuple(v) for k, v in sel.get("overrides", {}).items()},
-                          sel.get("filter"))
-    if sel.get("sample"):
-        cells = matrix.sample(cells, sel["sample"]["count"], sel["sample"].get("seed", 0))
+                          sel.get("filter"), sample=drawn)  # a sample of full never holds all of full
     missing = set((sel.get("left_out") or {}).get("requires", ()))
     return [c for c in cells if not requires(c) & missing] if missing else cells
 
