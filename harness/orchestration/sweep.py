@@ -125,12 +125,12 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
             fold(final=False)
             next_write[0] = time.monotonic() + max(5.0, 10 * (time.monotonic() - started))
 
-    # on resume: the statuses (judged) of the verdicts the folder keeps, counted by the first write
-    rerun = {c.id for c in todo}
+    # on resume: the statuses (judged) of the verdicts the folder keeps, counted by the first
+    # write (it sees only cells with a verdict; those that missed rerun with rerun_failed)
     kept: Counter = Counter()
 
     def keep(judged: CellResult) -> None:
-        if judged.id not in rerun:
+        if not (spec.rerun_failed and not verdicts.met(judged.id)):
             kept[judged.status] += 1
 
     if todo:  # the record before the first launch: an interrupted run leaves one

@@ -69,9 +69,6 @@ class Verdicts:
         """Whether the cell's latest verdict met its expectation (False: none, or it missed)."""
         return self._where.get(cell_id, 0) % 2 == 1
 
-    def ids(self) -> set[str]:
-        return set(self._where)
-
     def get(self, cell_id: str) -> CellResult | None:
         """The cell's latest verdict, read from disk (None: it has none)."""
         where = self._where.get(cell_id)
