@@ -83,6 +83,14 @@ def test_another_checkout_or_no_server_falls_back_to_a_new_process(server, monke
     agent = served.start_agent(["--standalone", "script.py"], env=_env(path), stdout=served.PIPE,
                                stderr=served.STDOUT)
     assert isinstance(agent, subprocess.Popen) and agent.wait(timeout=60) == BAD_INPUT
+    monkeypatch.undo()
+    monkeypatch.setenv(served.SERVER_ENV, str(path))
+    # a folder on the caller's PYTHONPATH that the server's imports never saw (a fake TE, a
+    # backend file): an agent of its own
+    agent = served.start_agent(["--standalone", "script.py"], stdout=served.PIPE, stderr=served.STDOUT,
+                               env={**_env(path), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    assert isinstance(agent, subprocess.Popen) and agent.wait(timeout=60) == BAD_INPUT
+    agent.stdout.close()
     monkeypatch.setenv(served.SERVER_ENV, str(tmp_path / "none.sock"))
     agent = served.start_agent(["--standalone", "script.py"], env=_env(path), stdout=served.PIPE,
                                stderr=served.STDOUT)

@@ -16,8 +16,9 @@ preloaded (``harness.vocabulary.backend_specs.RANK_PRELOAD``, torch and torchrun
 module of the harness or a backend, which the agent and its ranks import themselves under the
 caller's environment. The server starts with the environment an agent starts with
 (``harness.launcher.warm.agent_env``'s defaults) and refuses a caller whose harness is another
-checkout (``root``), so the caller starts its agent as a new process instead
-(``harness.launcher.served``).
+checkout (``root``) or who would import from a folder its imports never saw (a working
+directory or ``PYTHONPATH`` entry not on its ``sys.path``), so that caller starts its agent as
+a new process instead (``harness.launcher.served``).
 
 Protocol, one connection per agent: the caller sends one JSON line (``argv``, ``env``, ``cwd``,
 ``root``) with its stdin, stdout and stderr descriptors; the server answers ``{"pid": N}`` (or
@@ -103,6 +104,16 @@ def _agent(request: dict[str, Any], fds: list[int]) -> None:
     os._exit(code)
 
 
+def _unseen_paths(request: dict[str, Any]) -> list[str]:
+    """What the caller's agent would import from that this server's modules were not imported
+    from: its working directory (``python -m`` puts it first) and its ``PYTHONPATH`` entries,
+    each unless already on this server's ``sys.path``. A caller with a module of its own there
+    (a fake TE version's metadata, a backend file beside a tree) gets an agent of its own."""
+    seen = {os.path.realpath(p or os.getcwd()) for p in sys.path}
+    wanted = [request["cwd"], *request["env"].get("PYTHONPATH", "").split(os.pathsep)]
+    return [p for p in wanted if p and os.path.realpath(os.path.join(request["cwd"], p)) not in seen]
+
+
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:
     try:
         conn.sendall((json.dumps(message) + "\n").encode())
@@ -123,6 +134,9 @@ def _serve_one(conn: socket.socket) -> int | None:
         request = json.loads(buf)
         if request.get("root") != harness_root():
             raise ValueError(f"this server runs the harness of {harness_root()}, not {request.get('root')}")
+        unseen = _unseen_paths(request)
+        if unseen:
+            raise ValueError(f"the caller imports from {unseen}, which this server's imports did not see")
         if len(fds) != _STREAMS:
             raise ValueError(f"expected {_STREAMS} descriptors, got {len(fds)}")
     except ValueError as exc:

@@ -1112,12 +1112,17 @@ def values_help(axis_name: str) -> str:
     if axis_name == "weight":
         return ", ".join(weights.NAMES)
     if axis_name == "recipe":  # the presets' default differs from the other axes'
-        # each module list once: the judged recipes grouped by the modules they are judged on
-        by_modules: dict[tuple[str, ...], list[str]] = {}
-        for r in recipes.JUDGED:
-            if r != "none":
-                by_modules.setdefault(tuple(recipes.MODELLED[r]), []).append(r)
-        judged = "; ".join(f"{', '.join(rs)} on {', '.join(ms)}" for ms, rs in by_modules.items())
+        # each module once: the modules every judged recipe is judged on, then the recipes
+        # judged on more of them, grouped by those extra modules
+        quantized = [r for r in recipes.JUDGED if r != "none"]
+        common = [m for m in recipes.MODELLED[quantized[0]] if all(m in recipes.MODELLED[r] for r in quantized)]
+        extra: dict[tuple[str, ...], list[str]] = {}
+        for r in quantized:
+            more = tuple(m for m in recipes.MODELLED[r] if m not in common)
+            if more:
+                extra.setdefault(more, []).append(r)
+        judged = f"{', '.join(quantized)} on {', '.join(common)}" + "".join(
+            f"; {', '.join(rs)} also on {', '.join(ms)}" for ms, rs in extra.items())
         return f"{', '.join(_CHOICES[axis_name])} (ci and full default: none and the judged {judged})"
     if axis_name == "shape":
         return (f"{', '.join(_CHOICES[axis_name])} (ci's default: both, blocks under "
