@@ -7,6 +7,7 @@ import datetime
 import os
 from pathlib import Path
 
+from harness.launcher.launch import CELL_TIMEOUT_HELP
 from harness.records import runfolder
 from harness.vocabulary.errors import UsageError
 
@@ -68,20 +69,20 @@ def ledger_for(option: str, info) -> "Ledger | None":
         raise UsageError(str(exc)) from exc
 
 
-def check_timeout(seconds: float) -> float:
-    """A cell timeout must be a positive number of seconds (0 or less would end every launch).
+def check_timeout(seconds: float | None) -> float | None:
+    """A cell timeout, when given, must be a positive number of seconds (0 or less would end
+    every launch); None leaves each cell its bound from its predicted cost.
 
     Raises:
         UsageError: otherwise.
     """
-    if not seconds > 0:
+    if seconds is not None and not seconds > 0:
         raise UsageError(f"--cell-timeout must be > 0 seconds, got --cell-timeout={seconds:g}")
     return seconds
 
 
 def add_timeout_and_device(g: argparse._ActionsContainer) -> None:
-    g.add_argument("--cell-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="seconds a cell may take before its launch is ended (default 120)")
+    g.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help=CELL_TIMEOUT_HELP)
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA + NCCL when present, else CPU + gloo")
 

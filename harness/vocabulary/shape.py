@@ -30,6 +30,18 @@ class Example:
         return cls(**{k: int(v) for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
+#: the largest shapes ``--examples`` draws (``harness.cell.shape_search``): features and rows up to these
+DRAWN_MAX = Example(in_features=40, out_features=48, rows=16)
+
+
+def size_factor(example: Example) -> float:
+    """How many times the default example's GEMM work ``example``'s is (at least 1): what a
+    cell's predicted cost (``harness.vocabulary.cost``, fitted on the default shapes) scales by."""
+    base = Example()
+    work = example.rows * example.in_features * example.out_features
+    return max(1.0, work / (base.rows * base.in_features * base.out_features))
+
+
 def _up(x: int, m: int) -> int:
     return -(-x // m) * m
 
