@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,25 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+def commit() -> str | None:
+    """The repository's HEAD (``+dirty`` when tracked files differ), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def machine() -> dict[str, Any]:
+    """The machine, the date and the commit a measurement was made on (docs/performance.md
+    renders them from here)."""
     import torch
 
     return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

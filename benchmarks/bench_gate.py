@@ -83,6 +83,7 @@ CATEGORIES: dict[str, str] = {
     "test_te_tree": "te-cpu",
     "test_recipes_te": "te-cpu",
     "test_te_cpu_quant_modules": "te-cpu",
+    "test_te_cpu_quant_references": "te-cpu",
     "test_te_cpu_standins": "te-cpu",
     # `python -m harness sweep|selftest`, `pytest cases/test_cells.py` or run_torchrun in a subprocess
     "test_cells": "torchrun",             # the pytest plugin: one torchrun launch per world size

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.vocabulary import matrix
+from harness.vocabulary import matrix, recipes, shape
 from harness.records import recordfile
 from harness.launcher import launch
 
@@ -154,8 +154,13 @@ def test_list_json_matches_select(capsys):
     assert [d["id"] for d in listed] == [c.id for c in cells]
     for d, c in zip(listed, cells):
         assert d["expect"] == c.expect
-        axes = {k: v for k, v in d.items() if k not in ("id", "expect")}
+        axes = {k: v for k, v in d.items() if k not in ("id", "expect", "dims", "operand_blocks", "spans_blocks")}
         assert axes == c.serialize() and matrix.Cell.from_dict(axes) == c
+        # the shapes the cell runs with, and the block rule's verdict on them (harness.vocabulary.shape)
+        assert set(d["dims"]) == {"in_features", "out_features", "rows", "group_rows_min"}
+        assert d["spans_blocks"] == shape.spans(c.recipe, d["dims"]["in_features"], d["dims"]["out_features"],
+                                                d["dims"]["group_rows_min"])
+        assert (d["operand_blocks"] == {}) == (not recipes.KINDS[c.recipe].blocked)
 
 
 def test_list_prints_ids_and_counts(capsys):
@@ -213,9 +218,11 @@ def test_cells_selects_by_id_or_substring(capsys):
     assert want and set(want) < set(listed)
 
 
-def test_no_command_is_usage_error(capsys):
+def test_no_command_prints_the_help(capsys):
+    """Nothing asked: the help, every command with its one-line summary (exit 2: nothing was done)."""
     assert cli.main([]) == 2
-    assert "usage: dw-harness" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "usage: dw-harness [OPTIONS] COMMAND ..." in out and "sweep     run the matrix under torchrun" in out
 
 
 def _collected(keyword: str) -> list[str]:

@@ -6,7 +6,11 @@
   string literals of ``harness/`` and ``reports/`` (docstrings included, comments not) - names
   a numbered heading of docs/contracts.md ("CONTRACTS §N" means section N of that page);
 - no tracker references (``issue 12``, ``issues 10/11``) and no paths outside the repository
-  (``../shared``) in the docs or the ``--help`` texts.
+  (``../shared``) in the docs or the ``--help`` texts;
+- no history in the docs: no figure right after "before", "was" or "were", and no measured
+  figure (a time, a size, a count of cells or tests) right before "before" - a past figure
+  goes to CHANGELOG.md with its date, a timing to ``benchmarks/`` (docs/performance.md
+  renders it).
 
 Every failure lists each offender as ``file:line: text``. The only process started is
 ``python -m harness --help``; the subcommands' help is rendered by the same parser in-process.
@@ -217,6 +221,31 @@ def test_no_tracker_references_or_outside_paths(help_texts: dict[str, str]) -> N
     for name, text in help_texts.items():
         offenders += _tracker_refs(text, name)
     _fail("tracker reference(s) or outside path(s) in user-facing text", offenders)
+
+
+#: "before/was/were" and then, within the clause, a number: "9 min 58 s before X joined" reads
+#: history, so does "it was 10 min"
+_PAST_AFTER = re.compile(r"\b(?:before|was|were)\b[^.;()\[\]|]{0,50}?\b\d[\d,.]*\b", re.IGNORECASE)
+_PAST_BEFORE = re.compile(r"\b\d[\d,.]*\s*(?:%|x|s|ms|min|MB|GB|cells?|tests?|entries|hunks|rows|pass|known|"
+                          r"CPU-s(?:econds)?)\s+(?:[\w`-]+\s+){0,2}?(?:before|was|were)\b", re.IGNORECASE)
+
+
+def test_no_past_figures() -> None:
+    offenders = []
+    for path in doc_files():
+        for n, line in prose_lines(path.read_text(encoding="utf-8")):
+            line = re.sub(r"<!--.*?-->", "", line)  # a figure marker's name is not prose
+            for pattern in (_PAST_AFTER, _PAST_BEFORE):
+                offenders += [f"{rel(path)}:{n}: {m.group(0)!r}" for m in pattern.finditer(line)]
+    _fail("past figure(s) in the docs (history goes to CHANGELOG.md, timings to benchmarks/)", offenders)
+
+
+def test_the_past_figure_rule_sees_history() -> None:
+    seen = [text for text in ("10 min 33 s for the suite (9 min 58 s before the stand-in joined)",
+                              "the `full` preset was 21,600 cells", "before `nvfp4` joined: 756 cells")
+            if _PAST_AFTER.search(text) or _PAST_BEFORE.search(text)]
+    assert len(seen) == 3, seen
+    assert not any(p.search("exit 2 before any launch") for p in (_PAST_AFTER, _PAST_BEFORE))
 
 
 def test_slug_rule() -> None:

@@ -229,23 +229,32 @@ def test_ops_grouped_linear_unaffected(backend, fused, hook_mode):
 
 
 def test_harness_hooks_run_every_mode_of_the_matrix():
-    """The hook modes are defined once, in the torch-free vocabulary (``matrix.HOOK_MODES``,
-    the ``hooks`` axis's domain): ``harness.cell.hooks`` names the same tuple and runs every one of
-    them (a mode added to the matrix without an implementation fails here, not in a cell),
-    each giving the hooks-off gradient bit for bit."""
-    from harness.vocabulary import matrix
+    """The hook modes are defined once, in the torch-free vocabulary (``hook_modes.NAMES``, the
+    ``hooks`` axis's domain): ``harness.cell.hooks`` runs every mode whose installer is the
+    harness's or torch's here (a mode added to the matrix without an implementation fails here,
+    not in a cell), each giving the hooks-off gradient bit for bit and packing what it saves.
+    TE's and Megatron's installers need their code (the te-cpu sweeps of the suite run them:
+    cases/test_ledger_te.py); without a backend that has it, a clear error, not a silent no-op."""
+    from harness.vocabulary import hook_modes, matrix
     from harness.cell import hooks
 
-    assert hooks.HOOK_MODES is matrix.HOOK_MODES
-    assert next(a for a in matrix.AXES if a.name == "hooks").values == matrix.HOOK_MODES
+    assert matrix.HOOK_MODES is hook_modes.NAMES
+    assert next(a for a in matrix.AXES if a.name == "hooks").values == hook_modes.NAMES
     w = seeded((4, 3), torch.float32, 7)
     x = seeded((2, 3), torch.float32, 8)
     grads = {}
-    for mode in matrix.HOOK_MODES:
+    for mode, kind in hook_modes.KINDS.items():
         xin = x.clone().requires_grad_()
-        hooks.run_forward(mode, lambda t: torch.tanh(t @ w.t()), xin).sum().backward()
+        if kind.needs_te:
+            with pytest.raises(Exception):
+                hooks.run_forward(mode, lambda t: torch.tanh(t @ w.t()), xin)
+            continue
+        with hooks.Packs().observing() as packs:
+            hooks.run_forward(mode, lambda t: torch.tanh(t @ w.t()), xin).sum().backward()
+        assert (packs.packs > 0) == kind.hooked, mode
         grads[mode] = xin.grad
         assert hooks.forward_executions(mode) == (2 if mode == "checkpoint" else 1)
+    assert set(grads) == {m for m, k in hook_modes.KINDS.items() if not k.needs_te}
     assert all(torch.equal(g, grads["off"]) for g in grads.values())
     with pytest.raises(ValueError, match="unknown hook mode"):
         hooks.run_forward("no_such_mode", torch.tanh, x)

@@ -50,10 +50,13 @@ def test_the_ledger_holds_on_a_sample_of_full(te_runs):
     assert record["ledger"]["stale"] == [] and {c["status"] for c in record["cells"]} <= {"pass", "xfail", "known"}
 
 
-#: entries about Megatron's native FP8 shards select only ``--weights megatron_fp8`` cells, which
-#: ``ci`` holds only when that weight is named: they reproduce in that sweep instead
-NATIVE_ONLY = ("native-fp8-shards-gathered-under-local-scale", "megatron-native-fp8-padding-unsupported",
-               "native-fp8-prefetch-reads-unwritten-buffer")
+#: entries that select only cells of a weight ``ci`` holds only when it is named: they reproduce
+#: in that sweep instead (Megatron's native FP8 shards: ``--weights megatron_fp8``; Megatron's
+#: expert GTP with a bias: ``--weights megatron``)
+ELSEWHERE = {"native-fp8-shards-gathered-under-local-scale": "megatron_fp8",
+             "megatron-native-fp8-padding-unsupported": "megatron_fp8",
+             "native-fp8-prefetch-reads-unwritten-buffer": "megatron_fp8",
+             "megatron-expert-gtp-bias-not-gathered": "megatron"}
 
 
 def test_every_entry_reproduces_on_ci(te_runs):
@@ -63,9 +66,11 @@ def test_every_entry_reproduces_on_ci(te_runs):
     assert rc == 0, out[-4000:]
     reproduced = {e["id"]: len(e["reproduced"]) for e in recordfile.read(run)["ledger"]["entries"]}
     assert list(reproduced) == [e.id for e in SHIPPED.entries]
-    native = {e["id"]: len(e["reproduced"]) for e in recordfile.read(te_runs["megatron_fp8"][0])["ledger"]["entries"]}
-    assert all(native[i] and not reproduced[i] for i in NATIVE_ONLY), {i: (reproduced[i], native[i]) for i in NATIVE_ONLY}
-    assert all(n for i, n in reproduced.items() if i not in NATIVE_ONLY), {i: n for i, n in reproduced.items() if not n}
+    there = {name: {e["id"]: len(e["reproduced"]) for e in recordfile.read(te_runs[name][0])["ledger"]["entries"]}
+             for name in set(ELSEWHERE.values())}
+    assert all(there[name][i] and not reproduced[i] for i, name in ELSEWHERE.items()), \
+        {i: (reproduced[i], there[name][i]) for i, name in ELSEWHERE.items()}
+    assert all(n for i, n in reproduced.items() if i not in ELSEWHERE), {i: n for i, n in reproduced.items() if not n}
 
 
 def test_without_the_ledger_the_wheel_is_red(te_runs, tmp_path):
@@ -111,7 +116,7 @@ def test_removing_an_entry_turns_its_cells_red(te_runs, entry_id):
     from harness.records.record import RunRecord
     from harness_reports.terminal import summary
 
-    name = "megatron_fp8" if entry_id in NATIVE_ONLY else "ci"
+    name = ELSEWHERE.get(entry_id, "ci")
     run, _, _ = te_runs[name]
     record = recordfile.read(run)
     before = {c["id"]: c for c in record["cells"]}

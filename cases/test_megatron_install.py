@@ -82,15 +82,24 @@ def test_component_reports_what_is_missing(monkeypatch):
 
 def test_parent_process_is_never_patched():
     """Selecting, attaching plain weights and checking components leave ``torch`` alone:
-    the CPU layers are applied only where Megatron's class is loaded (worker ranks)."""
-    from harness.vocabulary import matrix, weights  # noqa: F401
-    from harness.cell import attach, megatron_gtp
+    the CPU layers are applied only where Megatron's class is loaded (worker ranks).
 
-    matrix.select("ci", {"weight": ["megatron"]})
-    weights.unavailable({"megatron"})
-    assert torch.cuda.Event.__module__ == "torch.cuda.streams"
-    assert torch.distributed._coalescing_manager.__module__ == "torch.distributed.distributed_c10d"
-    assert "transformer_engine_torch" not in sys.modules
+    Checked in a fresh interpreter, as a parent process is: this test process may have loaded
+    te-cpu in-process for another test, which does patch ``torch.cuda``."""
+    code = textwrap.dedent("""
+        import sys, torch
+        from harness.vocabulary import matrix, weights
+        from harness.cell import attach, megatron_gtp  # noqa: F401
+        matrix.select("ci", {"weight": ["megatron"]})
+        weights.unavailable({"megatron"})
+        assert torch.cuda.Event.__module__ == "torch.cuda.streams", torch.cuda.Event.__module__
+        cm = torch.distributed._coalescing_manager.__module__
+        assert cm == "torch.distributed.distributed_c10d", cm
+        assert "transformer_engine_torch" not in sys.modules
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 SHIMS = textwrap.dedent(r'''

@@ -17,8 +17,7 @@ from harness.install import megatron as megatron_component
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "megatron.md"
-_BLOCK = re.compile(r"<!-- the chunk-mismatch reproduction: cases/test_megatron_offload.py runs this block -->\n"
-                    r"```python\n(.*?)```", re.S)
+_BLOCK = re.compile(r"<!-- example: run by cases/test_megatron_offload.py -->\n```python\n(.*?)```", re.S)
 #: TE blocked (the reproduction needs none), then the CPU's answers for torch.cuda's streams and
 #: events, which Megatron's manager creates; then the page's text, unchanged
 _PRELUDE = ("import sys; sys.modules['transformer_engine'] = None\n"

@@ -24,7 +24,7 @@ import types
 
 import pytest
 
-from harness.vocabulary import matrix, modules, recipes, weights
+from harness.vocabulary import matrix, modules, recipes, selection, weights
 from harness.backends.reference import _core, _modules, mutants, ops
 from harness.backends.reference import Linear as RefLinear
 from harness.cell.runner import RankContext, run_cell
@@ -34,9 +34,11 @@ GOOD = ("pass", "xfail")
 
 
 def _cells() -> list[matrix.Cell]:
+    """The world-size-1 cells of ``ci`` the reference can run (those needing TE's or Megatron's
+    code are left out, as a sweep on the reference leaves them out)."""
     ci_ws1 = [c for c in matrix.select("ci") if c.world_size == 1]
     single = matrix.select("ci", overrides={"world_size": (1,)})
-    return list(dict.fromkeys(ci_ws1 + single))
+    return [c for c in dict.fromkeys(ci_ws1 + single) if not selection.requires(c)]
 
 
 CELLS = _cells()
@@ -103,7 +105,8 @@ def test_catalog_matches_bugs_md():
     """docs/fault-classes.md's ten classes in order, then the four only a Megatron-like implementer exposes,
     then the one only an exact check catches, four subtle numeric faults, the four of
     GroupedLinear's grouped-tensor path and LayerNormLinear's normalization, the five of
-    the FP8 path (cells under a recipe only), the one of MXFP8, the one of NVFP4 and the two of
+    the FP8 path (cells under a recipe only), the one of MXFP8, the one of NVFP4, the two of the
+    blocks (cells whose operands span several blocks only) and the two of
     ``is_first_microbatch`` (flagged cells only)."""
     assert list(mutants.MUTANTS) == [
         "hooks-strip-subclass", "wgrad-compute-dtype", "shared-grad-buffer", "full-shape-dummy",
@@ -115,14 +118,15 @@ def test_catalog_matches_bugs_md():
         "grouped-tensor-path-no-dw", "norm-dgamma-dropped", "norm-dbeta-on-gamma",
         "norm-zero-centered-ignored-in-backward", "fp8-per-shard-amax", "fp8-stale-weight-workspace",
         "fp8-e4m3-gradient", "fp8-dgrad-weight-unquantized", "fp8-dgrad-weight-requantized",
-        "mxfp8-scale-rounded-down", "nvfp4-shard-tensor-scale", "first-microbatch-ignored",
+        "mxfp8-scale-rounded-down", "nvfp4-shard-tensor-scale", "block-amax-from-neighbour",
+        "block-tile-boundary-off-by-one", "first-microbatch-ignored",
         "first-microbatch-overwrites-distributed",
     ]
     for m in mutants.MUTANTS.values():
         assert m.description and "\n" not in m.description
         assert m.evidence and all(e.split(":", 1)[0] in ("check", "text") for e in m.evidence)
         assert set(m.modules) <= set(modules.NAMES)
-        assert m.recipes is None or (m.name.startswith(("fp8-", "mxfp8-", "nvfp4-"))
+        assert m.recipes is None or (m.name.startswith(("fp8-", "mxfp8-", "nvfp4-", "block-"))
                                      and set(m.recipes) <= set(recipes.QUANTIZED))
         assert m.first_mb == m.name.startswith("first-microbatch-")
         for attr in ("Linear", "GroupedLinear", "LayerNormLinear"):
@@ -227,3 +231,22 @@ def test_fp8_scales_are_checked_exactly_after_the_step():
     bad = scales(mutants.MUTANTS["fp8-dgrad-weight-requantized"].backend)
     assert not bad.ok and bad.actual["weight"] != bad.expected["weight"], bad.message
     assert bad.actual["input"] == bad.expected["input"]
+
+
+@pytest.mark.parametrize("name", ["block-amax-from-neighbour", "block-tile-boundary-off-by-one"])
+def test_block_faults_die_only_where_operands_span_blocks(name):
+    """The faults of block indexing and tile boundaries change nothing in an operand of one
+    block: under FP8 block scaling they survive every base-shape cell the reference runs hooks
+    off (one 1x128 block per row, one 128x128 tile: ci's shapes before the ``shape`` axis), and
+    die by evidence in every block-spanning cell (``shape`` ``blocks``: two blocks and a ragged
+    third along every blocked dimension, inputs with a block magnitude profile)."""
+    m = mutants.MUTANTS[name]
+    mine = [c for c in CELLS if c.recipe == "blockwise" and m.applies(c.module, c.recipe, c.first_mb)]
+    spanning = [c for c in mine if c.shape == "blocks"]
+    base = [c for c in mine if c.shape == "base" and c.hooks == "off"]
+    assert spanning and base
+    survived = [c.id for c in spanning
+                if not mutants.evidence_found(m, run_cell(m.backend, c, RankContext()).comparisons)]
+    assert not survived, f"{name} survived block-spanning cells: {survived}"
+    killed = [c.id for c in base if run_cell(m.backend, c, RankContext()).status not in GOOD]
+    assert not killed, f"{name} killed base-shape cells (one block each): {killed}"

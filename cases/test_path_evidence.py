@@ -64,6 +64,19 @@ def test_every_module_kind_names_its_evidence():
             assert "another path" in kind.path_mismatch({**{f: 1 for f in kind.evidence}, foreign: 1})
 
 
+def test_under_a_recipe_the_grouped_tensor_path_must_run_its_own_quantizer():
+    """A grouped-tensor cell under a recipe proves its path by its quantizer too: TE's
+    ``group_quantize`` ran, the split-quantize path's ``split_quantize`` did not; a cell without a
+    recipe is judged by its GEMMs alone."""
+    for name in ("grouped_linear_tensor", "ops_grouped_linear_tensor"):
+        kind = modules.KINDS[name]
+        gemms = {f: 1 for f in kind.evidence}
+        assert kind.path_mismatch(gemms) is None
+        assert "group_quantize" in kind.path_mismatch(gemms, quantized=True)
+        assert kind.path_mismatch({**gemms, "group_quantize": 1}, quantized=True) is None
+        assert "another path" in kind.path_mismatch({**gemms, "group_quantize": 1, "split_quantize": 2}, quantized=True)
+
+
 # --------------------------------------------------------------------------- TE's recorded choice
 
 TENSOR = "grouped_linear_tensor-plain-hooks_off-unfused-bf16-ws1-ddp-mb1-g4-bias-igrad-nodelay"

@@ -23,7 +23,7 @@ import pytest
 from harness.vocabulary import matrix
 from harness.records import recordfile, runfolder
 from harness.orchestration import sweep
-from harness.vocabulary import packing
+from harness.vocabulary import hook_modes, packing
 from harness.launcher.launch import LaunchOptions
 from harness.vocabulary.plan import Lane, LaunchPlan, PlanTask
 from harness.records.record import Check, CellResult, RankResult, RunRecord, load
@@ -123,7 +123,15 @@ def test_resume_takes_the_verdicts_of_a_record_without_stream(tmp_path, monkeypa
 
 
 def test_packing_lanes_cover_every_cell_once_in_phases():
-    cells = [c for c in matrix.select("ci") if c.world_size in (1, 2, 4)]
+    everything = matrix.select("ci")
+    # a cell whose installer gathers over every rank of the job (Megatron's offloading) runs
+    # in a launch of its own world size, with the others of that size, unless it is the width
+    spans = [c for c in everything if hook_modes.KINDS[c.hooks].spans_world]
+    assert {c.world_size for c in spans} == {1, 2, 4}
+    groups = packing.launch_groups(everything)
+    assert [(w, {everything[i].world_size for i in g}) for w, g in groups] == [(4, {1, 2, 4}), (2, {2}), (1, {1})]
+    assert {everything[i] for _, g in groups[1:] for i in g} == {c for c in spans if c.world_size != 4}
+    cells = [c for c in everything if not hook_modes.KINDS[c.hooks].spans_world]
     groups = packing.launch_groups(cells)
     assert [w for w, _ in groups] == [4] and sorted(groups[0][1]) == list(range(len(cells)))
     lanes = packing.pack(cells, 4)
@@ -145,7 +153,7 @@ def test_packing_lanes_cover_every_cell_once_in_phases():
     assert {len(l.ranks) for l in lanes} == {1, 2, 4} and len(lanes) == 1 + 2 + 4
     # off: one launch per world size; a size that does not divide the largest gets its own
     assert [w for w, _ in packing.launch_groups(cells, packing=False)] == [1, 2, 4]
-    three = [c for c in matrix.select("ci", {"world_size": (1, 2, 3, 4)})]
+    three = [c for c in matrix.select("ci", {"world_size": (1, 2, 3, 4)}) if not hook_modes.KINDS[c.hooks].spans_world]
     assert [w for w, _ in packing.launch_groups(three)] == [4, 3]
     assert [w for w, _ in packing.launch_groups(cells, slots=8)] == [8]
 

@@ -13,7 +13,8 @@ to fp32 accumulation and the output rounding - ``|out - ref| <= (K + 8) * 2^-24 
 at most K units of its magnitude; 8 more cover the factor, bias and beta roundings; the
 output rounding is half an ulp, ``u(bf16) = 2^-8``, ``u(fp32) = 2^-24``). The decoding itself is
 checked against TE's own Python (per-tensor FP8's CPU dequantize, FP8 block scaling's Python
-dequantize) and against TE's reference quantizer (``custom_recipes/reference_current_scaling.py``).
+dequantize); the quantizers themselves against TE's references in
+``cases/test_te_cpu_quant_references.py``.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ _SCRIPT = """
             saved["runs"][(name, kind)] = dict(records=[dict(r) for r in records], evidence=backend.path_evidence(),
                                                weights=weights)
 
-    # te-cpu's quantize against TE's reference current-scaling quantizer, and decodes against TE's Python
-    from transformer_engine.pytorch.custom_recipes.reference_current_scaling import CurrentScalingQuantizerRef
+    # te-cpu's decodes against TE's Python (its quantizers against TE's references:
+    # cases/test_te_cpu_quant_references.py)
     from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
     from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
     from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
@@ -126,11 +127,7 @@ _SCRIPT = """
         for x in inputs:
             q = Float8CurrentScalingQuantizer(fp8, device="cpu", rowwise=True, columnwise=True)
             got = tex.quantize(x, q)
-            ref = CurrentScalingQuantizerRef(dtype=torch.float8_e4m3fn if int(fp8) == 7 else torch.float8_e5m2)
-            qx, sx, qx_t, _ = ref._quantize(x)
-            ref_cmp.append(dict(data=got._data.clone(), ref=qx.view(torch.uint8).clone(), transpose=got._transpose.clone(),
-                                ref_t=qx_t.view(torch.uint8).clone(), sinv=got._scale_inv.clone(), ref_sinv=sx.clone(),
-                                te_deq=got.dequantize(dtype=torch.float32), ours=qb.dequantize(got, tex.DType.kFloat32)))
+            ref_cmp.append(dict(te_deq=got.dequantize(dtype=torch.float32), ours=qb.dequantize(got, tex.DType.kFloat32)))
     block_cmp = []
     for dim in (1, 2):
         x = (torch.randn(256, 192, generator=g) * torch.logspace(-3, 3, 192)).to(torch.bfloat16)
@@ -144,26 +141,9 @@ _SCRIPT = """
         block_cmp.append(dict(x=x, te_row=t.dequantize(dtype=torch.float32), ours_row=qb.dequantize(t, tex.DType.kFloat32),
                               te_col=col_only.dequantize(dtype=torch.float32),
                               ours_col=qb.dequantize(col_only, tex.DType.kFloat32)))
-    from transformer_engine.pytorch.custom_recipes.reference_nvfp4 import NVFP4QuantizerRef
-    from transformer_engine.pytorch.custom_recipes.reference_utils import Fp4Formats
     from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
     device.present(device.BLACKWELL)
-    nvfp4_cmp = []
-    for tile in (False, True):
-        for x in inputs + [(torch.randn(48, 80, generator=g) * torch.exp(torch.randn(48, 80, generator=g) * 3)).float()]:
-            q = NVFP4Quantizer(rowwise=True, columnwise=True, with_2d_quantization=tile)
-            got = tex.quantize(x, q)
-            ref = NVFP4QuantizerRef(dtype=Fp4Formats.E2M1, quant_tile_shape=(16, 16) if tile else (1, 16))
-            qx, sx, qx_t, sx_t, amax_r, amax_c = ref._quantize(x)
-            r, c = x.shape
-            nvfp4_cmp.append(dict(data=got._rowwise_data.clone(), ref=qx.clone(), data_t=got._columnwise_data.clone(),
-                                  ref_t=qx_t.clone(), scales=got._rowwise_scale_inv[:r, :c // 16].clone(),
-                                  ref_scales=sx.view(torch.uint8)[:r, :c // 16].clone(),
-                                  scales_t=got._columnwise_scale_inv[:c, :r // 16].clone(),
-                                  ref_scales_t=sx_t.view(torch.uint8)[:c, :r // 16].clone(),
-                                  amax=(got._amax_rowwise.clone(), got._amax_columnwise.clone()),
-                                  ref_amax=(amax_r.clone(), amax_c.clone())))
-    saved["ref_cmp"], saved["block_cmp"], saved["nvfp4_cmp"] = ref_cmp, block_cmp, nvfp4_cmp
+    saved["ref_cmp"], saved["block_cmp"] = ref_cmp, block_cmp
     from harness.backends.te_cpu.quant import nvfp4 as nv
     big = (torch.randn(128, 256, generator=g) * torch.exp(torch.randn(128, 256, generator=g))).to(torch.bfloat16)
     tensors = []
@@ -247,13 +227,10 @@ def test_path_evidence_names_the_quantization_kernels(te_runs: dict[str, Any]) -
     assert te_runs["runs"][("mxfp8", "grouped")]["evidence"].get("split_quantize")
 
 
-def test_current_scaling_matches_tes_reference_quantizer(te_runs: dict[str, Any]) -> None:
-    """Bytes, transposes and scale-inverses equal TE's ``CurrentScalingQuantizerRef``; te-cpu's
-    dequantize equals TE's own Python (CPU) dequantize."""
+def test_current_scaling_decode_matches_tes_python_dequantize(te_runs: dict[str, Any]) -> None:
+    """te-cpu's dequantize of a current-scaling tensor equals TE's own Python (CPU) dequantize
+    (its quantize equals TE's reference: cases/test_te_cpu_quant_references.py)."""
     for c in te_runs["ref_cmp"]:
-        assert torch.equal(c["data"], c["ref"])
-        assert torch.equal(c["transpose"], c["ref_t"])
-        assert torch.equal(c["sinv"].reshape(-1), c["ref_sinv"].reshape(-1).float())
         assert torch.equal(c["te_deq"], c["ours"])
 
 
@@ -269,17 +246,6 @@ def test_blockwise_decode_matches_tes_python_dequantize(te_runs: dict[str, Any])
         floor = 2.0 ** -10 * 2 * x.abs().max() / 448
         for deq in (c["ours_row"], c["ours_col"]):
             assert ((deq.double() - x).abs() <= 2.0 ** -4 * x.abs() + floor).all()
-
-
-def test_nvfp4_matches_tes_reference_quantizer(te_runs: dict[str, Any]) -> None:
-    """te-cpu's NVFP4 quantize (1-D blocks and 16x16 tiles) equals TE's ``NVFP4QuantizerRef``
-    byte for byte: the E2M1 data, the E4M3 block scales and the amax, row-wise and column-wise
-    (the transpose's quantization); an all-zero tensor and a wide-range one included."""
-    assert len(te_runs["nvfp4_cmp"]) == 8
-    for c in te_runs["nvfp4_cmp"]:
-        for ours, ref in (("data", "ref"), ("data_t", "ref_t"), ("scales", "ref_scales"), ("scales_t", "ref_scales_t")):
-            assert torch.equal(c[ours], c[ref]), ours
-        assert all(torch.equal(a.reshape(-1), b.reshape(-1)) for a, b in zip(c["amax"], c["ref_amax"]))
 
 
 def test_swap_first_dims_reorders_gathered_data(te_runs: dict[str, Any]) -> None:

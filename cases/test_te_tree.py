@@ -28,7 +28,7 @@ import pytest
 
 from harness.te_tree import tree as te_tree
 from harness.vocabulary.backend_specs import resolve, split_tree, with_tree
-from harness.commands import _options
+from harness.commands import _inputs
 from harness.vocabulary.errors import UsageError
 from harness.install import te as te_component
 from harness.records.fold import repro_command
@@ -215,13 +215,13 @@ def test_spec_splits_a_trailing_tree_only(tmp_path: Path) -> None:
 def test_te_tree_option_folds_into_the_backend(tmp_path: Path) -> None:
     tree = _mini_tree(tmp_path / "te")
     args = argparse.Namespace(backend="te-cpu", te_tree=str(tree), resume=None)
-    assert _options.backend_spec(args) == f"te-cpu@{tree.resolve()}" == args.backend
-    assert _options.backend_spec(argparse.Namespace(backend="te-cpu", te_tree=None)) == "te-cpu"
+    assert _inputs.backend_spec(args) == f"te-cpu@{tree.resolve()}" == args.backend
+    assert _inputs.backend_spec(argparse.Namespace(backend="te-cpu", te_tree=None)) == "te-cpu"
     for bad in (argparse.Namespace(backend="te-cpu", te_tree=str(tmp_path / "nope"), resume=None),
                 argparse.Namespace(backend="te-cpu", te_tree=str(tree), resume=tmp_path),
                 argparse.Namespace(backend=f"te-cpu@{tree}", te_tree=str(tree), resume=None)):
         with pytest.raises(UsageError):
-            _options.backend_spec(bad)
+            _inputs.backend_spec(bad)
 
 
 def test_pytest_plugin_has_te_tree(tmp_path: Path) -> None:

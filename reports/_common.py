@@ -184,3 +184,21 @@ def installers_line(record: dict[str, Any]) -> str | None:
     if left:
         parts.append(left)
     return "; ".join(parts)
+
+
+def rank_facts(cell: dict[str, Any]) -> list[str]:
+    """What each rank recorded of what it ran under, one line per distinct fact: the recipe
+    (``harness.cell.lowp.describe``: TE's class and the device it was shown) and the hooks
+    (``harness.cell.hooks.Packs``: whose installer, its pack calls, those on the weight)."""
+    out: list[str] = []
+    for r in cell.get("ranks") or []:
+        recipe, hooks = r.get("recipe"), r.get("hooks")
+        if recipe:
+            line = f"recipe: {recipe.get('recipe')} (TE's {recipe.get('te_class')}" + (
+                f", device {recipe['device']})" if recipe.get("device") else ")")
+            if line not in out:
+                out.append(line)
+        if hooks:
+            out.append(f"hooks (rank {r.get('rank')}): {hooks.get('mode')} by {hooks.get('installer')}'s installer, "
+                       f"{hooks.get('packs')} packs, {hooks.get('weight_packs')} of them on a DistributedWeight")
+    return out

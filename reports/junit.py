@@ -27,7 +27,7 @@ from harness.judging.review import path_reason
 from .review_section import headline as review_headline
 from .review_section import of as review_of
 from .review_section import tree_line as review_tree_line
-from ._common import (GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries,
+from ._common import (GOOD_STATUSES, PATH_NOT_TAKEN, STATUS_LABELS, clean_text, counts_of, entry_state, failing_messages, known_refs, ledger_entries, rank_facts,
                       stale_line)
 
 MESSAGE_LIMIT = 1_000  # characters of the message attribute (CI widgets show it on one line)
@@ -57,6 +57,9 @@ def _body(cell: dict[str, Any]) -> str:
         if tb and tb not in seen:
             seen.add(tb)
             lines += ["", f"traceback (rank {r.get('rank')}):", tb.rstrip()]
+    facts = rank_facts(cell)
+    if facts:
+        lines += ["", *facts]
     if cell.get("example"):
         lines += ["", f"example: {cell['example']}"]
     lines += ["", f"repro: {cell.get('repro', '')}"]

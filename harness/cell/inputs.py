@@ -29,6 +29,37 @@ def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int, *path: Any, sca
     return (torch.randn(shape, generator=generator(seed, *path), dtype=torch.float32) * scale).to(dtype)
 
 
+#: the block lengths the magnitude profile of a block-spanning cell alternates at (NVFP4's 16,
+#: MXFP8's 32, FP8 block scaling's 128: ``harness.vocabulary.recipes.RecipeKind.block_length``)
+PROFILE_BLOCKS: tuple[int, ...] = (16, 32, 128)
+
+
+def profile(rows: int, cols: int) -> torch.Tensor:
+    """The magnitude profile of a ``[rows, cols]`` operand (fp32 powers of two): element
+    ``(i, j)`` is scaled by ``2^(sum_b ((i // b + j // b) mod 2) - 1)`` over
+    :data:`PROFILE_BLOCKS`, from 1/2 to 4 - at every one of those lengths a checkerboard of
+    ``b x b`` squares, one twice the other. So along either dimension neighbouring blocks of
+    every length differ by a factor of 2 (a block of 32 holds two of 16, one of each, and its
+    own term alternates; likewise at 128), in one direction in some rows and in the other in
+    the next ``b`` rows; and neighbouring 2-D tiles of 16 or 128 likewise, in both directions.
+
+    Why: with inputs of one magnitude neighbouring blocks of a power-of-two scaling recipe get
+    the same scale unless their amaxes happen to straddle a power of two; with the profile
+    neighbouring blocks' scales differ by design, and a block given a smaller neighbour's amax saturates whichever
+    neighbour it takes. Measured on ``ci``'s block-spanning cells: the block mutants die either
+    way, the weakest kill's error/bound ratio 3.1 to 3.6 times higher with it (docs/low-precision.md).
+    A power of two scales exactly in every dtype, so the values stay those the cell's dtype holds."""
+    i = torch.arange(rows).unsqueeze(1)
+    j = torch.arange(cols).unsqueeze(0)
+    e = sum(((i // b + j // b) % 2) for b in PROFILE_BLOCKS) - 1
+    return torch.ldexp(torch.ones(rows, cols), e.to(torch.int32))
+
+
+def _profiled(t: torch.Tensor, on: bool) -> torch.Tensor:
+    """``t`` (2-D, drawn in fp32) times the profile (:func:`profile`) when ``on``."""
+    return t * profile(*t.shape) if on else t
+
+
 def draw_splits(rows: int, groups: int, seed: int, rank: int, mb: int) -> list[int]:
     """Row splits over ``groups`` that differ per rank and microbatch, with empty groups.
 
@@ -108,19 +139,25 @@ def make_norm(seed: int, example: Example, dtype: torch.dtype, kind: str | None,
 
 def make_inputs(seed: int, example: Example, dtype_name: str, world_size: int,
                 microbatches: int, groups: int, bias: bool, norm: str | None = None,
-                zero_centered: bool = False, unit: int = 1) -> CellInputs:
+                zero_centered: bool = False, unit: int = 1, profile: bool = False) -> CellInputs:
     """Every tensor of one cell; ``norm`` (``"LayerNorm"``/``"RMSNorm"``) adds the
     normalization's parameters (:func:`make_norm`). ``unit``: every group's rows are a
-    multiple of it (a recipe's alignment, ``harness.vocabulary.recipes.RecipeKind.align``; ``rows`` is)."""
+    multiple of it (``harness.vocabulary.shape.group_unit``: a recipe's alignment, or the span
+    of two blocks; ``rows`` is). ``profile``: the weights, inputs and output gradients carry the
+    block magnitude profile (:func:`profile`) along both dimensions (a block-spanning cell)."""
     dtype = DTYPES[dtype_name]
     e = example
     s = (seed, e.salt)
-    weights = [randn((e.out_features, e.in_features), dtype, *s, "w", i, scale=0.5) for i in range(groups)]
+
+    def draw(shape: tuple[int, int], *path: Any, scale: float = 1.0) -> torch.Tensor:
+        return _profiled(randn(shape, torch.float32, *s, *path, scale=scale), profile).to(dtype)
+
+    weights = [draw((e.out_features, e.in_features), "w", i, scale=0.5) for i in range(groups)]
     biases = [randn((e.out_features,), dtype, *s, "b", i, scale=0.5) for i in range(groups)] if bias else []
     ranks = range(world_size)
     mbs = range(microbatches)
-    x = [[randn((e.rows, e.in_features), dtype, *s, "x", r, m) for m in mbs] for r in ranks]
-    dy = [[randn((e.rows, e.out_features), dtype, *s, "dy", r, m) for m in mbs] for r in ranks]
+    x = [[draw((e.rows, e.in_features), "x", r, m) for m in mbs] for r in ranks]
+    dy = [[draw((e.rows, e.out_features), "dy", r, m) for m in mbs] for r in ranks]
     splits = [[[n * unit for n in draw_splits(e.rows // unit, groups, hash_seed(s), r, m)] for m in mbs]
               for r in ranks]
     return CellInputs(dtype, weights, biases, x, dy, splits,

@@ -20,7 +20,7 @@ from harness.cell.faults import RecipeUnsupported
 from harness.vocabulary import recipes
 from harness.vocabulary.weights import NATIVE_API
 
-__all__ = ["RecipeUnsupported", "present", "under_recipe", "native_parameters", "scales_after"]
+__all__ = ["RecipeUnsupported", "present", "under_recipe", "native_parameters", "describe", "scales_after"]
 
 
 def present(backend: ModuleType, recipe: str) -> None:
@@ -135,3 +135,11 @@ def scales_after(module: torch.nn.Module) -> dict[str, list[float]] | None:
     return own() if callable(own) else None
 
 
+def describe(backend: ModuleType, recipe: str) -> dict[str, Any] | None:
+    """What a rank result records of the recipe that ran (None for ``none``): the value, TE's
+    class and the compute capability the backend presented (``sm_90``), when it says."""
+    kind = recipes.KINDS[recipe]
+    if not kind.quantized:
+        return None
+    cap = getattr(backend, "recipe_device", None)
+    return {"recipe": recipe, "te_class": kind.te_class, "device": cap(recipe) if callable(cap) else None}

@@ -351,6 +351,7 @@ def _iteration(backend: ModuleType, cell: Cell, chunk: Chunk, inputs: LayerInput
             for layer, mlp in enumerate(chunk.mlps):
                 h = installed.layer(lambda t, m=mlp, s=tpe[layer], p=probs[layer]: m(t, s, p)[0], h)
             out = installed.end_forward(h)
+            step.forwards += 1
         with owned("harness", "path evidence"):
             step.choices.append(te_path.read(out, chunk.mlps[-1].linear_fc2))
             step.live_gathers = max([step.live_gathers] + [g.live_forward_gathers() for g in gtps.values()])

@@ -121,8 +121,8 @@ def _call(module: torch.nn.Module, cell: Cell, splits: list[int], backend: Modul
 
 def fitted(example: Example, cell: Cell) -> Example:
     """``example`` as the cell runs it (``harness.vocabulary.shape.fitted``: the module's out_features,
-    the recipe's alignment)."""
-    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms)
+    the recipe's alignment, the block-spanning shape)."""
+    return shape.fitted(example, cell.module, cell.bias, cell.recipe, cell.num_gemms, cell.shape)
 
 
 @dataclass
@@ -135,6 +135,8 @@ class _Step:
     choices: list[te_path.Choice | None] = field(default_factory=list)
     #: what the step's saved-tensor hooks packed (``harness.cell.hooks.Packs``)
     packs: hook_installers.Packs = field(default_factory=hook_installers.Packs)
+    #: forwards that ran to their end (a hook check needs one: before it nothing had to be saved)
+    forwards: int = 0
 
 
 def _load_full(module: torch.nn.Module, inputs: CellInputs) -> None:
@@ -220,6 +222,7 @@ def _run_scoped(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exam
     except compare.HarnessBug as bug:
         return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug), by_peer=peer_lost(bug))
     _judge_path(cell, result, dict(evidence()) if callable(evidence) else None)
+    result.recipe = lowp.describe(backend, cell.recipe)
     return result
 
 
@@ -237,7 +240,8 @@ def _judge_path(cell: Cell, result: RankResult, called: dict[str, int] | None) -
     ran = result.status in ("pass", "fail") and result.error is None  # a raise stops anywhere
     if choice is not None and kind.path and choice.path != kind.path:
         taken = modules.on_path(kind, choice.path)
-        clash = taken.path_mismatch(called) if taken is not None and called is not None and ran else None
+        clash = (taken.path_mismatch(called, cell.recipe != "none") if taken is not None and called is not None
+                 and ran else None)
         if clash is not None:
             _path_mismatch(result, f"{clash}; yet TE's {choice.node} records the "
                                    f"{te_path.NAMES[choice.path]} path")
@@ -245,7 +249,7 @@ def _judge_path(cell: Cell, result: RankResult, called: dict[str, int] | None) -
         choice.reason = te_path.explain(choice, kind.path)
         result.choice, result.status = choice.serialize(), PATH_NOT_TAKEN
         return
-    mismatch = kind.path_mismatch(called) if called is not None and ran else None
+    mismatch = kind.path_mismatch(called, cell.recipe != "none") if called is not None and ran else None
     if mismatch is not None:
         recorded = f"; TE's {choice.node} records the {te_path.NAMES[choice.path]} path" if choice else ""
         _path_mismatch(result, mismatch + recorded)
@@ -296,7 +300,8 @@ def _run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exampl
     result.choice = choice.serialize() if choice is not None else None
     if hook_modes.KINDS[cell.hooks].hooked:
         result.hooks = step.packs.serialize(cell.hooks)
-        if result.status in ("pass", "fail") and judge:
+        # judged once a forward ran to its end: a step that raised before has saved nothing yet
+        if result.status in ("pass", "fail") and judge and step.forwards:
             result.comparisons.append(hooks_installed(cell.hooks, step.packs))
             result.status = "pass" if all(c.ok for c in result.comparisons) else "fail"
     return result
@@ -323,7 +328,8 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
     with _owned("harness", "inputs", cell):
         inputs = make_inputs(seed, example, cell.dtype, ctx.world_size, cell.microbatches,
                              cell.num_gemms, cell.bias, kind.normalization, kind.zero_centered_gamma,
-                             unit=recipes.KINDS[cell.recipe].align)
+                             unit=shape.group_unit(cell.recipe, cell.shape, cell.module),
+                             profile=shape.KINDS[cell.shape].profile)
     gtp: GTPGroup | None = None
     consumer: Consumer | None = None
     try:
@@ -431,6 +437,7 @@ def _run_microbatches(module: torch.nn.Module, cell: Cell, inputs: CellInputs, c
             call = under_recipe(_call(module, cell, inputs.splits[ctx.rank][mb], backend, dev, mb))
             installed.microbatch()
             out = installed.end_forward(installed.layer(call, x))
+            step.forwards += 1
         with _owned("harness", "path evidence", cell), getattr(backend, "harness_reads", nullcontext)():
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):

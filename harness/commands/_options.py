@@ -1,4 +1,10 @@
-"""Options shared by the commands that run cells (selection options: ``harness.vocabulary.selection``)."""
+"""Options shared by the commands that run cells (selection options: ``harness.vocabulary.selection``).
+
+Every command's ``--help`` lists them in the same groups, in the order a user decides them:
+the selection (which cells), then the backend and judging (what runs them, what is known),
+then run control (where the run goes and how it is run). What is checked of them before the
+command runs is ``harness.commands._inputs``.
+"""
 
 from __future__ import annotations
 
@@ -7,52 +13,54 @@ import datetime
 import os
 from pathlib import Path
 
+from harness.commands import _inputs
 from harness.launcher.launch import CELL_TIMEOUT_HELP
 from harness.records import runfolder
 from harness.vocabulary.errors import UsageError
 
 
-def add_run(parser: argparse.ArgumentParser, prefix: str = "run") -> None:
-    g = parser.add_argument_group("running")
+def add_backend(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The "backend and judging" group: ``--backend``, ``--te-tree``, ``--ledger``; returned so a
+    command adds its own judging options to it."""
+    g = parser.add_argument_group("backend and judging")
     g.add_argument("--backend", default="harness.backends.reference",
                    help="reference (the hook-safe reference, the default), prefix (the pre-fix behaviour), "
-                        "te-cpu (TE's own code on CPU), te-cpu-tf32, transformer_engine.pytorch (real TE), "
+                        "te-cpu (TE's own code on CPU), te-cpu-tf32, transformer_engine.pytorch (real TE, on a GPU), "
                         "or any import path, module:attr or .py file; optionally @TREE")
     g.add_argument("--te-tree", metavar="PATH",
                    help="import TransformerEngine from this source tree (a git checkout, an unpacked "
                         "sdist, or a `patch-te` folder) instead of the installed one; the same as "
                         "--backend SPEC@PATH")
-    add_out(g, prefix)
-    add_timeout_and_device(g)
     g.add_argument("--ledger", default="auto", metavar="auto|none|FILE",
                    help="known-defects ledger: auto (the one shipped for the backend's upstream "
                         "package and version, if any), none, or a ledger file (default: auto)")
+    return g
 
 
-def backend_spec(args: argparse.Namespace) -> str:
-    """Fold ``--te-tree PATH`` (or a ``DW_TE_TREE`` set in the environment) into
-    ``args.backend`` (``te-cpu@/abs/PATH``, the form the run record, the repro lines and
-    ``--resume`` carry) and return it.
+def add_run_control(parser: argparse.ArgumentParser, prefix: str = "run",
+                    what: str = "run folder") -> argparse._ArgumentGroup:
+    """The "run control" group: ``--out``, ``--force``, ``--cell-timeout``, ``--device``;
+    returned so a command adds its own (``--resume``, ``--quiet``, ...) to it."""
+    g = parser.add_argument_group("run control")
+    add_out(parser, g, prefix, what)
+    g.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help=CELL_TIMEOUT_HELP)
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: CUDA + NCCL when present, else CPU + gloo")
+    return g
 
-    Raises:
-        UsageError: the folder is not a TE tree, the backend already names a tree, or
-            ``--te-tree`` comes with ``--resume`` (a resumed run takes the recorded backend).
-    """
-    from harness.orchestration.preflight import spec_with_tree
-    from harness.vocabulary.errors import BackendError
 
-    tree = getattr(args, "te_tree", None)
-    if tree and getattr(args, "resume", None):
-        raise UsageError("--te-tree cannot be combined with --resume: a resumed run uses the backend "
-                         "(and tree) it recorded")
-    if getattr(args, "resume", None):
-        return args.backend
-    try:
-        args.backend = spec_with_tree(args.backend, tree)
-    except BackendError as exc:
-        raise UsageError(str(exc)) from exc
-    args.te_tree = None
-    return args.backend
+def add_out(parser: argparse.ArgumentParser, group: argparse._ActionsContainer, prefix: str,
+            what: str = "run folder") -> None:
+    """``--out DIR`` and ``--force``: a folder that holds a run, or anything else, is never
+    silently written into. ``run_folder`` (the default folder's prefix) in the parser's
+    defaults tells ``harness.commands._inputs.check`` that ``--out`` is a run folder."""
+    group.add_argument("--out", type=Path, metavar="DIR",
+                       help=f"{what} (default: runs/{prefix}-<timestamp>); a folder that already holds a run, "
+                            "or other files, is refused unless --force")
+    group.add_argument("--force", action="store_true",
+                       help="with --out: replace the run the folder holds (its record, stream, reports and logs), "
+                            "or write into a folder of other files")
+    parser.set_defaults(run_folder=prefix)
 
 
 def ledger_for(option: str, info) -> "Ledger | None":
@@ -69,46 +77,20 @@ def ledger_for(option: str, info) -> "Ledger | None":
         raise UsageError(str(exc)) from exc
 
 
-def check_timeout(seconds: float | None) -> float | None:
-    """A cell timeout, when given, must be a positive number of seconds (0 or less would end
-    every launch); None leaves each cell its bound from its predicted cost.
-
-    Raises:
-        UsageError: otherwise.
-    """
-    if seconds is not None and not seconds > 0:
-        raise UsageError(f"--cell-timeout must be > 0 seconds, got --cell-timeout={seconds:g}")
-    return seconds
-
-
-def add_timeout_and_device(g: argparse._ActionsContainer) -> None:
-    g.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help=CELL_TIMEOUT_HELP)
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: CUDA + NCCL when present, else CPU + gloo")
-
-
-def add_out(g: argparse._ActionsContainer, prefix: str, what: str = "run folder") -> None:
-    """``--out DIR`` and ``--force`` (a folder that holds a run is never silently replaced)."""
-    g.add_argument("--out", type=Path, help=f"{what} (default: runs/{prefix}-<timestamp>); a folder that "
-                   "already holds a run is refused unless --force")
-    g.add_argument("--force", action="store_true",
-                   help="with --out: replace the run the folder holds (its record, stream, reports and logs)")
-
-
 def run_dir(args: argparse.Namespace, prefix: str = "run") -> Path:
-    """The run folder, created and proven writable (bad input otherwise).
+    """The run folder, created and proven writable (bad input otherwise). Checked again here,
+    after the probe, as ``_inputs.check`` checked it before: the folder may have changed since.
 
     Raises:
-        UsageError: ``--out`` names a folder that already holds a run (a record or a result
-            stream) and neither ``--force`` nor ``--resume`` says what to do with it.
+        UsageError: ``--out`` names a folder that already holds a run or other files and
+            neither ``--force`` nor ``--resume`` says what to do with it; it cannot be written.
     """
     path = args.out or Path("runs") / f"{prefix}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
-    if args.out and not getattr(args, "resume", None) and runfolder.holds_run(path):
-        if not getattr(args, "force", False):
-            resume = " continue it with `sweep --resume DIR`, or" if prefix == "run" else ""
-            raise UsageError(f"--out {str(path)!r} already holds a run:{resume} choose another folder, or pass "
-                             "--force to replace it")
-        runfolder.clear(path)
+    if args.out and not getattr(args, "resume", None):
+        force = bool(getattr(args, "force", False))
+        _inputs.out_folder(path, force, resume_hint=prefix == "run")
+        if force and runfolder.holds_run(path):
+            runfolder.clear(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-probe"

@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("entry", help="the entry id")
     rp.add_argument("--run", type=Path, required=True, metavar="RUN_DIR",
                     help="a run folder whose sweep judged under the ledger (its cells are the evidence)")
-    rp.add_argument("--out", type=Path, help="write the report here (default: standard output)")
+    rp.add_argument("--out", dest="out_file", type=Path, metavar="FILE",
+                    help="write the report here (default: standard output)")
     rp.set_defaults(func=run_report)
 
 
@@ -74,9 +75,9 @@ def run_report(args: argparse.Namespace) -> int:
         raise exitcodes.UsageError(exc.args[0]) from exc
     except upstream.NoEvidence as exc:
         raise exitcodes.UsageError(str(exc)) from exc
-    if args.out:
-        args.out.write_text(text)
-        print(f"report: {args.out}", file=sys.stderr)
+    if args.out_file:
+        args.out_file.write_text(text)
+        print(f"report: {args.out_file}", file=sys.stderr)
     else:
         print(text, end="")
     return exitcodes.OK

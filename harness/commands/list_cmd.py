@@ -7,7 +7,7 @@ import argparse
 import json
 from collections import Counter
 
-from harness.vocabulary import errors as exitcodes, matrix, selection
+from harness.vocabulary import errors as exitcodes, matrix, selection, shape
 from harness.orchestration import preflight
 from harness.vocabulary.backend_specs import BackendError
 from harness.commands import _options
@@ -16,22 +16,19 @@ from harness.commands import _options
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="print the cells a selection expands to")
     selection.add_selection(p)
-    p.add_argument("--json", action="store_true", help="print the cells as JSON")
-    g = p.add_argument_group("what a backend is expected to do (optional)")
+    g = p.add_argument_group("backend and judging (optional): what a backend is expected to do")
     g.add_argument("--backend", help="also name, per cell, the known-defects ledger entries of this backend that "
                    "select it (te-cpu: TE 2.20's); the backend is imported in a subprocess, as sweep does")
     g.add_argument("--te-tree", metavar="PATH", help="as sweep's: the backend imports TE from this tree")
     g.add_argument("--ledger", default="auto", metavar="auto|none|FILE", help="as sweep's (default: auto)")
+    p.add_argument_group("output").add_argument("--json", action="store_true", help="print the cells as JSON")
     p.set_defaults(func=run)
 
 
 def _expected(args: argparse.Namespace, cells: list[matrix.Cell]) -> dict[str, list[str]] | None:
     """Cell id -> the ledger entries selecting it, for ``--backend`` (None without it)."""
-    if args.backend is None:
-        if args.te_tree:
-            raise exitcodes.UsageError("--te-tree needs --backend (te-cpu or transformer_engine.pytorch)")
+    if args.backend is None:  # --te-tree and --ledger FILE without it: refused by _inputs.backend_needed
         return None
-    _options.backend_spec(args)
     try:
         info = preflight.check_backend(args.backend)
     except BackendError as exc:
@@ -43,11 +40,24 @@ def _expected(args: argparse.Namespace, cells: list[matrix.Cell]) -> dict[str, l
     return {c.id: [e.id for e in entries if e.selects(c.serialize())] for c in cells}
 
 
+def _dims(cell: matrix.Cell) -> dict[str, object]:
+    """The shapes ``cell`` runs with (its example fitted: ``shape.fitted``), the fewest rows a
+    group with rows gets, and the blocks every quantized operand of every GEMM spans along each
+    dimension it is blocked along under the cell's recipe (``shape.operand_blocks``; empty
+    without blocks), with the rule's verdict (``shape.spans``: at least two along each)."""
+    e = shape.fitted(shape.Example(), cell.module, cell.bias, cell.recipe, cell.num_gemms, cell.shape)
+    rows = shape.smallest_group_rows(e, cell.recipe, cell.num_gemms, cell.shape, cell.module)
+    return {"dims": {"in_features": e.in_features, "out_features": e.out_features, "rows": e.rows,
+                     "group_rows_min": rows},
+            "operand_blocks": shape.operand_blocks(cell.recipe, e.in_features, e.out_features, rows),
+            "spans_blocks": shape.spans(cell.recipe, e.in_features, e.out_features, rows)}
+
+
 def run(args: argparse.Namespace) -> int:
     cells, _ = selection.select(args)
     expected = _expected(args, cells)
     if args.json:
-        print(json.dumps([{"id": c.id, "expect": c.expect, **c.serialize(),
+        print(json.dumps([{"id": c.id, "expect": c.expect, **c.serialize(), **_dims(c),
                            **({"ledger_entries": expected[c.id]} if expected is not None else {})} for c in cells],
                          indent=1))
         return 0

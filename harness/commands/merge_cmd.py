@@ -13,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("merge", help="join the run folders of a sharded sweep (sweep --shard K/N) "
                        "into one run record and its reports")
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="the shards' run folders, all N")
-    _options.add_out(p, "merged", "run folder of the merged record")
+    _options.add_out(p, p.add_argument_group("run control"), "merged", "run folder of the merged record")
     p.set_defaults(func=run)
 
 

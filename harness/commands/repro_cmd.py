@@ -18,10 +18,12 @@ from harness.records.stream import ResultStream
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="run one cell with full detail")
-    p.add_argument("cell_id", help="a cell id as printed by list/sweep")
-    _options.add_run(p, prefix="repro")
-    p.add_argument("--example", help="shape example as printed in a repro line, e.g. "
-                   "in_features=8,out_features=5,rows=3,salt=0")
+    p.add_argument("cell_id", metavar="CELL_ID", help="a cell id as printed by list/sweep")
+    p.add_argument_group("selection").add_argument(
+        "--example", metavar="KEY=VALUE[,...]",
+        help="shape example as printed in a repro line, e.g. in_features=8,out_features=5,rows=3,salt=0")
+    _options.add_backend(p)
+    _options.add_run_control(p, prefix="repro")
     p.set_defaults(func=run)
 
 
@@ -71,6 +73,12 @@ def detail(res: CellResult) -> str:
                 lines.append(f"          {r.choice['reason']}")
         if r.path is not None:
             lines.append("    kernels: " + (", ".join(f"{k} x{n}" for k, n in sorted(r.path.items())) or "none"))
+        if r.recipe:  # what TE was shown (harness.cell.lowp.describe)
+            lines.append(f"    recipe: {r.recipe['recipe']} (TE's {r.recipe['te_class']}"
+                         + (f", device {r.recipe['device']})" if r.recipe.get("device") else ")"))
+        if r.hooks:  # what the installer's hooks saw (harness.cell.hooks.Packs)
+            lines.append(f"    hooks: {r.hooks['mode']} by {r.hooks['installer']}'s installer, {r.hooks['packs']} packs, "
+                         f"{r.hooks['weight_packs']} on a DistributedWeight")
         if r.error:
             lines.append(f"    raised {r.error['type']}: {r.error['message']}")
             tb = (r.error.get("traceback") or "").rstrip()
@@ -84,10 +92,8 @@ def detail(res: CellResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    _options.backend_spec(args)
     cell = matrix.Cell.from_id(args.cell_id)
     example = parse_example(args.example)
-    _options.check_timeout(args.cell_timeout)
     selection.check_recipes([cell])
     info, args.device = preflight.check_run(args.backend, args.device, [cell.world_size], [cell.module],
                                             keep_warm=True, selected_recipes=[cell.recipe],

@@ -25,25 +25,27 @@ from harness.orchestration.sweep import SweepSpec, run_sweep
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run the matrix under torchrun and gate on the result")
-    selection.add_selection(p)
-    _options.add_run(p)
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="continue a run: only the cells without a verdict in its result stream run")
-    p.add_argument("--rerun-failed", action="store_true",
-                   help="with --resume: also rerun the cells whose verdict missed their expectation")
-    p.add_argument("--examples", type=int, metavar="N",
-                   help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
-                        "shrunk to its smallest example")
-    p.add_argument("--fixes", metavar="ENTRY[,ENTRY...]",
-                   help="review a change (e.g. a TE tree from --te-tree): the ledger entries it must fix "
-                        "(ids, globs over ids, or 'all'). Green (exit 0) when each of them is fixed here "
-                        "(selects cells, reproduces in none) and no cell fails without an entry (a "
-                        "regression); an entry fixed here without being named is reported, never red. A sweep "
-                        "of a TE tree is a review even without --fixes (no entry required, none stale)")
-    p.add_argument("--quiet", action="store_true", help="no per-cell progress")
-    p.add_argument("--packing", choices=("on", "off"), default="on",
-                   help="on: cells of every world size dividing the largest share one launch, on "
-                        "disjoint sub-groups side by side; off: one launch per world size")
+    sel = selection.add_selection(p)
+    sel.add_argument("--examples", type=int, metavar="N",
+                     help="also run N hypothesis-drawn shape/split examples per cell; a failure is "
+                          "shrunk to its smallest example")
+    judging = _options.add_backend(p)
+    judging.add_argument("--fixes", metavar="ENTRY[,ENTRY...]",
+                         help="review a change (e.g. a TE tree from --te-tree): the ledger entries it must fix "
+                              "(ids, globs over ids, or 'all'). Green (exit 0) when each of them is fixed here "
+                              "(selects cells, reproduces in none) and no cell fails without an entry (a "
+                              "regression); an entry fixed here without being named is reported, never red. A "
+                              "sweep of a TE tree is a review even without --fixes (no entry required, none stale)")
+    control = _options.add_run_control(p)
+    control.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                         help="continue a run in its folder: only the cells without a verdict in its result "
+                              "stream run")
+    control.add_argument("--rerun-failed", action="store_true",
+                         help="with --resume: also rerun the cells whose verdict missed their expectation")
+    control.add_argument("--packing", choices=("on", "off"), default="on",
+                         help="on: cells of every world size dividing the largest share one launch, on "
+                              "disjoint sub-groups side by side; off: one launch per world size")
+    control.add_argument("--quiet", action="store_true", help="no per-cell progress")
     p.set_defaults(func=run)
 
 
@@ -156,7 +158,6 @@ def _about(info) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    _options.backend_spec(args)
     if args.rerun_failed and not args.resume:
         raise exitcodes.UsageError("--rerun-failed needs --resume RUN_DIR")
     cells, sel = _resumed_selection(args) if args.resume else selection.select(args)
@@ -164,7 +165,6 @@ def run(args: argparse.Namespace) -> int:
         args.examples = 0
     if args.examples < 0:
         raise exitcodes.UsageError(f"--examples must be >= 0, got --examples={args.examples}")
-    _options.check_timeout(args.cell_timeout)
     sel["examples"] = args.examples
     selection.check_recipes(cells)  # before the backend's probe: bad input first, cheaply
     info, args.device = preflight.check_run(args.backend, args.device, {c.world_size for c in cells},

@@ -474,7 +474,8 @@ def load(path: str | Path) -> Ledger:
     """Read and check a ledger file.
 
     Raises:
-        LedgerError: unreadable, not TOML, or an entry that is malformed (one line saying which).
+        LedgerError: unreadable, not TOML, without entries, or an entry that is malformed (one
+            line saying which).
     """
     path = Path(path)
     try:
@@ -495,6 +496,12 @@ def load(path: str | Path) -> Ledger:
             raise LedgerError(f"ledger {str(path)!r}: versions={head['versions']!r} is no version range "
                               "(e.g. '>=2.20.2,<2.21')") from None
     entries = tuple(Entry.from_dict(e, str(path)) for e in data.get("entry", []))
+    if not entries:
+        # an empty file (a truncated write, the wrong path) would judge a run as if no defect
+        # were known and be reported as the ledger it used: say so instead
+        what = "is empty" if not data else "has no entries"
+        raise LedgerError(f"ledger {str(path)!r} {what}: a ledger states known defects as [[entry]] tables "
+                          "(docs/ledgers.md); to judge without one, pass --ledger none")
     dup = sorted({e.id for e in entries if sum(o.id == e.id for o in entries) > 1})
     if dup:
         raise LedgerError(f"ledger {str(path)!r}: duplicate entry id(s) {dup}")

@@ -12,11 +12,14 @@ something, a rendezvous that never completes - is the launcher's circuit breaker
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any, Iterable
 
-from harness.vocabulary import hook_modes, modules, recipes, weights
+from harness.vocabulary import hook_modes, modules, recipes, selection, weights
 from harness.launcher import warm
-from harness.vocabulary.backend_specs import NATIVE_API, RECIPE_API, BackendInfo, split_tree, with_tree
+from harness.vocabulary.backend_specs import (NATIVE_API, RECIPE_API, BackendInfo, real_te, split_tree, te_on_cpu_hint,
+                                              with_tree)
 from harness.orchestration.probe import probe_backend
 from harness.te_tree import tree as te_tree
 from harness.vocabulary.errors import BackendError, UsageError
@@ -72,6 +75,48 @@ def check_device(device: str, world_sizes: Iterable[int], facts: dict[str, Any])
                              "are visible; choose smaller world sizes or --device cpu")
 
 
+#: what a GPU's driver puts under /dev on Linux: NVIDIA's nodes (nvidia0, nvidiactl, ...), the
+#: GPU paravirtualization through which CUDA reaches a GPU under WSL 2 (dxg), AMD's ROCm (kfd)
+GPU_NODES = ("nvidia*", "dxg", "kfd")
+
+
+def gpu_absence(dev: Path = Path("/dev")) -> str | None:
+    """Why CUDA cannot see a GPU on this machine, told without torch (None: it may see one).
+
+    Why: the backend's probe imports torch and the backend in a subprocess (seconds, tens of
+    seconds on a busy machine) before it can say that there is no GPU; the file system says
+    it at once. Only certainties count: on Linux no GPU driver node at all, or
+    ``CUDA_VISIBLE_DEVICES`` hiding every GPU; anywhere else the probe decides.
+    """
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+    if not sys.platform.startswith("linux") or not dev.is_dir():
+        return None
+    if any(next(dev.glob(pattern), None) is not None for pattern in GPU_NODES):
+        return None
+    return f"this machine has no GPU device ({', '.join(f'{dev}/{p}' for p in GPU_NODES)})"
+
+
+def check_gpu_backend(spec: str, device: str, absent: str | None) -> None:
+    """Real TE needs a GPU, and so does ``--device cuda``: refused with the way out when
+    ``absent`` (``gpu_absence`` before the probe, the probe's torch after it) says there is none.
+
+    Raises:
+        UsageError: naming why there is no GPU and what runs here instead.
+    """
+    if absent is None:
+        return
+    if real_te(spec):
+        import importlib.util
+
+        installed = importlib.util.find_spec("transformer_engine") is not None  # found, never imported
+        raise UsageError(f"--backend {spec} is real TE, which runs on CUDA GPUs, and {absent}; "
+                         f"{te_on_cpu_hint(installed)}")
+    if device == "cuda":
+        raise UsageError(f"--device cuda: CUDA is not available here ({absent}); use --device cpu or --device auto")
+
+
 def check_modules(info: BackendInfo, selected: Iterable[str]) -> None:
     """Every selected module value's class exists in the backend (``LayerNormLinear`` is
     optional for a backend: one without it can still run the other modules' cells).
@@ -119,15 +164,8 @@ def check_native(info: BackendInfo, selected: Iterable[str]) -> None:
 
 
 def missing(info: BackendInfo) -> set[str]:
-    """What this run lacks of ``selection.REQUIREMENTS``: a backend that is not TE (it has no
-    ``get_cpu_offload_context``: TE's and Megatron's installers and Megatron's expert layer run
-    TE's own code), Megatron-Core not installed here."""
-    out = set()
-    if info.apis is not None and hook_modes.OFFLOAD_API not in info.apis:
-        out.add("te")
-    if weights.megatron_missing() is not None:
-        out.add("megatron")
-    return out
+    """What this run lacks of ``selection.REQUIREMENTS`` (``selection.missing``)."""
+    return selection.missing(info.apis)
 
 
 def check_run(backend: str, device: str, world_sizes: Iterable[int],
@@ -140,6 +178,8 @@ def check_run(backend: str, device: str, world_sizes: Iterable[int],
         The backend's description and the device the run uses.
     """
     info = check_backend(backend, keep_warm)
+    if not info.torch["cuda_available"]:
+        check_gpu_backend(backend, "auto", f"CUDA is not available to torch {info.torch['version']} here")
     check_modules(info, selected_modules)
     check_recipes(info, selected_recipes)
     check_native(info, selected_weights)

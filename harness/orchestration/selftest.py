@@ -198,7 +198,7 @@ def _mutation(clean: str, cells: list[matrix.Cell], faults: dict[str, tuple[faul
     tasks = [Task(clean, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
     for name, (m, spec) in faults.items():
-        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb, c.hooks)]
+        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb, c.hooks, c.shape)]
         cover = first_round(mine)
         tasks += [Task(spec, c, 0) for c in cover[:FIRST_CELLS]]
         covered = set(cover)
@@ -278,6 +278,10 @@ def table(result: SelftestResult) -> str:
     lines.append(f"mutation score {result.score:.0%} ({sum(m.killed for m in result.mutants)}/"
                  f"{len(result.mutants)} killed by evidence of their fault); clean reference: "
                  f"{len(result.clean)} cells, {sum(1 for c in result.clean if not c)} false alarm(s){te}")
+    for c in [*result.clean, *result.te_clean]:
+        if not c:  # a false alarm: the cell, and why, with its repro
+            lines.append(f"FALSE ALARM {c.id}: {(c.first_failure or c.status).splitlines()[0][:300]}")
+            lines.append(f"  repro: {c.repro}")
     cover = [m.name for m in result.mutants if m.rounds == 2]
     every = [m.name for m in result.mutants if m.rounds == 3]
     lines.append(f"each mutant ran first on {FIRST_CELLS} cells of a pairwise-covering part of its cells; "

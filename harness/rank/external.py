@@ -28,14 +28,17 @@ from harness.records.record import RunRecord
 from harness.records.stream import ResultStream
 
 
-def build_plan(args: argparse.Namespace, world_size: int) -> LaunchPlan:
-    """The plan every rank derives on its own from the same options.
+def build_plan(args: argparse.Namespace, world_size: int, info: BackendInfo) -> LaunchPlan:
+    """The plan every rank derives on its own from the same options; the cells ``info``'s
+    backend cannot run are left out, as a sweep leaves them out (``selection.leave_out``).
 
     Raises:
         MatrixError: no cell of the selection fits this world size.
-        UsageError: a bad ``--shard``, or a weight that is not installed.
+        UsageError: a bad ``--shard``, a weight that is not installed, or a named value the
+            backend cannot run.
     """
     cells, sel = selection.select(args)
+    cells, sel = selection.leave_out(cells, sel, selection.missing(info.apis))
     fits = (lambda k: world_size % k == 0) if args.packing == "on" else (lambda k: k == world_size)
     cells = [c for c in cells if fits(c.world_size)]
     if not cells:
@@ -88,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = runinfo.now()
     try:
-        plan = build_plan(args, int(os.environ.get("WORLD_SIZE", 1)))
         info = describe(args.backend, load_backend(args.backend))
+        plan = build_plan(args, int(os.environ.get("WORLD_SIZE", 1)), info)
         ledger = ledgers.choose(args.ledger, info.upstream, info.version)
     except (matrix.MatrixError, BackendError, UsageError, ledgers.LedgerError) as exc:
         print(f"harness.rank.external: error: {exc}", file=sys.stderr)

@@ -130,6 +130,9 @@ class RankResult:
     #: TE's own record of the execution path it chose (``harness.cell.te_path.Choice.serialize()``:
     #: path, node, flags, inputs, and the reason when it is not the cell's), None: none recorded
     choice: dict[str, Any] | None = None
+    #: the low-precision recipe the cell ran under (``harness.cell.lowp.describe``: recipe,
+    #: te_class, device), None without one (absent from the record)
+    recipe: dict[str, Any] | None = None
     #: what the cell's saved-tensor hooks packed (``harness.cell.hooks.Packs.serialize``: mode,
     #: installer, packs, packs that received a DistributedWeight), None with hooks off (absent)
     hooks: dict[str, Any] | None = None
@@ -143,6 +146,8 @@ class RankResult:
         extra = {"path": self.path} if self.path is not None else {}
         if self.choice is not None:
             extra["choice"] = self.choice
+        if self.recipe is not None:
+            extra["recipe"] = self.recipe
         if self.hooks is not None:
             extra["hooks"] = self.hooks
         if self.by_peer:
@@ -164,6 +169,7 @@ class RankResult:
             error=d.get("error"),
             path=d.get("path"),
             choice=d.get("choice"),
+            recipe=d.get("recipe"),
             hooks=d.get("hooks"),
             by_peer=bool(d.get("by_peer", False)),
         )

@@ -98,6 +98,21 @@ def resolve(spec: str) -> str:
     return ALIASES.get(base, base)
 
 
+def real_te(spec: str) -> bool:
+    """Whether ``spec`` names TransformerEngine's own package as the backend (real TE, which
+    runs on CUDA GPUs only), not te-cpu or a backend of the user's that imports TE."""
+    return resolve(spec).split(".")[0].split(":")[0] == "transformer_engine"
+
+
+#: the way out for real TE on a machine that cannot run it, in every message that says so
+TE_ON_CPU = "to run TE's own Python code on this machine, use --backend te-cpu"
+
+
+def te_on_cpu_hint(te_installed: bool) -> str:
+    """``TE_ON_CPU``, with the install step when TE's Python package is not there yet."""
+    return TE_ON_CPU + ("" if te_installed else " after `python -m harness install te`")
+
+
 #: the backends that import TransformerEngine, as a user can name them (for the one-line fix)
 TE_BACKENDS = "--backend te-cpu (TE's own code on CPU) or --backend transformer_engine.pytorch (real TE on a GPU)"
 

@@ -105,7 +105,8 @@ COMMAND_EXITS: dict[str, str] = {
             "or coverage was lost (a cell newly skipped or missing); 2 a record cannot be read",
     "report": "0 rendered; (--margins) 1 a worst error/bound ratio is above 1; 2 the record cannot be read",
     "list": "0 listed; 2 bad input (an unknown preset, axis value or filter)",
-    "ledger": "0 done (check: the ledger is valid); 2 a malformed ledger, an unknown entry or an unreadable record",
+    "ledger": "0 done (check: the ledger is valid); 2 a malformed or empty ledger, an unknown entry or an "
+              "unreadable record",
     "install": "0 every component ready; 1 (--check) a component is missing; 2 a component could not be "
                "installed (the line says what it needs)",
     "patch-te": "0 every hunk applied; 1 some did not (named, .rej files left); 2 bad input, nothing written",

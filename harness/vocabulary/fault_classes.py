@@ -60,6 +60,9 @@ class FaultClass:
             project's patched TE tree - a fault only TE's and Megatron's installers or
             Megatron's expert layer can show).
         hooks: the hook modes it can show under (None: every one).
+        shapes: the ``shape`` values whose cells run it (None: every one). A fault planted in
+            te-cpu's kernels runs where its self-test side pays te-cpu's cost for it: the
+            block-spanning cells, the only ones whose operands its fault changes.
     """
 
     name: str
@@ -71,13 +74,16 @@ class FaultClass:
     first_mb: bool = False
     backend: str = "reference"
     hooks: tuple[str, ...] | None = None
+    shapes: tuple[str, ...] | None = None
 
-    def applies(self, module: str, recipe: str, first_mb: bool = False, hooks: str | None = None) -> bool:
+    def applies(self, module: str, recipe: str, first_mb: bool = False, hooks: str | None = None,
+                shape: str | None = None) -> bool:
         """Whether a cell of ``module`` under ``recipe`` (passing ``is_first_microbatch`` or
-        not, under ``hooks``) runs this fault's code."""
+        not, under ``hooks``, of ``shape``) runs this fault's code."""
         return (module in self.modules and (self.recipes is None or recipe in self.recipes)
                 and (first_mb or not self.first_mb)
-                and (self.hooks is None or hooks is None or hooks in self.hooks))
+                and (self.hooks is None or hooks is None or hooks in self.hooks)
+                and (self.shapes is None or shape is None or shape in self.shapes))
 
 
 #: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
@@ -86,6 +92,9 @@ _FP8_MODULES = tuple(m for m in recipes.MODELLED["current"] if m in recipes.MODE
 _FLAG_MODULES = ("linear", "grouped_linear")
 #: the module values the oracle judges under MXFP8 (the MXFP8 mutant's cells)
 _MXFP8_MODULES = recipes.MODELLED["mxfp8"]
+#: the module values the oracle judges under every block recipe (the block mutants' cells)
+_BLOCK_MODULES = tuple(m for m in recipes.MODELLED["mxfp8"]
+                       if all(m in recipes.MODELLED[r] for r in recipes.BLOCKED))
 
 _ALL = (
     FaultClass("hooks-strip-subclass",
@@ -226,6 +235,20 @@ _ALL = (
                "shard, not of the whole gathered weight (the other shards' largest elements saturate)",
                modules=recipes.MODELLED["nvfp4"], min_world_size=2, recipes=("nvfp4",),
                evidence=("check:mb*.output",)),
+    # the blocks of the block recipes: each fault changes nothing in an operand of one block
+    # (or without a ragged edge); only the block-spanning shape (shape "blocks") shows it
+    FaultClass("block-amax-from-neighbour",
+               "MXFP8, FP8 block scaling, NVFP4: each block (weight tile) of a GEMM operand is scaled "
+               "from the amax of the next block along K, not its own",
+               modules=_BLOCK_MODULES, recipes=recipes.BLOCKED,
+               evidence=("check:mb*.output", "check:mb*.input_grad", "check:weight*.main_grad",
+                         "check:weight*.grad")),
+    FaultClass("block-tile-boundary-off-by-one",
+               "FP8 block scaling: a block's (weight tile's) boundary taken one block early, so the "
+               "ragged edge - the short last block along K - is scaled with the full block before it",
+               modules=recipes.MODELLED["blockwise"], recipes=("blockwise",),
+               evidence=("check:mb*.output", "check:mb*.input_grad", "check:weight*.main_grad",
+                         "check:weight*.grad")),
     FaultClass("first-microbatch-ignored",
                "is_first_microbatch=True is ignored: a fused plain weight's first wgrad is added "
                "to main_grad instead of replacing it",
@@ -249,6 +272,13 @@ _ALL = (
                evidence=("text:weight was removed while fuse_wgrad_accumulation=True",
                          "text:GEMM requested the columnwise representation",
                          "check:*linear_fc2.leader.materialize_backward_calls")),
+    FaultClass("mxfp8-scale-swizzle-order",
+               "MXFP8: te-cpu's quantizer writes the GEMM-ready (swizzled) scales with the two 4-wide "
+               "indices of a 128x4 tile exchanged - (r % 32) * 16 + c * 4 + r // 32, not TE's "
+               "(r % 32) * 16 + (r // 32) * 4 + c - while the GEMM reads TE's layout: a scale lands on "
+               "another block wherever a row past the first 32 of a tile or a second block along K exists",
+               modules=("linear",), recipes=("mxfp8",), backend="te-cpu", hooks=("off",), shapes=("blocks",),
+               evidence=("check:mb*.output", "check:mb*.input_grad", "check:weight*.main_grad")),
     FaultClass("probs-grad-lost-under-hooks",
                "under a saved-tensor hook the routing probabilities' gradient is taken from a copy "
                "the graph does not link back to them: none reaches them",

@@ -4,10 +4,10 @@ Pure Python (no torch), so every rank, the CLI and the reports can rebuild the s
 cheaply. Every rank calls :func:`select` with the same arguments and compares
 :func:`ids_digest` before any cell runs; after that only indices travel.
 
-A cell fixes one value on each of fifteen axes, in this order::
+A cell fixes one value on each of sixteen axes, in this order::
 
     module, weight, hooks, fused, dtype, world_size, consumer, microbatches, num_gemms,
-    bias, input_grad, delay_wgrad, recipe, first_mb, layers
+    bias, input_grad, delay_wgrad, recipe, first_mb, layers, shape
 
 ``recipe`` (``harness.vocabulary.recipes``) is ``none`` for every cell that runs no low-precision recipe:
 the cells that existed before the axis, whose ids it leaves unchanged (a recipe is named in
@@ -15,6 +15,9 @@ the id only when it is not ``none``: ``...-nodelay-rcurrent``). Under a recipe t
 shapes are aligned to it (``harness.vocabulary.shape.fitted``). ``layers`` (the MoE layers of
 a model chunk of Megatron's expert layer, ``harness.vocabulary.modules``) is 1 for every other
 module, and named in the id only when it is not 1 (``...-l2``); so is ``first_mb`` (``-fmb``).
+``shape`` (``harness.vocabulary.shape``) is ``base`` for every cell that runs the example's
+shapes, and named in the id only when it is not (``...-rblockwise-sblocks``): ``blocks`` cells
+span at least two blocks of their recipe along every blocked dimension of every GEMM operand.
 
 Each constraint below is a rule of the axis value it names (``modules.ModuleKind``,
 ``weights.WeightKind``, ``hook_modes.HookMode``, ``recipes.RecipeKind``), asked here, never
@@ -30,11 +33,12 @@ restated; these combinations are invalid and never generated:
 - Megatron's class at world size 1, which it never builds;
 - a dtype the module's path does not have (``modules.ModuleKind.dtypes``: the grouped-tensor
   paths have no fp32);
-- a recipe on a grouped-tensor path (``grouped_linear_tensor``, ``ops_grouped_linear_tensor``):
-  TE 2.20.2 never takes that path under ``DelayedScaling`` (``is_module_grouped_tensor_path_supported``),
-  and for the other recipes te-cpu has none of its grouped quantization kernels
-  (``group_quantize``, ``bgrad_group_quantize``, ``group_requantize_inplace``), so the cell
-  could not be judged on the path it names (docs/low-precision.md);
+- ``delayed`` or ``nvfp4`` on a grouped-tensor path (``grouped_linear_tensor``,
+  ``ops_grouped_linear_tensor``): TE 2.20.2 never takes that path under ``DelayedScaling``, and
+  under NVFP4 only with the random Hadamard transform, which the ``nvfp4`` value switches off
+  (``is_module_grouped_tensor_path_supported``; ``recipes.RecipeKind.grouped_tensor``);
+- ``shape='blocks'`` without a recipe that scales blocks (``mxfp8``, ``blockwise``, ``nvfp4``):
+  ``none`` and the per-tensor recipes have no block to span;
 - ``hooks='checkpoint'`` with ``recipe='delayed'``: torch's checkpoint, which the hook mode
   uses, recomputes the forward during backward with the scales delayed scaling has updated
   since (and records its amaxes again); TE restores the forward's scales for a recompute only
@@ -69,12 +73,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.vocabulary.errors import MatrixError
-from harness.vocabulary import filters, hook_modes, modules, recipes, weights
+from harness.vocabulary import filters, hook_modes, modules, recipes, shape, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
     "SEED", "compile_filter", "describe", "ids_digest", "parse_sample", "parse_values", "plan", "product",
-    "restricts", "sample", "select",
+    "restricts", "sample", "select", "why_empty",
 ]
 
 #: the saved-tensor hook modes a cell's forward runs under (``harness.vocabulary.hook_modes``;
@@ -88,6 +92,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("fp32", "bf16", "fp16"),
     "consumer": ("ddp", "autograd"),
     "recipe": recipes.NAMES,
+    "shape": shape.NAMES,
 }
 _BOOL_AXES = ("fused", "bias", "input_grad", "delay_wgrad", "first_mb")
 _INT_AXES = ("world_size", "microbatches", "num_gemms", "layers")
@@ -102,6 +107,8 @@ _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "first_mb": (False,),
     # MoE layers per chunk of Megatron's expert layer (every other module: 1)
     "layers": (1, 2),
+    # ``ci`` adds the block-spanning shapes under the block recipes (``select``, ``_block_cells``)
+    "shape": ("base",),
 }
 AXIS_NAMES: tuple[str, ...] = tuple(_DEFAULTS)
 AXIS_OPTIONS: dict[str, str] = {
@@ -109,7 +116,7 @@ AXIS_OPTIONS: dict[str, str] = {
     "--dtypes": "dtype", "--world-sizes": "world_size", "--consumers": "consumer",
     "--microbatches": "microbatches", "--num-gemms": "num_gemms", "--bias": "bias",
     "--input-grad": "input_grad", "--delay-wgrad": "delay_wgrad", "--recipes": "recipe",
-    "--first-microbatch": "first_mb", "--layers": "layers",
+    "--first-microbatch": "first_mb", "--layers": "layers", "--shapes": "shape",
 }
 PRESETS: tuple[str, ...] = ("ci", "full", "smoke", "seed")
 #: the production combination of the original hook defect's report: Megatron's expert layer
@@ -162,9 +169,13 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
-    ("module", "recipe", lambda m, r: r == "none" or modules.KINDS[m].path != "grouped_tensor",
-     "a recipe on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) is not built: "
-     "TE takes no such path under DelayedScaling, and te-cpu has no grouped quantization kernels"),
+    ("module", "recipe", lambda m, r: modules.KINDS[m].path != "grouped_tensor" or not recipes.KINDS[r].grouped_tensor,
+     "recipe 'delayed' or 'nvfp4' on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) "
+     "does not exist in TE 2.20.2: it takes no grouped-tensor path under DelayedScaling, and under NVFP4 only "
+     "with the random Hadamard transform (harness.vocabulary.recipes.RecipeKind.grouped_tensor)"),
+    ("shape", "recipe", lambda s, r: not shape.KINDS[s].spans_blocks or recipes.KINDS[r].blocked,
+     f"shape='blocks' requires a recipe that scales blocks ({', '.join(recipes.BLOCKED)}): none and the "
+     f"per-tensor recipes have no block to span"),
     ("module", "first_mb", lambda m, f: not f or modules.KINDS[m].takes_first_microbatch,
      "first_mb (is_first_microbatch) requires a module whose forward takes it: ops.GroupedLinear's "
      "(ops_grouped_linear, ops_grouped_linear_tensor) and Megatron's expert layer's do not"),
@@ -273,6 +284,7 @@ class Cell:
     recipe: str = "none"
     first_mb: bool = False
     layers: int = 1
+    shape: str = "base"
 
     def __post_init__(self) -> None:
         for name in AXIS_NAMES:
@@ -293,7 +305,8 @@ class Cell:
                 f"{'delay' if self.delay_wgrad else 'nodelay'}"
                 f"{'' if self.recipe == 'none' else f'-r{self.recipe}'}"
                 f"{'-fmb' if self.first_mb else ''}"
-                f"{'' if self.layers == 1 else f'-l{self.layers}'}")
+                f"{'' if self.layers == 1 else f'-l{self.layers}'}"
+                f"{'' if self.shape == 'base' else f'-s{self.shape}'}")
 
     @property
     def distributed(self) -> bool:
@@ -341,13 +354,14 @@ class Cell:
     def from_dict(cls, d: Mapping[str, Any]) -> Cell:
         """Rebuild a cell from :meth:`serialize` output.
 
-        A dict without ``recipe``, ``first_mb`` or ``layers`` (a record written before the axis
-        existed) is a cell without a recipe, without the flag, of one layer.
+        A dict without ``recipe``, ``first_mb``, ``layers`` or ``shape`` (a record written before
+        the axis existed) is a cell without a recipe, without the flag, of one layer, of the
+        example's shapes.
 
         Raises:
             MatrixError: missing or unknown keys, or bad values.
         """
-        d = {"recipe": "none", "first_mb": False, "layers": 1, **d}
+        d = {"recipe": "none", "first_mb": False, "layers": 1, "shape": "base", **d}
         missing = [n for n in AXIS_NAMES if n not in d]
         extra = [k for k in d if k not in _DEFAULTS]
         if missing or extra:
@@ -362,7 +376,9 @@ class Cell:
             MatrixError: the id is malformed, not canonical, or names an invalid cell.
         """
         parts = cell_id.split("-")
-        recipe, first_mb, layers = "none", False, 1
+        recipe, first_mb, layers, shape_ = "none", False, 1, "base"
+        if len(parts) > 12 and parts[-1][:1] == "s" and parts[-1][1:] in shape.NAMES:
+            shape_ = parts.pop()[1:]
         if len(parts) > 12 and parts[-1][:1] == "l" and parts[-1][1:].isdigit():
             layers = int(parts.pop()[1:])
         if len(parts) > 12 and parts[-1] == "fmb":
@@ -373,7 +389,8 @@ class Cell:
         if len(parts) != 12:
             raise MatrixError(f"Malformed cell id {cell_id!r}: expected 12 '-'-separated "
                               f"parts (then r<recipe> with a recipe, fmb with the first-microbatch "
-                              f"flag, l<layers> with more than one layer), got {len(cell_id.split('-'))}")
+                              f"flag, l<layers> with more than one layer, s<shape> with another shape "
+                              f"than the example's), got {len(cell_id.split('-'))}")
 
         def flag(i: int, yes: str, no: str) -> bool:
             if parts[i] not in (yes, no):
@@ -395,7 +412,7 @@ class Cell:
             cell = cls(parts[0], parts[1], parts[2][len("hooks_"):], flag(3, "fused", "unfused"),
                        parts[4], number(5, "ws"), parts[6], number(7, "mb"), number(8, "g"),
                        flag(9, "bias", "nobias"), flag(10, "igrad", "noigrad"),
-                       flag(11, "delay", "nodelay"), recipe, first_mb, layers)
+                       flag(11, "delay", "nodelay"), recipe, first_mb, layers, shape_)
         except MatrixError as e:
             if str(e).startswith("Malformed"):
                 raise
@@ -593,7 +610,7 @@ def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
 def _valid(domains: Domains) -> list[Cell]:
     """The valid cells of the product of ``domains``, in the order of
     ``itertools.product`` over ``AXIS_NAMES`` (an ungrouped module's cells take num_gemms=1,
-    once). Each constraint is checked as soon as both its axes have values, so a dead
+    a module that is not a layer layers=1, once). Each constraint is checked as soon as both its axes have values, so a dead
     prefix is never extended; the cells come out validated and are built without checking
     again (``_trusted``): ``full`` is hundreds of thousands of them."""
     position = {n: i for i, n in enumerate(AXIS_NAMES)}
@@ -602,12 +619,14 @@ def _valid(domains: Domains) -> list[Cell]:
         due[max(position[a], position[b])].append((position[a], position[b], ok))
     values = [domains[n] for n in AXIS_NAMES]
     ungrouped = {m for m in domains["module"] if not modules.KINDS[m].grouped}
-    gemms, module_at = position["num_gemms"], position["module"]
+    one_layer = {m for m in domains["module"] if not modules.KINDS[m].layer}
+    gemms, layers, module_at = position["num_gemms"], position["layers"], position["module"]
     rows: list[tuple[Any, ...]] = [()]
     for i, checks in enumerate(due):  # breadth first: the same order as depth first
         grown: list[tuple[Any, ...]] = []
         for row in rows:
-            for v in (1,) if i == gemms and row[module_at] in ungrouped else values[i]:
+            fixed_one = (i == gemms and row[module_at] in ungrouped) or (i == layers and row[module_at] in one_layer)
+            for v in (1,) if fixed_one else values[i]:
                 cand = (*row, v)
                 for a, b, ok in checks:
                     if not ok(cand[a], cand[b]):
@@ -677,7 +696,53 @@ def _module_slots(domain: tuple[str, ...]) -> list[tuple[str, ...]]:
 def _ci(domains: Domains, judged_only: bool = False) -> list[Cell]:
     """The ``ci`` preset: the covering design (:func:`_covering`) of the cells without a
     recipe, and an all-pairs design for each other recipe selected (:func:`_recipe_cells`);
-    when ``none`` is not selected, the covering design of each selected recipe."""
+    when ``none`` is not selected, the covering design of each selected recipe. All of them
+    run the example's shapes; the block-spanning shape adds a few cells per block recipe and
+    module (:func:`_block_cells`)."""
+    blocks = _block_cells({**domains, "first_mb": (False,)}, judged_only) if any(
+        shape.KINDS[s].spans_blocks for s in domains["shape"]) and False in domains["first_mb"] else []
+    if "base" not in domains["shape"]:
+        return blocks
+    domains = {**domains, "shape": ("base",)}
+    return list(dict.fromkeys(_ci_base(domains, judged_only) + blocks))
+
+
+#: the cells of the block-spanning shape, per block recipe and module value (``_block_cells``):
+#: a distributed weight of full coverage at the largest world size, fused, in bf16 (its gathered
+#: weight quantized whole, tile edges across shard edges); and a plain weight at the smallest
+#: world size, unfused, in fp32 (where the smallest scale errors show: an fp32 output rounds
+#: far below a quantization step). Hooks off, an input gradient and no delayed wgrad in both:
+#: the hooked and must-raise forms of a recipe's weight handling are the base shapes' cells.
+BLOCK_CELLS: tuple[dict[str, Any], ...] = (
+    {"weight": "distributed", "hooks": "off", "fused": True, "dtype": "bf16", "world_size": max,
+     "input_grad": True, "delay_wgrad": False},
+    {"weight": "plain", "hooks": "off", "fused": False, "dtype": "fp32", "world_size": min,
+     "input_grad": True, "delay_wgrad": False},
+)
+
+
+def _block_cells(domains: Domains, judged_only: bool) -> list[Cell]:
+    """The ``blocks`` shape's cells (``harness.vocabulary.shape``): for each block recipe
+    selected, each module value (the oracle's on that recipe when the recipe axis took its
+    default) and each of :data:`BLOCK_CELLS` whose values the domains hold, the cell with the
+    other axes at their most demanding values. A few cells, not a design: a larger shape costs
+    every GEMM, the quantizes and the oracle more, and what it buys is the sight of blocks,
+    tiles and scale layouts, which one cell per weight handling shows."""
+    out: dict[Cell, None] = {}
+    spanning = tuple(s for s in domains["shape"] if shape.KINDS[s].spans_blocks)
+    for r in (r for r in domains["recipe"] if recipes.KINDS[r].blocked):
+        for m in (m for m in domains["module"] if not judged_only or recipes.judged(r, m)):
+            for s, template in itertools.product(spanning, BLOCK_CELLS):
+                fixed = {k: (v(domains[k]) if callable(v) else v) for k, v in template.items()}
+                fixed = {k: v for k, v in fixed.items() if v in domains[k]}
+                cell = _complete({"module": m, "recipe": r, "shape": s, **fixed}, domains)
+                if cell is not None:
+                    out.setdefault(cell)
+    return list(out)
+
+
+def _ci_base(domains: Domains, judged_only: bool) -> list[Cell]:
+    """:func:`_ci` over the example's shapes."""
     flagged = _flagged_cells(domains, judged_only) if True in domains["first_mb"] else []
     domains = {**domains, "first_mb": (False,)} if False in domains["first_mb"] else domains
     recipes_ = domains["recipe"]
@@ -754,14 +819,15 @@ def _covering(domains: Domains) -> list[Cell]:
     cells: dict[Cell, None] = {}
     turns: dict[tuple[str, ...], int] = {}
 
-    def add(slot: tuple[str, ...], **fixed: Any) -> None:
+    def add(slot: tuple[str, ...], **fixed: Any) -> bool:
         turn = turns.get(slot, 0)
         turns[slot] = turn + 1
         for i in range(len(slot)):  # this turn's module, or the next one the combination admits
             cell = _complete({"module": slot[(turn + i) % len(slot)], **fixed}, domains)
             if cell is not None:
                 cells.setdefault(cell)
-                return
+                return True
+        return False
 
     for m, h, f, w, ws in itertools.product(slots, full_hooks or domains["hooks"], domains["fused"],
                                             tiers["full"], domains["world_size"]):
@@ -770,8 +836,9 @@ def _covering(domains: Domains) -> list[Cell]:
     if full_hooks:
         for hi, h in enumerate(light_hooks):
             for i, (m, ws) in enumerate(itertools.product(slots, domains["world_size"])):
-                add(m, hooks=h, world_size=ws, weight=spread[(i + hi) % len(spread)],
-                    fused=domains["fused"][(i + hi) % len(domains["fused"])])
+                if not add(m, hooks=h, world_size=ws, weight=spread[(i + hi) % len(spread)],
+                           fused=domains["fused"][(i + hi) % len(domains["fused"])]):
+                    add(m, hooks=h, world_size=ws)  # the rotation's weight or fused cannot: any that can
     for m, d, f, w in itertools.product(slots, domains["delay_wgrad"], domains["fused"],
                                         tiers["full"]):
         add(m, delay_wgrad=d, fused=f, weight=w, world_size=max(domains["world_size"]))
@@ -865,10 +932,15 @@ def _seed(domains: Domains) -> list[Cell]:
     (the most demanding values elsewhere). An axis the user restricted away from that value
     keeps the user's values."""
     fixed = {k: v for k, v in SEED.items() if v in domains[k]}
+    attempts = [fixed]
+    if modules.KINDS[fixed.get("module", SEED["module"])].layer and "grouped_linear" in domains["module"]:
+        # the layer takes only Megatron's weight or a plain one: where the user's values rule it
+        # out, its experts' own class, TE's GroupedLinear, one layer
+        attempts.append({**{k: v for k, v in fixed.items() if k != "layers"}, "module": "grouped_linear"})
     cells: dict[Cell, None] = {}
     for h, ws in itertools.product([h for h in SEED_HOOKS if h in domains["hooks"]],
                                    domains["world_size"]):
-        cell = _complete({**fixed, "hooks": h, "world_size": ws}, domains)
+        cell = next((c for f in attempts if (c := _complete({**f, "hooks": h, "world_size": ws}, domains))), None)
         if cell is not None:
             cells.setdefault(cell)
     return list(cells)
@@ -916,18 +988,8 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     Raises:
         MatrixError: unknown preset, axis or value, or a malformed filter.
     """
-    if preset not in PRESETS:
-        raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
     pred = compile_filter(filter_expr) if filter_expr is not None else None
-    if preset in ("full", "seed") and "weight" not in (overrides or {}):
-        default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
-        overrides = {**(overrides or {}), "weight": default}
-    judged_only = preset in ("ci", "full") and "recipe" not in (overrides or {})
-    if judged_only:
-        overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
-    if preset in ("ci", "full") and "first_mb" not in (overrides or {}):
-        overrides = {**(overrides or {}), "first_mb": (False, True)}
-    domains = _domains(overrides)
+    domains, judged_only = _preset_domains(preset, overrides)
     if preset == "full":
         cells = product(Axis(n, v) for n, v in domains.items())
         if judged_only:
@@ -939,6 +1001,103 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     if pred is not None:
         cells = [c for c in cells if pred(c)]
     return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order
+
+
+def _preset_domains(preset: str, overrides: Mapping[str, Sequence[Any] | Axis] | None) -> tuple[Domains, bool]:
+    """The domains a preset draws from - the user's ``overrides`` over the preset's own
+    defaults (``full``'s and ``seed``'s weights, ``ci``'s and ``full``'s judged recipes and
+    flagged microbatches) over the axes' - and whether the recipes are the judged default.
+
+    Raises:
+        MatrixError: an unknown preset, axis or value.
+    """
+    if preset not in PRESETS:
+        raise MatrixError(f"Unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
+    if preset in ("full", "seed") and "weight" not in (overrides or {}):
+        default = weights.FULL_NAMES if preset == "full" else (SEED["weight"],)
+        overrides = {**(overrides or {}), "weight": default}
+    judged_only = preset in ("ci", "full") and "recipe" not in (overrides or {})
+    if judged_only:
+        overrides = {**(overrides or {}), "recipe": recipes.JUDGED}
+    if preset in ("ci", "full") and "first_mb" not in (overrides or {}):
+        overrides = {**(overrides or {}), "first_mb": (False, True)}
+    if preset == "ci" and "shape" not in (overrides or {}):
+        overrides = {**(overrides or {}), "shape": shape.NAMES}
+    return _domains(overrides), judged_only
+
+
+def why_empty(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | None = None,
+              filter_expr: str | None = None) -> str:
+    """Why ``select(preset, overrides, filter_expr)`` selects no cell, in one line: the axis
+    rule (a constraint above, in its own words) that no combination of the domains' values
+    meets, naming the values and whether the user or the preset chose them; else the preset
+    drawing nothing from these values; else the filter matching none of the preset's cells.
+
+    Why: "the selection is empty" alone leaves the user to guess which of a dozen rules an
+    option broke (``--preset smoke --weights gtp_mcore_fp8``: smoke runs no recipe, and a
+    native weight exists only under one).
+    """
+    domains, _ = _preset_domains(preset, overrides)
+    given = {option: axis for option, axis in AXIS_OPTIONS.items() if axis in (overrides or {})}
+    chosen = {axis: option for option, axis in given.items()}
+
+    def values(axis: str, vals: Sequence[Any]) -> str:
+        shown = ",".join(_show(v) for v in vals)
+        if axis in chosen:
+            return f"{chosen[axis]} {shown}"
+        option = next(o for o, a in AXIS_OPTIONS.items() if a == axis)
+        return f"{axis} {shown} (preset {preset}'s; {option} names others)"
+
+    rule = _emptying_rule(domains)
+    if rule is not None:
+        a, b, reason, pruned = rule
+
+        def gone(axis: str) -> str:  # values another rule took from the axis first
+            by = [f"{_show(v)} by {other} {','.join(_show(o) for o in domains[other])}"
+                  for v, other in pruned.get(axis, ())]
+            return f" ({'; '.join(by)} ruled out first)" if by else ""
+
+        return f"{values(a, domains[a])}{gone(a)} with {values(b, domains[b])}{gone(b)}: {reason}"
+    drawn = select(preset, overrides)
+    restricted = "".join(f", {o} {','.join(_show(v) for v in domains[a])}" for o, a in given.items())
+    if not drawn:
+        return f"preset {preset} draws no cell from these values{restricted} (docs/cli.md, Presets)"
+    return (f"the filter {filter_expr!r} (--filter and --cells) matches none of the {len(drawn)} cell(s) of "
+            f"preset {preset}{restricted}")
+
+
+def _show(value: Any) -> str:
+    """An axis value as the command line spells it (``on``/``off`` for a boolean)."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _emptying_rule(domains: Domains) -> tuple[str, str, str, dict[str, list[tuple[Any, str]]]] | None:
+    """``(axis a, axis b, reason, pruned)`` of the constraint that leaves no valid cell in
+    ``domains``: first one that no pair of their values meets; else the one that removed the
+    last value of an axis while the rules of a connected group pruned each other (arc
+    consistency, as :func:`_supported`), with ``pruned``: axis -> the ``(value, other axis)``
+    each earlier rule took from it. None when every axis keeps a value. ``num_gemms`` and
+    ``layers`` take 1 outside their domains for the modules that fix them, so no rule on them
+    empties."""
+    usable = [(a, b, ok, why) for a, b, ok, why in _CONSTRAINTS if not {a, b} & _MODULE_FIXED]
+    for a, b, ok, why in usable:
+        if not any(ok(va, vb) for va in domains[a] for vb in domains[b]):
+            return a, b, why, {}
+    live = {a: list(v) for a, v in domains.items()}
+    pruned: dict[str, list[tuple[Any, str]]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for a, b, ok, why in usable:
+            keep_a = [va for va in live[a] if any(ok(va, vb) for vb in live[b])]
+            keep_b = [vb for vb in live[b] if any(ok(va, vb) for va in keep_a)]
+            if not keep_a or not keep_b:
+                return a, b, why, pruned
+            for axis, other, keep in ((a, b, keep_a), (b, a, keep_b)):
+                pruned.setdefault(axis, []).extend((v, other) for v in live[axis] if v not in keep)
+            if len(keep_a) != len(live[a]) or len(keep_b) != len(live[b]):
+                live[a], live[b], changed = keep_a, keep_b, True
+    return None
 
 
 def values_help(axis_name: str) -> str:
@@ -953,8 +1112,16 @@ def values_help(axis_name: str) -> str:
     if axis_name == "weight":
         return ", ".join(weights.NAMES)
     if axis_name == "recipe":  # the presets' default differs from the other axes'
-        judged = "; ".join(f"{r} on {', '.join(recipes.MODELLED[r])}" for r in recipes.JUDGED if r != "none")
+        # each module list once: the judged recipes grouped by the modules they are judged on
+        by_modules: dict[tuple[str, ...], list[str]] = {}
+        for r in recipes.JUDGED:
+            if r != "none":
+                by_modules.setdefault(tuple(recipes.MODELLED[r]), []).append(r)
+        judged = "; ".join(f"{', '.join(rs)} on {', '.join(ms)}" for ms, rs in by_modules.items())
         return f"{', '.join(_CHOICES[axis_name])} (ci and full default: none and the judged {judged})"
+    if axis_name == "shape":
+        return (f"{', '.join(_CHOICES[axis_name])} (ci's default: both, blocks under "
+                f"{', '.join(recipes.BLOCKED)} only, a few cells each; elsewhere base)")
     return ", ".join(_CHOICES[axis_name])
 
 

@@ -51,6 +51,9 @@ class ModuleKind:
             TE took the path the cell names (its forward GEMM, its normalization).
         excludes: extension functions that must not have been called (another path's GEMM:
             TE may fall back from one grouped path to the other without a word).
+        quantized_evidence, quantized_excludes: the same under a recipe: the path's own
+            quantizer (the grouped-tensor path's ``group_quantize``) and another path's
+            (``split_quantize``): the proof that the recipe ran on the path named.
         path: the TE execution path (``"split_quantize"``, ``"grouped_tensor"``) or ``""``;
             a backend that can choose (``use_path``, te-cpu: its cuBLASLt version answer) is
             told before each cell.
@@ -85,6 +88,8 @@ class ModuleKind:
     zero_centered_gamma: bool = False
     evidence: tuple[str, ...] = ()
     excludes: tuple[str, ...] = ()
+    quantized_evidence: tuple[str, ...] = ()
+    quantized_excludes: tuple[str, ...] = ()
     path: str = ""
     options: tuple[tuple[str, Any], ...] = ()
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -103,10 +108,13 @@ class ModuleKind:
         m = self.bias_multiple if bias else 1
         return -(-out // m) * m
 
-    def path_mismatch(self, called: dict[str, int]) -> str | None:
-        """Why the extension functions ``called`` do not prove this kind's path (None: they do)."""
-        missing = [f for f in self.evidence if not called.get(f)]
-        foreign = [f for f in self.excludes if called.get(f)]
+    def path_mismatch(self, called: dict[str, int], quantized: bool = False) -> str | None:
+        """Why the extension functions ``called`` do not prove this kind's path (None: they do);
+        ``quantized``: the cell ran under a recipe (the quantizer evidence counts too)."""
+        evidence = self.evidence + (self.quantized_evidence if quantized else ())
+        excludes = self.excludes + (self.quantized_excludes if quantized else ())
+        missing = [f for f in evidence if not called.get(f)]
+        foreign = [f for f in excludes if called.get(f)]
         if not missing and not foreign:
             return None
         ran = ", ".join(sorted(called)) or "no extension function"
@@ -127,6 +135,9 @@ _GT_IN, _GT_OUT, _GT_SINGLE = ("te_general_grouped_gemm_for_discrete_in",
                                "te_general_grouped_gemm_for_discrete_out",
                                "te_general_grouped_gemm_for_grouped_tensor")
 _GT = (_GT_IN, _GT_OUT, _GT_SINGLE)
+#: the grouped-tensor path's quantizer (every recipe it takes quantizes the input with it) and
+#: the split-quantize path's
+_GROUP_Q, _SPLIT_Q = "group_quantize", "split_quantize"
 _HALF = ("bf16", "fp16")
 #: the weights Megatron's expert layer is built with: its own experts (no expert GTP), or its
 #: constructor's expert GTP shards (``GTPShardedParam``)
@@ -151,12 +162,14 @@ _ALL = (
     ModuleKind("grouped_linear_tensor", "GroupedLinear on its grouped-tensor path "
                "(use_grouped_tensor=True): one grouped GEMM over device-resident m_splits",
                "GroupedLinear", grouped=True, splits="device", evidence=(_GT_IN,),
-               excludes=(_SPLIT_GEMM, _GEMM), path="grouped_tensor",
-               options=(("use_grouped_tensor", True),), dtypes=_HALF, bias_multiple=8, offload_leaves_path=True),
+               excludes=(_SPLIT_GEMM, _GEMM), path="grouped_tensor", quantized_evidence=(_GROUP_Q,),
+               quantized_excludes=(_SPLIT_Q,), options=(("use_grouped_tensor", True),), dtypes=_HALF,
+               bias_multiple=8, offload_leaves_path=True),
     ModuleKind("ops_grouped_linear_tensor", "ops.GroupedLinear on its grouped-tensor path: "
                "one grouped GEMM (split_sizes tensor)", "ops.GroupedLinear", grouped=True,
                splits="tensor", ops=True, evidence=(_GT_IN,), excludes=(_SPLIT_GEMM, _GEMM),
-               path="grouped_tensor", dtypes=_HALF, bias_multiple=8, takes_first_microbatch=False),
+               path="grouped_tensor", quantized_evidence=(_GROUP_Q,), quantized_excludes=(_SPLIT_Q,),
+               dtypes=_HALF, bias_multiple=8, takes_first_microbatch=False),
     ModuleKind("mcore_grouped_mlp", "Megatron-Core's TEGroupedMLP with SwiGLU: fc1, SiLU-gated linear "
                "unit times the routing probabilities, fc2 (two TE GroupedLinear); built, sharded and "
                "attached by Megatron's constructor", "GroupedLinear", grouped=True, splits="list",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "MODELLED", "JUDGED", "judged", "unmodelled",
+__all__ = ["RecipeKind", "KINDS", "NAMES", "QUANTIZED", "BLOCKED", "MODELLED", "JUDGED", "judged", "unmodelled",
            "NO_FP16"]
 
 
@@ -42,6 +42,19 @@ class RecipeKind:
             tensor dims that are divisible by 32"): a cell's features and rows, and each
             group's rows, are rounded up to it (``harness.vocabulary.shape.aligned``).
         options: keyword arguments of the TE class other than its defaults, as pairs.
+        block_length: the length of a 1-D block along the GEMM's K (MXFP8 32, FP8 block
+            scaling 128, NVFP4 16: TE's ``MXFP8_BLOCK_SCALING_SIZE``, ``kBlockLen``, ``kNVFP4BlockSize``);
+            0 for a per-tensor recipe, which has no blocked dimension.
+        weight_tile: the edge of a weight's 2-D tile (FP8 block scaling 128, NVFP4 16 with its
+            default 2-D weight quantization); 0 where the weight is in 1-D blocks (MXFP8) or per
+            tensor. A tile's edge runs along both of the weight's dimensions.
+        grouped_tensor: why TE 2.20.2 never takes its grouped-tensor path under this recipe
+            (``is_module_grouped_tensor_path_supported``, ``is_op_fuser_grouped_tensor_path_supported``);
+            "" where it does (on the device and cuBLASLt te-cpu presents for it).
+        member_rows: on the grouped-tensor path every group's rows are a multiple of this: TE's
+            grouped MXFP8 and FP8 block-scaling quantizers take members of whole 128-row tiles
+            (``group_quantize_fp8_blockwise.cuh``: "each tensor's first dimension must be a
+            multiple of 128"; ``test_cast_mxfp8_grouped.cu`` runs no other); 1 otherwise.
     """
 
     name: str
@@ -52,43 +65,65 @@ class RecipeKind:
     block: str = "tensor"
     align: int = 1
     options: tuple[tuple[str, object], ...] = ()
+    block_length: int = 0
+    weight_tile: int = 0
+    grouped_tensor: str = ""
+    member_rows: int = 1
 
     @property
     def quantized(self) -> bool:
         return self.te_class is not None
 
+    @property
+    def blocked(self) -> bool:
+        """Whether the recipe scales blocks of an operand (not one scale per tensor)."""
+        return self.block_length > 0
+
 
 _ALL = (
     RecipeKind("none", "no recipe: GEMMs in the cell's dtype (every cell before the recipe axis)"),
     RecipeKind("delayed", "DelayedScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, scales "
-               "from the amax history of earlier steps", "DelayedScaling", "e4m3", "e5m2", "tensor", 16),
+               "from the amax history of earlier steps", "DelayedScaling", "e4m3", "e5m2", "tensor", 16,
+               grouped_tensor="TE 2.20.2 takes no grouped-tensor path under DelayedScaling: its grouped "
+               "quantization kernels are unavailable (is_module_grouped_tensor_path_supported)"),
     RecipeKind("current", "Float8CurrentScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, "
                "each tensor's scale from its own amax", "Float8CurrentScaling", "e4m3", "e5m2", "tensor", 16),
     RecipeKind("mxfp8", "MXFP8BlockScaling: E4M3, one power-of-two (E8M0) scale per 32 elements "
-               "along K (Blackwell)", "MXFP8BlockScaling", "e4m3", "e4m3", "mxfp8", 32),
+               "along K (Blackwell)", "MXFP8BlockScaling", "e4m3", "e4m3", "mxfp8", 32,
+               block_length=32, member_rows=128),
     RecipeKind("blockwise", "Float8BlockScaling: E4M3, power-of-two fp32 scales per 1x128 block "
                "(inputs, gradients) and 128x128 tile (weights)", "Float8BlockScaling", "e4m3", "e4m3",
-               "block", 16),
+               "block", 16, block_length=128, weight_tile=128, member_rows=128),
     RecipeKind("nvfp4", "NVFP4BlockScaling (no Hadamard transform, no stochastic rounding): E2M1, one "
                "E4M3 scale per 16 elements (16x16 tiles for weights) and one fp32 scale per tensor "
                "(Blackwell)", "NVFP4BlockScaling", "e2m1", "e2m1", "nvfp4", 16,
-               (("disable_rht", True), ("disable_stochastic_rounding", True))),
+               (("disable_rht", True), ("disable_stochastic_rounding", True)), block_length=16, weight_tile=16,
+               grouped_tensor="TE 2.20.2 takes its grouped-tensor path under NVFP4 only with the random "
+               "Hadamard transform (is_module_grouped_tensor_path_supported: not recipe.disable_rht; "
+               "group_quantize: 'graph safe grouped quant kernel for non-RHT path is not ready yet'), "
+               "which te-cpu does not build"),
 )
 KINDS: dict[str, RecipeKind] = {k.name: k for k in _ALL}
 NAMES: tuple[str, ...] = tuple(KINDS)
 #: the values that quantize (every value but ``none``)
 QUANTIZED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.quantized)
+#: the values that scale blocks of an operand (``RecipeKind.blocked``)
+BLOCKED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.blocked)
 
 #: the recipes the quantization-aware oracle models (``harness.cell.quantized``), and the
 #: module values it models each on; a cell of any other recipe or module is refused before a
 #: launch (``unmodelled``): it could not be judged
 MODELLED: dict[str, tuple[str, ...]] = {
     "none": (),  # every module
-    # the grouped-tensor paths take no recipe (harness.vocabulary.matrix's constraints)
-    "current": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    # the grouped-tensor paths under the recipes TE takes them with (RecipeKind.grouped_tensor;
+    # harness.vocabulary.matrix's constraints): each group quantized alone, as on the split path
+    "current": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear",
+                "grouped_linear_tensor", "ops_grouped_linear_tensor"),
     "delayed": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
-    "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
-    "blockwise": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
+    "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear",
+              "grouped_linear_tensor", "ops_grouped_linear_tensor"),
+    "blockwise": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear",
+                  "grouped_linear_tensor", "ops_grouped_linear_tensor"),
     "nvfp4": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
 }
 #: the recipes whose GEMMs refuse an fp16 output (TE's ``cublaslt_gemm.cu``: "FP4 GEMM does

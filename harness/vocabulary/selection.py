@@ -4,7 +4,7 @@ launcher mode (which runs under a user's own torchrun, without the CLI)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from harness.vocabulary import hook_modes, matrix, modules, recipes, weights
 from harness.vocabulary import shard
@@ -15,15 +15,16 @@ from harness.vocabulary.errors import UsageError
 DEFAULT_PRESET = "ci"
 
 
-def add_selection(parser: argparse.ArgumentParser) -> None:
+def add_selection(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """``--preset``, one option per axis, ``--filter``, ``--cells``, ``--shard``: each with the
-    default None, so ``given`` can tell what the command line set."""
+    default None, so ``given`` can tell what the command line set. Returns the group, where a
+    command adds its own selection options."""
     g = parser.add_argument_group("selection")
     g.add_argument("--preset", help=f"cell preset: {', '.join(matrix.PRESETS)} (default: {DEFAULT_PRESET})")
     for opt, axis in matrix.AXIS_OPTIONS.items():
         g.add_argument(opt, dest=f"axis_{axis}", metavar="V[,V...]",
                        help=f"restrict axis {axis} to these values: {matrix.values_help(axis)}")
-    g.add_argument("--filter", dest="filter_expr", help='boolean expression over axes, e.g. '
+    g.add_argument("--filter", dest="filter_expr", metavar="EXPR", help='boolean expression over axes, e.g. '
                    '\'module == "linear" and world_size >= 2\'')
     g.add_argument("--cells", metavar="ID|TEXT[,...]",
                    help="only these cells of the selection: a whole cell id selects that cell, any "
@@ -34,6 +35,7 @@ def add_selection(parser: argparse.ArgumentParser) -> None:
                         "same cells on every machine; --resume and merge reproduce it from the run record")
     g.add_argument("--shard", metavar="K/N", help="only shard K of N: a deterministic, cost-balanced "
                    "part of the selection (join the N run folders with `merge`)")
+    return g
 
 
 def given(args: argparse.Namespace) -> list[str]:
@@ -95,8 +97,7 @@ def select(args: argparse.Namespace) -> tuple[list[matrix.Cell], dict[str, Any]]
         sel["sample"] = {"count": count, "seed": seed}
     cells = recorded(sel)
     if not cells:
-        raise UsageError(f"the selection is empty (preset={preset!r}, overrides={ov}, "
-                         f"filter={args.filter_expr!r})")
+        raise UsageError(f"the selection is empty: {matrix.why_empty(preset, ov, args.filter_expr)}")
     why = weights.unavailable({c.weight for c in cells})
     if why is not None:
         raise UsageError(why)
@@ -138,6 +139,19 @@ def requires(cell: matrix.Cell) -> frozenset[str]:
     if weights.KINDS[cell.weight].implementer == "megatron":
         out.add("megatron")
     return frozenset(out)
+
+
+def missing(apis: Iterable[str] | None) -> set[str]:
+    """What a run lacks of ``REQUIREMENTS``, given its backend's APIs (``BackendInfo.apis``;
+    None: not known, nothing assumed missing): a backend that is not TE (it has no
+    ``get_cpu_offload_context``: TE's and Megatron's installers and Megatron's expert layer run
+    TE's own code), Megatron-Core not installed here."""
+    out = set()
+    if apis is not None and hook_modes.OFFLOAD_API not in apis:
+        out.add("te")
+    if weights.megatron_missing() is not None:
+        out.add("megatron")
+    return out
 
 
 def _causes(cell: matrix.Cell, missing: set[str]) -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ This module is the reference's own code: the oracle's float64 model of the same 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,13 @@ _NVFP4_BOUND = 448.0 * 6.0
 
 def _f32(v: float) -> torch.Tensor:
     return torch.tensor(v, dtype=_F32)
+
+
+#: what a block quantizer does with the blocks' amaxes before it takes their scales: given the
+#: amaxes (one per block or tile, keeping the blocked dimensions) and the dimension that indexes
+#: the blocks along K, the amaxes each block's scale comes from. The reference passes None (each
+#: block its own amax); a planted fault (``harness.backends.reference.mutants``) passes another
+AmaxMap = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -104,14 +111,17 @@ def _pow2(v: torch.Tensor, up: bool) -> torch.Tensor:
 
 
 def _block_values(blocks: torch.Tensor, dims: tuple[int, ...], rule: str, fmt: str,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """Quantize-dequantize ``blocks`` (fp32), one power-of-two scale per block over ``dims``:
+                  dtype: torch.dtype, k_dim: int, amax_map: AmaxMap | None = None) -> torch.Tensor:
+    """Quantize-dequantize ``blocks`` (fp32), one power-of-two scale per block over ``dims``
+    (``k_dim`` indexes the blocks along K; ``amax_map``: :data:`AmaxMap`):
     MXFP8's ``scale_inv`` is the smallest power of two at least ``amax / fp8_max`` (E8M0,
     ``2^-127 .. 2^127``); block scaling's ``scale`` the largest power of two at most
     ``fp8_max / amax`` (an infinite one: ``dtype``'s largest value first). An all-zero
     block keeps scale 1."""
     fp8, fmax = _FORMATS[fmt]
     amax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(dim=dims, keepdim=True)
+    if amax_map is not None:
+        amax = amax_map(amax, k_dim)
     live = (amax > 0) & torch.isfinite(amax)
     safe = torch.where(live, amax, torch.ones_like(amax))
     if rule == "mxfp8":
@@ -134,11 +144,11 @@ def _to_e2m1(v: torch.Tensor) -> torch.Tensor:
     return sign * q.clamp(max=6.0)
 
 
-def nvfp4_codes(src: torch.Tensor, tile: bool, amax: torch.Tensor) -> torch.Tensor:
+def nvfp4_codes(src: torch.Tensor, tile: bool, amax: torch.Tensor, amax_map: AmaxMap | None = None) -> torch.Tensor:
     """``src`` (2-D fp32, K along its last axis) as ``code * block_scale`` (fp32, exact): 16-long
     blocks along the last axis (``tile``: 16x16 tiles), E4M3 block scales from each block's
-    amax under the tensor scale of ``amax``; the tensor factor ``amax / (448 * 6)`` is the
-    GEMM's (``BlockQuantized.__matmul__``)."""
+    amax (``amax_map``: :data:`AmaxMap`) under the tensor scale of ``amax``; the tensor factor
+    ``amax / (448 * 6)`` is the GEMM's (``BlockQuantized.__matmul__``)."""
     r, c = src.shape
     enc = torch.clamp(_f32(_NVFP4_BOUND) / amax, max=torch.finfo(_F32).max)
     enc = torch.where((amax == 0) | (enc == 0), _f32(1.0), enc)
@@ -148,7 +158,10 @@ def nvfp4_codes(src: torch.Tensor, tile: bool, amax: torch.Tensor) -> torch.Tens
     blocks = x.reshape(rows, nb, 16)
     bamax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(-1)
     if tile:
-        bamax = bamax.reshape(rows // 16, 16, nb).amax(1).repeat_interleave(16, dim=0)
+        bamax = bamax.reshape(rows // 16, 16, nb).amax(1)
+        bamax = (bamax if amax_map is None else amax_map(bamax, 1)).repeat_interleave(16, dim=0)
+    elif amax_map is not None:
+        bamax = amax_map(bamax, 1)
     scale = (bamax * (enc * _f32(1.0 / 6.0))).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(_F32)
     inv = torch.clamp(_f32(1.0) / (scale * dec), max=torch.finfo(_F32).max)
     vals = _to_e2m1(blocks * inv.unsqueeze(-1)) * scale.unsqueeze(-1)
@@ -162,29 +175,32 @@ def nvfp4_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
 
 
 def block_quantized(src: torch.Tensor, rule: str, axis: int, fmt: str, dtype: torch.dtype,
-                    amax: float | None = None) -> torch.Tensor:
+                    amax: float | None = None, amax_map: AmaxMap | None = None) -> torch.Tensor:
     """``src`` (2-D fp32) quantize-dequantized by ``rule``: ``"mxfp8"`` (blocks of 32 along
     ``axis``), ``"1d"`` (blocks of 128 along ``axis``), ``"2d"`` (128x128 tiles, ``axis``
     ignored); a short last block is a block too. Exact: every scale is a power of two.
     ``"nvfp4"`` / ``"nvfp4-2d"`` (16 along ``axis`` / 16x16 tiles): ``code * block_scale``,
     without the tensor factor (:func:`nvfp4_codes`), under the tensor amax ``amax`` (``src``'s
-    own when None)."""
+    own when None). ``amax_map``: :data:`AmaxMap` (the blocks indexed along ``axis``; a tile's
+    along ``src``'s columns)."""
     if rule.startswith("nvfp4"):
         a = _f32(amax) if amax is not None else (torch.nan_to_num(src.abs(), nan=0.0).max() if src.numel()
                                                   else _f32(0.0))
-        v = src.movedim(axis, -1)
-        return nvfp4_codes(v, rule == "nvfp4-2d", a).movedim(-1, axis)
+        tile = rule == "nvfp4-2d"
+        v = src if tile else src.movedim(axis, -1)  # a tile's blocks are indexed along the columns
+        out = nvfp4_codes(v, tile, a, amax_map)
+        return out if tile else out.movedim(-1, axis)
     if rule == "2d":
         r, c = src.shape
         br, bc = -(-r // 128), -(-c // 128)
         tiles = torch.nn.functional.pad(src, (0, bc * 128 - c, 0, br * 128 - r)).reshape(br, 128, bc, 128)
-        return _block_values(tiles, (1, 3), rule, fmt, dtype).reshape(br * 128, bc * 128)[:r, :c]
+        return _block_values(tiles, (1, 3), rule, fmt, dtype, 2, amax_map).reshape(br * 128, bc * 128)[:r, :c]
     size = 32 if rule == "mxfp8" else 128
     v = src.movedim(axis, -1)
     n = v.shape[-1]
     nb = -(-n // size)
     blocks = torch.nn.functional.pad(v, (0, nb * size - n)).reshape(*v.shape[:-1], nb, size)
-    out = _block_values(blocks, (-1,), rule, fmt, dtype).reshape(*v.shape[:-1], nb * size)[..., :n]
+    out = _block_values(blocks, (-1,), rule, fmt, dtype, -2, amax_map).reshape(*v.shape[:-1], nb * size)[..., :n]
     return out.movedim(-1, axis)
 
 

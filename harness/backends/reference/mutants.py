@@ -470,6 +470,81 @@ class _Nvfp4ShardTensorScale:
         return replace(q, tensor_amax=float(shard.max()) if shard.numel() else 0.0)  # Fault: the shard's amax
 
 
+# ---- the blocks of the block recipes: faults only an operand of two or more blocks shows -------
+
+class _BlockFaultOperand(_fp8.BlockQuantized):
+    """A block recipe's operand quantized with a planted :data:`_fp8.AmaxMap` (``amax_map``
+    gives it, from the operand and the K axis its blocks lie along)."""
+
+    def amax_map(self, axis: int) -> _fp8.AmaxMap | None:
+        raise NotImplementedError
+
+    def along(self, k_axis: int) -> torch.Tensor:
+        axis = k_axis ^ int(self.transposed)
+        vals = _fp8.block_quantized(self.src, self.rule, axis, self.fmt, self.dtype, self.tensor_amax,
+                                    self.amax_map(axis))
+        return vals.t() if self.transposed else vals
+
+
+class _NeighbourAmaxOperand(_BlockFaultOperand):
+    """Each block (tile) takes the amax of the next block along K (the last the first's)."""
+
+    def amax_map(self, axis: int) -> _fp8.AmaxMap:
+        return lambda amax, dim: torch.roll(amax, -1, dim)  # Fault: the neighbour's amax
+
+
+class _RaggedEdgeOperand(_BlockFaultOperand):
+    """The short last block (tile) along K - the ragged edge - scaled with the full block
+    before it: its boundary taken one block early, as ``n // 128`` full blocks would put it."""
+
+    def amax_map(self, axis: int) -> _fp8.AmaxMap:
+        length = self.src.shape[1] if self.rule == "2d" else self.src.shape[axis]
+
+        def previous_for_ragged(amax: torch.Tensor, dim: int) -> torch.Tensor:
+            count = amax.shape[dim]
+            if length % 128 == 0 or count < 2:
+                return amax
+            index = torch.arange(count)
+            index[-1] = count - 2  # Fault: the ragged block reads the block before it
+            return amax.index_select(dim, index)
+        return previous_for_ragged
+
+
+class _BlockOperandFault:
+    """Every block-recipe operand of every GEMM (forward, dgrad, wgrad) quantized by
+    ``operand``, the faulty block quantizer; other operands as the reference quantizes them."""
+
+    operand: type[_BlockFaultOperand]
+    rules: tuple[str, ...] = ("mxfp8", "1d", "2d", "nvfp4", "nvfp4-2d")
+
+    def _faulty(self, op: Any) -> Any:
+        if type(op) is _fp8.BlockQuantized and op.rule in self.rules:
+            return self.operand(**vars(op))
+        return op
+
+    def fprop(self, x: Any, weight: Any) -> torch.Tensor:
+        return super().fprop(self._faulty(x), self._faulty(weight))
+
+    def dgrad(self, grad_out: Any, weight: Any) -> torch.Tensor:
+        return super().dgrad(self._faulty(grad_out), self._faulty(weight))
+
+    def wgrad(self, grad_out: Any, inp: Any, dtype: torch.dtype) -> torch.Tensor:
+        return super().wgrad(self._faulty(grad_out), self._faulty(inp), dtype)
+
+
+class _BlockAmaxFromNeighbour(_BlockOperandFault):
+    """MXFP8, FP8 block scaling and NVFP4: each block or tile scaled from its K-neighbour's amax."""
+
+    operand = _NeighbourAmaxOperand
+
+
+class _BlockRaggedEdgeOffByOne(_BlockOperandFault):
+    """FP8 block scaling: the ragged edge's block or tile scaled with the full one before it."""
+
+    operand = _RaggedEdgeOperand
+    rules = ("1d", "2d")
+
+
 class _FirstMicrobatchIgnored:
     """``is_first_microbatch=True`` ignored: a fused plain weight accumulates its first wgrad."""
 
@@ -523,6 +598,8 @@ IMPLEMENTATIONS: dict[str, type] = {
     "fp8-dgrad-weight-requantized": _Fp8DgradWeightRequantized,
     "mxfp8-scale-rounded-down": _Mxfp8ScaleRoundedDown,
     "nvfp4-shard-tensor-scale": _Nvfp4ShardTensorScale,
+    "block-amax-from-neighbour": _BlockAmaxFromNeighbour,
+    "block-tile-boundary-off-by-one": _BlockRaggedEdgeOffByOne,
     "first-microbatch-ignored": _FirstMicrobatchIgnored,
     "first-microbatch-overwrites-distributed": _FirstMicrobatchOverwritesDistributed,
 }

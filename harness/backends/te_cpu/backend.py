@@ -110,6 +110,13 @@ def use_recipe(recipe: str) -> None:
     for ``none`` and the FP8 recipes, sm_100 for ``mxfp8`` and ``nvfp4``) from here on; call it
     before :func:`use_path`, whose grouped-GEMM threshold follows the device."""
     device.present(device.capability_for(recipe))
+    extension.present_recipe(recipe)
+
+
+def recipe_device(recipe: str) -> str:
+    """The compute capability presented while ``recipe`` runs, as ``sm_90`` (the run record's
+    ``RankResult.recipe``, read by ``harness.cell.lowp.describe``)."""
+    return device.name(device.capability_for(recipe))
 
 
 def device_tensor(t: Any) -> Any:
@@ -158,7 +165,7 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "autocast", "get_cpu_offload_context",
+__all__ = ["Linear", "GroupedLinear", "LayerNormLinear", "ops", "use_path", "use_recipe", "recipe_device", "autocast", "get_cpu_offload_context",
            "device_tensor",
            "harness_reads", "FP32_GEMM", "GROUPED_CUBLASLT", "KERNEL_EVIDENCE", "TE_VERSION", "TE_ORIGIN",
            "TE_TREE", "describe", *(("path_evidence", "reset_path_evidence") if KERNEL_EVIDENCE else ())]

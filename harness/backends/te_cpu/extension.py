@@ -68,10 +68,31 @@ def _grouped_gemm_minimum(capability: tuple[int, int]) -> int:
 GROUPED_GEMM_CUBLASLT_VERSION = _grouped_gemm_minimum(cuda_surface.COMPUTE_CAPABILITY)
 
 
+#: on Hopper TE's grouped-tensor paths take a recipe only at a later cuBLASLt than the grouped
+#: GEMM's minimum (``is_module_grouped_tensor_path_supported``, ``is_op_fuser_grouped_tensor_path_supported``:
+#: "13.5+ required for FP8 per-tensor current scaling on Hopper, and 13.6+ required for FP8 block
+#: scaling on Hopper")
+GROUPED_RECIPE_CUBLASLT_HOPPER: dict[str, int] = {"current": 130500, "blockwise": 130600}
+#: the recipe of the cell running now (``present_recipe``)
+_RECIPE = ["none"]
+
+
+def present_recipe(recipe: str) -> None:
+    """The recipe the cell running now uses (``backend.use_recipe``): the grouped GEMM's
+    cuBLASLt answer follows it (:func:`grouped_gemm_cublaslt_version`)."""
+    _RECIPE[0] = recipe
+
+
 def grouped_gemm_cublaslt_version() -> int:
-    """The grouped GEMM's minimum for the device presented now: ``harness.backends.te_cpu.device``
-    presents Blackwell (13.3) for a recipe that needs it, Hopper (13.4) otherwise."""
-    return _grouped_gemm_minimum(cuda_surface.capability())
+    """The lowest cuBLASLt at which TE takes its grouped-tensor path on the device and under the
+    recipe presented now: ``harness.backends.te_cpu.device`` presents Blackwell (13.3) for a
+    recipe that needs it, Hopper (13.4) otherwise; on Hopper, current scaling needs 13.5 and FP8
+    block scaling 13.6 (:data:`GROUPED_RECIPE_CUBLASLT_HOPPER`)."""
+    cap = cuda_surface.capability()
+    minimum = _grouped_gemm_minimum(cap)
+    if cap < (10, 0):
+        minimum = max(minimum, GROUPED_RECIPE_CUBLASLT_HOPPER.get(_RECIPE[0], minimum))
+    return minimum
 
 
 #: what ``get_cudnn_version`` answers: cuDNN 9.12.0, TE 2.20's minimum (``MIN_CUDNN_VERSION``)
@@ -422,6 +443,11 @@ def _grouped_operand(name: str, arg: str, t: Any) -> tuple[list[_grouped.Member]
     return members, _grouped.member_views(t.rowwise_data, members)
 
 
+def _quantized_grouped(t: Any) -> bool:
+    """A quantized ``GroupedTensorStorage`` (made by ``group_quantize``)."""
+    return getattr(t, "quantizer", None) is not None and hasattr(t, "num_tensors")
+
+
 def _discrete_operand(name: str, arg: str, tensors: Any) -> list[torch.Tensor]:
     for i, t in enumerate(tensors):
         _require_plain(name, **{f"{arg}[{i}]": t})
@@ -439,16 +465,27 @@ def _grouped_gemm_binding(name: str, api: str, A: Any, transa: bool, B: Any, tra
         raise RuntimeError("Bias is not supported for discrete output grouped GEMM.")
     if bias_scale is not None and bias is None:
         raise RuntimeError("bias_scale requires bias to be provided.")
-    b = _grouped_operand(name, "B", B)[1]
-    a = _discrete_operand(name, "A", A) if discrete_a else _grouped_operand(name, "A", A)[1]
+    quantized = _quantized_grouped(B) or (any(map(_quant.is_quantized, A)) if discrete_a else _quantized_grouped(A))
+    if quantized:  # the operands' members, each as the single-tensor GEMM reads it
+        b = _quant_grouped.members(B)
+        a = list(A) if discrete_a else _quant_grouped.members(A)
+    else:
+        b = _grouped_operand(name, "B", B)[1]
+        a = _discrete_operand(name, "A", A) if discrete_a else _grouped_operand(name, "A", A)[1]
     d_members, d = ([], _discrete_operand(name, "D", D)) if discrete_d else _grouped_operand(name, "D", D)
     if not (len(a) == len(b) == len(d)):
         raise RuntimeError(f"Grouped GEMM requires A, B and D to have the same num_tensors "
                            f"(got {len(a)}, {len(b)} and {len(d)}).")
     _check_grouped_gemm_requirements(api)
+    if quantized:
+        _quant_grouped.check_operands(api, A, B, discrete_a, cuda_surface.capability())
+    per_group = cuda_surface.capability() >= (10, 0)
     try:
-        _grouped.grouped_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta,
-                              per_group_alpha_beta=cuda_surface.capability() >= (10, 0), fp32_mode=fp32_mode())
+        if quantized:
+            _quant.grouped_tensor_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta, per_group_alpha_beta=per_group)
+        else:
+            _grouped.grouped_gemm(a, transa, b, transb, d, alpha=alpha, beta=beta, per_group_alpha_beta=per_group,
+                                  fp32_mode=fp32_mode())
         if bias is not None:  # the separate bias-add kernel TE runs after the GEMM (a second rounding)
             row_starts = [m.offset // m.cols if m.cols else 0 for m in d_members]
             scale = None if bias_scale is None else bias_scale.reshape(-1)
@@ -525,8 +562,10 @@ KERNELS: dict[str, Callable[..., Any]] = {
 }
 # the quantization surface (harness/backends/te_cpu/quant): quantize, dequantize, the recipes' updates, ...
 from harness.backends.te_cpu.quant import bindings as _quant  # noqa: E402  (reads this module's names when called)
+from harness.backends.te_cpu.quant import grouped as _quant_grouped  # noqa: E402
 
 KERNELS.update(_quant.KERNELS)
+KERNELS.update(_quant_grouped.KERNELS)
 
 
 # ---- everything else: stubs that fail when called -----------------------------------------

@@ -15,6 +15,12 @@ can show and what a kill about it looks like.
   under a saved-tensor hook, fc2's ``GroupedLinear`` forgets its distributed weights on the
   autograd context (the patched TE keeps them in ``ctx.distributed_weights``) - what the pre-fix
   TE did for every module. Only a layer's cell has an fc2.
+- ``mxfp8-scale-swizzle-order``: te-cpu's MXFP8 quantizer (``quant/mxfp8.py``) writes the
+  GEMM-ready scales (``optimize_for_gemm``, which TE's Linear asks of its input and gradient)
+  with the two 4-wide indices of each 128x4 tile exchanged; the GEMM reads TE's layout
+  (``quant/swizzle.py``). A fault in the stand-in's kernel, not in TE's Python: the cells it
+  shows in are the block-spanning ones (more than 32 rows, or more than one block along K, in
+  a scale tile), where every element decodes under another block's scale.
 - ``probs-grad-lost-under-hooks``: under a saved-tensor hook, the routing probabilities'
   gradient is taken from a copy the graph does not link back to them, so none reaches them
   (the layer's output and the weights' gradients are unchanged). Only a layer's cell has them.
@@ -31,7 +37,7 @@ import torch
 
 from harness.backends.te_cpu import backend as _te
 
-NAMES = ("offload-installs-no-hooks", "fc2-fix-missing", "probs-grad-lost-under-hooks")
+NAMES = ("offload-installs-no-hooks", "fc2-fix-missing", "probs-grad-lost-under-hooks", "mxfp8-scale-swizzle-order")
 
 
 def _hooked() -> bool:
@@ -115,7 +121,31 @@ def _probs_grad_lost() -> Iterator[None]:
         yield
 
 
+def _swizzle_order_exchanged(scales: torch.Tensor) -> torch.Tensor:
+    """TE's swizzle (``quant/swizzle.py``) with the tile's two 4-wide indices exchanged: the
+    scale of row ``r`` and K-block ``c`` of a 128x4 tile at ``(r % 32) * 16 + c * 4 + r // 32``."""
+    r, c = scales.shape
+    t = scales.reshape(r // 128, 4, 32, c // 4, 4).permute(0, 3, 2, 4, 1)  # Fault: (c, r // 32), not (r // 32, c)
+    return t.contiguous().reshape(r, c)
+
+
+@contextlib.contextmanager
+def _mxfp8_swizzle_order() -> Iterator[None]:
+    """te-cpu's MXFP8 quantizer writes its swizzled scales in the exchanged order (the GEMM's
+    reads, ``unswizzle``, stay TE's)."""
+    from harness.backends.te_cpu.quant import mxfp8, swizzle
+
+    def columnwise(scales: torch.Tensor) -> torch.Tensor:
+        return _swizzle_order_exchanged(scales.t().contiguous()).reshape(scales.shape)
+
+    faulty = types.SimpleNamespace(swizzle=_swizzle_order_exchanged, swizzle_columnwise=columnwise,
+                                   unswizzle=swizzle.unswizzle, unswizzle_columnwise=swizzle.unswizzle_columnwise)
+    with _patched(mxfp8, "_swz", faulty):
+        yield
+
+
 _SCOPES: dict[str, Callable[[], Any]] = {
+    "mxfp8-scale-swizzle-order": _mxfp8_swizzle_order,
     "fc2-fix-missing": _fc2_fix_missing,
     "probs-grad-lost-under-hooks": _probs_grad_lost,
 }

@@ -18,7 +18,7 @@ import torch
 from harness.backends.te_cpu.quant import qgemm, scaling
 from harness.backends.te_cpu.quant.tensors import family, is_quantized, storage_module
 
-__all__ = ["KERNELS", "is_quantized", "generic_gemm", "grouped_gemm", "norm_output"]
+__all__ = ["KERNELS", "is_quantized", "generic_gemm", "grouped_gemm", "grouped_tensor_gemm", "norm_output"]
 
 
 _MODULES: dict[str, ModuleType] = {}
@@ -333,6 +333,23 @@ def grouped_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], transb: bool,
             bias[i].data.copy_(bgrad)
     del out_dtype
     return bias
+
+
+def grouped_tensor_gemm(A: Sequence[Any], transa: bool, B: Sequence[Any], transb: bool, D: Sequence[torch.Tensor], *,
+                        alpha: torch.Tensor, beta: torch.Tensor, per_group_alpha_beta: bool) -> None:
+    """cuBLASLt's grouped GEMM (``nvte_grouped_gemm*``) with quantized members: per group,
+    ``D_i = alpha_i * op(B_i) @ op(A_i) + beta_i * D_i`` as :func:`generic_gemm` computes one
+    quantized GEMM - each operand read as ``CanonicalizeGemmInput`` reads a single tensor, exact
+    products, fp32 accumulation, one rounding into ``D_i`` (``alpha`` / ``beta``: one per group on
+    Blackwell, one for all on Hopper). A member with an empty reduction gets ``beta * D_i``."""
+    a_vals, b_vals = alpha.reshape(-1).tolist(), beta.reshape(-1).tolist()
+    for i, (a, b, d) in enumerate(zip(A, B, D)):
+        al = a_vals[i if per_group_alpha_beta else 0]
+        be = b_vals[i if per_group_alpha_beta else 0]
+        if d.numel() == 0:
+            continue
+        generic_gemm(a, transa, b, transb, d, None, None, None, None, False, None, False, None, 0, be != 0.0,
+                     False, alpha=al, beta=be)
 
 
 # ---- normalization.cpp ----------------------------------------------------------------------

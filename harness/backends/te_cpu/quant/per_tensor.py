@@ -141,6 +141,39 @@ def quantize_into(quantizer: Any, src: torch.Tensor, dst: Any, noop: torch.Tenso
     dst._scale_inv.copy_(scaling.reciprocal(scale).reshape(dst._scale_inv.shape))
 
 
+@torch.no_grad()
+def quantize_grouped(quantizer: Any, srcs: list[torch.Tensor], dsts: list[Any], amax_out: torch.Tensor,
+                     scale_out: torch.Tensor, noop: torch.Tensor | None) -> None:
+    """Grouped current scaling (``group_quantize`` of ``extensions/cast.cpp``:
+    ``nvte_group_compute_amax_with_config``, the optional all-reduce of the amax buffer,
+    ``nvte_group_compute_scale_from_amax``, then ``nvte_group_quantize``): each member's amax
+    (an empty member's is 0), the whole ``[num_tensors]`` amax buffer all-reduced (MAX) once
+    when the quantizer asks, each member's scale from its amax (:func:`scaling.scale_from_amax`:
+    amax 0 gives 1), and each member cast - row-wise data and/or the transpose, which TE's
+    grouped kernel writes without the row-wise data too. A set ``noop`` flag skips it all
+    (the cached scale kept). ``amax_out`` / ``scale_out`` are the grouped tensor's buffers."""
+    if noop is not None and float(noop.reshape(-1)[0]) == 1.0:
+        return
+    fmt = fp8_format(quantizer.dtype)
+    amax = torch.cat([scaling.amax(s).reshape(1) for s in srcs])  # an empty member's: 0
+    if quantizer.with_amax_reduction:
+        import torch.distributed as dist
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=quantizer._canonicalized_amax_reduction_group())
+    amax_out.copy_(amax.reshape(amax_out.shape))
+    for i, (src, dst) in enumerate(zip(srcs, dsts)):
+        scale = scaling.scale_from_amax(amax[i].reshape(1), fmt.max, force_pow_2=bool(quantizer.force_pow_2_scales),
+                                        epsilon=float(quantizer.amax_epsilon))
+        scale_out[i].copy_(scale.reshape(()))
+        dst._scale_inv.copy_(scaling.reciprocal(scale).reshape(dst._scale_inv.shape))
+        if src.numel() == 0:
+            continue
+        data = cast(src, scale, fmt)
+        if dst._data is not None:
+            dst._data.copy_(data.reshape(dst._data.shape))
+        if dst._transpose is not None:
+            dst._transpose.copy_(transpose_2d(data).reshape(dst._transpose.shape))
+
+
 def dequantize(tensor: Any, out_dtype: torch.dtype) -> torch.Tensor:
     """``tex.dequantize`` of a per-tensor FP8 tensor (its row-wise data)."""
     if tensor._data is None:
