@@ -6,6 +6,7 @@ The same rules over real launches: ``cases/test_faults_ci.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,8 +21,8 @@ from harness.launcher import forensics, launch
 from harness.launcher.launch import LaunchOptions, cell_bound
 from harness.records.fold import cell_status, first_failure
 from harness.records.record import RankResult
-from harness.vocabulary import cost, matrix
-from harness.vocabulary.shape import DRAWN_MAX
+from harness.vocabulary import cost, matrix, packing
+from harness.vocabulary.shape import DRAWN_MAX, Example
 
 RESET = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:30109: Connection reset by peer"
 
@@ -116,17 +117,25 @@ def test_the_phase_board_shows_the_phase_in_flight_and_restores_the_one_before(t
 
 def test_a_cells_bound_follows_its_predicted_cost_and_the_user_overrides_it():
     cells = matrix.select("ci")
-    bounds = [cost.hang_bound(c) for c in cells]
-    assert min(bounds) >= cost.HANG_FLOOR_S and max(bounds) <= 40, (min(bounds), max(bounds))
-    big = max(cells, key=cost.run_seconds)
+    base = [c for c in cells if c.shape == "base"]
+    bounds = [cost.hang_bound(c) for c in base if c.recipe == "none"]
+    assert min(bounds) >= cost.HANG_FLOOR_S and max(bounds) <= 4 * cost.HANG_FLOOR_S, (min(bounds), max(bounds))
+    big = max(base, key=cost.run_seconds)
     assert cost.hang_bound(big) == cost.HANG_FLOOR_S + cost.HANG_FACTOR * cost.run_seconds(big)
+    assert cost.hang_bound(big, sees_cpu=False) == cost.BLIND_FACTOR * cost.hang_bound(big)
+    # a cell that spans blocks runs larger shapes than its base twin: a larger bound
+    spans = next(c for c in cells if c.shape == "blocks")
+    assert cost.hang_bound(spans) > cost.hang_bound(dataclasses.replace(spans, shape="base"))
     # larger shapes, larger bound: a named example, or the largest that --examples draws
     opts = LaunchOptions(backend="reference", run_dir=Path("."))
-    assert cell_bound(opts, big) == cost.hang_bound(big)
-    assert cell_bound(opts, big, examples=5) == cost.hang_bound(big, DRAWN_MAX) > cost.hang_bound(big)
+    assert cell_bound(opts, big) == cost.hang_bound(big, sees_cpu=launch.SEES_CPU)
+    assert cell_bound(opts, big, examples=5) == cost.hang_bound(big, DRAWN_MAX, sees_cpu=launch.SEES_CPU) > \
+        cell_bound(opts, big)
     huge = LaunchOptions(backend="reference", run_dir=Path("."), example={"in_features": 240, "out_features": 300,
                                                                          "rows": 12})
-    assert cell_bound(huge, big) == cost.HANG_FLOOR_S + 100 * cost.HANG_FACTOR * cost.run_seconds(big)
+    assert cell_bound(huge, big) == cost.hang_bound(big, Example(240, 300, 12), sees_cpu=launch.SEES_CPU)
+    # 100 times the work, at most 10 times the time (``shape.size_factor``)
+    assert cost.run_seconds(big) < cost.run_seconds(big, Example(240, 300, 12)) <= 10 * cost.run_seconds(big)
     assert cell_bound(LaunchOptions(backend="reference", run_dir=Path("."), cell_timeout=7.0), big, examples=5) == 7.0
 
 
@@ -168,3 +177,67 @@ def test_a_rank_process_that_ended_says_how_until_it_is_reaped():
         for proc in (killed, exited):
             proc.wait()
     assert launch.process_end(killed.pid) == "gone"
+
+
+def test_a_kept_twin_that_raised_is_the_backends_error_in_every_cell_it_serves(monkeypatch):
+    """The kept-twin path (``harness.cell.twin.Twins``): a hooks-off run that raised in the
+    backend's forward is kept with its error and served to the hooked cells after it, each of
+    which is then the backend's ``error`` in its twin's forward - never a harness error."""
+    import fixtures.faults as faulty
+    from harness.cell import twin
+    from harness.cell.runner import RankContext, run_cell
+
+    monkeypatch.setenv("DW_FAULT", "raise")
+    monkeypatch.setenv("DW_FAULT_RANK", "0")
+    monkeypatch.setenv("DW_FAULT_CELLS", 'hooks == "off"')
+    off = matrix.Cell(module="linear", weight="plain", hooks="off", fused=False, dtype="fp32", world_size=1,
+                      consumer="autograd", microbatches=2, num_gemms=1, bias=True, input_grad=True,
+                      delay_wgrad=False)
+    ctx = RankContext(twins=twin.Twins())
+    own = run_cell(faulty, off, ctx)
+    assert own.status == "error" and own.error["phase"] == "forward", own.error
+    for hooks in ("identity", "offload"):
+        served = run_cell(faulty, matrix.Cell(**{**off.serialize(), "hooks": hooks}), ctx)
+        assert served.status == "error" and not served.by_peer, served.error
+        assert served.error["phase"] == "hooks-off twin: forward" and "injected fault" in served.error["message"]
+        assert cell_status([served]) == "error"
+    assert ctx.twins.hits == 2  # both hooked cells took the kept run; neither ran its twin again
+
+
+def test_a_failed_ranks_peers_get_a_grace_measured_on_the_launch(tmp_path):
+    cell = next(c for c in matrix.select("ci") if c.world_size == 2)
+    run = launch._Launch(2, [launch.Task("reference", cell)], LaunchOptions(backend="reference", run_dir=tmp_path),
+                         "ws2-0", packing.pack([cell], 2))
+    ls = run.lanes[0]
+    t = run.since(ls)
+    # a fast launch: the floor
+    assert run.peer_grace(ls, t + 0.1) == launch.PEER_GRACE_FLOOR_S
+    # the failed rank's own time in its cell, or the longest cell the launch ran, times the factor
+    assert run.peer_grace(ls, t + 1.0) == launch.PEER_GRACE_FACTOR * 1.0
+    run.longest_cell = 1.2
+    assert run.peer_grace(ls, t + 0.1) == launch.PEER_GRACE_FACTOR * 1.2 < run.bound(ls)
+    # never past the cell's bound
+    run.longest_cell = 1e6
+    assert run.peer_grace(ls, t) == run.bound(ls)
+    # a silent peer seen working restarts its clock
+    run.busy_at[1] = t + 3.0
+    assert run.quiet_since(ls, t + 1.0) == t + 3.0
+    run.reports[0] = {1: {"result": {"status": "pass"}}}  # it reported: its work no longer counts
+    assert run.quiet_since(ls, t + 1.0) == t + 1.0
+
+
+def test_a_rank_waiting_in_the_harness_for_a_rank_hung_in_the_backend_is_its_peer(tmp_path):
+    # no stack dumps (cut short): the boards alone say who waited for whom
+    boards = {}
+    for r, board in ((0, "backend\tforward"), (1, "harness\tconsumer")):
+        boards[r] = tmp_path / f"board{r}"
+        boards[r].write_text(board.ljust(PhaseBoard.SIZE))
+    where = {r: forensics.SilentRank(tmp_path, r, 0, 1, boards[r]) for r in boards}
+    assert forensics.hung_in_backend(where[0]) and not forensics.hung_in_backend(where[1])
+    got = [forensics.silent_rank(r, where[r], "no progress", named=False, after_peer=False,
+                                 peer_in_backend=forensics.hung_in_backend(where[1 - r])) for r in (0, 1)]
+    assert [(g.status, g.by_peer) for g in got] == [("timeout", False), ("timeout", True)], got
+    assert cell_status(got) == "timeout" and first_failure(got).startswith("[rank 0] Timeout")
+    # both in the harness's code: a harness hang, the harness's error
+    got = forensics.silent_rank(1, where[1], "no progress", named=False, after_peer=False, peer_in_backend=False)
+    assert got.status == "harness_error" and not got.by_peer

@@ -1,22 +1,29 @@
-"""A backend's crash or hang over the whole ``ci`` (recipe-free) is the backend's, never a
-harness error: one sweep per fault, side by side, of ``sweep --preset ci --recipes none``
-against ``fixtures/faults.py``, whose forward faults in every fp16 cell at world size >= 2
-(``DW_FAULT_CELLS``), its hooks-off twin's run included: rank 1 raises, rank 1 is SIGKILLed,
-rank 0 hangs.
+"""A backend's crash or hang in ``ci`` (recipe-free) is the backend's, never a harness error:
+one sweep per fault, side by side, of ``sweep --preset ci --recipes none`` against
+``fixtures/faults.py``, whose forward faults in every fp16 cell at world size >= 2
+(``DW_FAULT_CELLS``), a hooked cell's hooks-off twin included: rank 1 raises, rank 1 is
+SIGKILLed, rank 0 hangs.
+
+Each sweep runs every ``ci`` cell the fault fires in and the cells packed beside them, not
+the whole ``ci`` (``--filter`` keeps ``ci``'s fp16 cells as they are: the faulted ones, and at
+world size 1 the lanes beside them). A faulted cell ends its launch (its peers are stuck or
+gone) and a fresh launch takes the cells left: the cost is one launch per faulted cell, not
+the passing cells, and the whole ``ci`` would add only passing cells
+(``benchmarks/bench_faults.py`` runs the whole ``ci`` and records its figures).
 
 Those cells span the consumers (a plain weight under the ``autograd`` consumer, whose step
 has no collective but the harness's own, so the peers of the faulty rank wait in the
 harness's code; distributed and GTP weights under ``ddp``, whose peers wait in the weight's
 all-gather), delayed wgrad (the expected-error cell among them), ``is_first_microbatch``,
-hooked cells whose twin a lane keeps, and lanes of two ranks beside another lane in a packed
-launch of four. What must hold for each fault: exit 1; no ``harness_error`` cell; every cell
-without the fault passes (or meets its expected error); every faulted cell is ``error`` or
-``fail`` (raise, kill) or ``timeout`` (hang), names the faulty rank and the fault, and counts
-only that rank against the cell: each other rank met its expectation or failed by its peer
-(``RankResult.by_peer``).
+hooked cells whose twin a lane runs and keeps, and lanes of two ranks beside another lane in
+a packed launch of four. What must hold for each fault: exit 1; no ``harness_error`` cell;
+every cell without the fault passes (or meets its expected error); every faulted cell is
+``error`` or ``fail`` (raise, kill) or ``timeout`` (hang), names the faulty rank and the
+fault, and counts only that rank against the cell: each other rank met its expectation or
+failed by its peer (``RankResult.by_peer``).
 
-No wall-clock limit is asserted (the machine may be loaded); docs/runner-faults.md has the
-measured times. The sweeps run once per pytest run, shared by xdist workers (``run_once``).
+No wall-clock limit is asserted (the machine may be loaded). The sweeps run once per pytest
+run, shared by xdist workers (``run_once``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ from harness.vocabulary.plan import LaunchPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTED = 'dtype == "fp16" and world_size >= 2'
+#: the ci cells each sweep runs: those the fault fires in, and the fp16 cells at world size 1
+#: that the packing puts beside them
+SWEPT = 'dtype == "fp16"'
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ FAULTS = {
 def _sweep(root: Path, fault: Fault) -> subprocess.Popen:
     env = {**os.environ, "DW_FAULT": fault.mode, "DW_FAULT_RANK": str(fault.rank), "DW_FAULT_CELLS": FAULTED,
            "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none",
+    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none", "--filter", SWEPT,
            "--backend", "fixtures/faults.py", "--out", str(root / fault.mode), "--quiet"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=open(root / f"{fault.mode}.stderr", "w"), start_new_session=True)

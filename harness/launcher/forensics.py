@@ -136,7 +136,18 @@ def read_board(path: Path) -> tuple[str, str] | None:
     return (owner, phase.strip()) if owner else None
 
 
-def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer: bool) -> RankResult:
+def hung_in_backend(where: SilentRank) -> bool:
+    """The silent rank was in the backend's code, not waiting in one of torch's collectives
+    (as far as its board and its stack dump tell: without a dump, its board alone)."""
+    board = read_board(where.board)
+    if board is None or board[0] != "backend":
+        return False
+    return not in_collective(innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count,
+                                                      lines=2000)))
+
+
+def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer: bool,
+                peer_in_backend: bool = False) -> RankResult:
     """The result of cell rank ``rank``, which never reported the cell, from what happened to it.
 
     - ``named``: torchrun saw it fail first (it died, or exited): its own ``error``, or a
@@ -145,8 +156,11 @@ def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer:
     - ``after_peer``: another rank failed on its own first: this one was ended because of
       that (by a peer), wherever it was.
     - otherwise nobody is known to have failed, and where it was decides: waiting in a
-      collective is by a peer; anywhere else it hung, in the phase its board shows - a
-      ``timeout`` in the backend's phase, a ``harness_error`` in the harness's.
+      collective is by a peer; so is the harness's phase while another silent rank of the
+      cell hung in the backend's code (``peer_in_backend``: the harness waits for the backend,
+      never the other way round - this holds when a stack dump was cut short); anywhere else
+      it hung, in the phase its board shows - a ``timeout`` in the backend's phase, a
+      ``harness_error`` in the harness's.
     """
     tail = cell_log(where.log_dir, where.rank, where.index, where.count)
     board = read_board(where.board)
@@ -166,6 +180,10 @@ def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer:
     if in_collective(frame):
         return RankResult(rank, "timeout", [], {**base, "message": f"this rank was waiting for its peers in a "
                                                                    f"collective ({why})"}, by_peer=True)
+    if owner == "harness" and peer_in_backend:
+        return RankResult(rank, "timeout", [], {**base, "message": f"this rank waited in the harness's {phase} "
+                                                                   f"phase for a peer hung in the backend's code "
+                                                                   f"({why})"}, by_peer=True)
     at = f", at {frame.removeprefix('File ')}" if frame else ""
     status = HARNESS_ERROR if owner == "harness" else "timeout"
     return RankResult(rank, status, [], {**base, "type": "Timeout",

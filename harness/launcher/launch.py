@@ -16,8 +16,9 @@ phase boards by ``harness.launcher.forensics``; whose failure it was is folded b
 ``harness.records.fold.decisive``), and starts a fresh launch for the cells left.
 
 How long a cell may go without progress is bounded by what it costs
-(``harness.vocabulary.cost.hang_bound``), unless the user gave ``--cell-timeout``; so is how
-long a failed rank's peers may take to report, up to ``LaunchOptions.peer_grace``. A rank
+(``harness.vocabulary.cost.hang_bound``), unless the user gave ``--cell-timeout``. How long a
+failed rank's peers may take to report is measured on the launch itself (``peer_grace``: a
+multiple of the longest cell it ran, or of the failed rank's own time in the cell). A rank
 seen using the CPU (``/proc``, where there is one) is working, not hung: that is progress too,
 up to ``HANG_CAP_FACTOR`` times the bound. A launch of W ranks runs its cells on lanes
 (``harness.vocabulary.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
@@ -78,6 +79,12 @@ MIN_COLLECTIVE_TIMEOUT_S = 90.0
 #: reaps it, ends the others (waiting up to 30 s for one that ignores SIGTERM) and says how
 #: the first one ended
 DEATH_WAIT_S = 45.0
+#: a failed rank's peers get this many times the longest cell the launch measured (or the
+#: failed rank's own time in its cell, if longer) to report, once none of them uses the CPU ...
+PEER_GRACE_FACTOR = 4.0
+#: ... and never less than this: two of the launcher's CPU samples (once a second), so that a
+#: peer still working is seen working before it is taken for one stuck in a collective
+PEER_GRACE_FLOOR_S = 2.0
 
 
 @dataclass
@@ -88,8 +95,6 @@ class LaunchOptions:
     #: None: each cell's own bound from its predicted cost (``cost.hang_bound``)
     cell_timeout: float | None = None
     startup_timeout: float = 120.0
-    #: the longest a failed rank's peers may take to report (the cell's bound, if shorter)
-    peer_grace: float = 15.0
     device: str = "auto"
     threads_per_rank: int = 1
     example: dict | None = None
@@ -109,7 +114,7 @@ def cell_bound(opts: LaunchOptions, cell: Cell, examples: int = 0) -> float:
     if opts.cell_timeout is not None:
         return opts.cell_timeout
     example = (Example.from_dict(opts.example) if opts.example else DRAWN_MAX if examples else None)
-    return cost.hang_bound(cell, example)
+    return cost.hang_bound(cell, example, sees_cpu=SEES_CPU)
 
 
 # ---- the ranks' processes as /proc shows them (Linux; elsewhere nothing is known of them)
@@ -126,6 +131,10 @@ def _proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+#: the launcher can read its ranks' CPU time here (a working rank is progress: ``cost.BUSY_SHARE``)
+SEES_CPU = Path("/proc/self/stat").exists()
+
+
 def cpu_seconds(pid: int) -> float | None:
     """CPU time a process has used, user and system (None: no ``/proc``, or it is gone)."""
     fields = _proc_stat(pid)
@@ -136,7 +145,7 @@ def process_end(pid: int) -> str | None:
     """How the process ended, if it has: ``"signal N"`` or ``"exit N"`` while it is a zombie
     (its parent, torchrun's agent, has not reaped it yet), ``"gone"`` once reaped; None while it
     runs, or where there is no ``/proc`` to tell."""
-    if not Path("/proc/self/stat").exists():
+    if not SEES_CPU:
         return None
     fields = _proc_stat(pid)
     if fields is None:
@@ -231,6 +240,8 @@ class _Launch:
         self._sampled = self.t0
         #: ranks whose process was seen ended before torchrun exited: when, and how (``process_end``)
         self.ended_at: dict[int, tuple[float, str]] = {}
+        #: the longest a cell of this launch took, from its start to its verdict, as measured here
+        self.longest_cell = 0.0
 
     @property
     def started(self) -> bool:
@@ -342,6 +353,7 @@ class _Launch:
                 elif event == "startup_error":
                     self.startup_errors[r] = rep
                 elif event == "result":
+                    rep["seen"] = now  # the launcher's clock, not the rank's
                     self.reports.setdefault(rep["i"], {})[r] = rep
                     self.rank_last[r] = now  # one run of its cell (an example) is done
         verdicts, self.offset = self.stream.read_since(self.offset)
@@ -356,17 +368,35 @@ class _Launch:
         return out
 
     def _advance(self, ls: _LaneState) -> None:
+        now = time.monotonic()
+        self.longest_cell = max(self.longest_cell, now - self.since(ls))
         self.done.add(ls.current)
         ls.done += 1
-        now = time.monotonic()
         for r in ls.lane.ranks:
             self.rank_last[r] = now
 
     def first_error_report(self, ls: _LaneState) -> float | None:
-        """When a rank first reported a failure for the lane's task in flight (None: none did)."""
-        times = [rep["t"] for rep in self.reports.get(ls.current, {}).values()
+        """When the launcher saw a rank's first report of a failure for the lane's task in
+        flight (None: none did)."""
+        times = [rep["seen"] for rep in self.reports.get(ls.current, {}).values()
                  if rep["result"]["status"] in forensics.FAILED]
         return min(times) if times else None
+
+    def peer_grace(self, ls: _LaneState, failed_at: float) -> float:
+        """How long the peers of a rank that failed the lane's cell at ``failed_at`` may go
+        without reporting and without using the CPU before they are taken for stuck in a
+        collective: ``PEER_GRACE_FACTOR`` times what this launch measured - the longest cell it
+        ran, or the failed rank's own time in this one, whichever is longer (a loaded machine,
+        a first cell's imports: both make it longer) - at least ``PEER_GRACE_FLOOR_S`` and at
+        most the cell's bound."""
+        measured = max(self.longest_cell, failed_at - self.since(ls))
+        return min(self.bound(ls), max(PEER_GRACE_FLOOR_S, PEER_GRACE_FACTOR * measured))
+
+    def quiet_since(self, ls: _LaneState, failed_at: float) -> float:
+        """Since when the lane's ranks that have not reported its cell in flight have been idle
+        (not using the CPU), counted from ``failed_at`` at the earliest."""
+        reported = self.reports.get(ls.current, {})
+        return max([failed_at, *(self.busy_at[r] for r in ls.lane.ranks if r not in reported)])
 
     def startup_cause(self, why: str) -> str:
         """Why the launch never started, from its ranks' reports and logs (``harness.launcher.forensics``)."""
@@ -418,12 +448,13 @@ class _Launch:
         # a rank failed on its own (its report says so, or torchrun saw it go first): the
         # silent others were ended because of it
         after_peer = named is not None or any(failed(x) and not x.by_peer for x in results.values())
-        for r, g in enumerate(members):
-            if r not in results:
-                results[r] = forensics.silent_rank(
-                    r, forensics.SilentRank(self.log_dir, g, i, len(self.tasks),
-                                            self.opts.run_dir / "ranks" / f"{self.name}.rank{g}.phase"),
-                    why, named=r == named, after_peer=after_peer and r != named)
+        where = {r: forensics.SilentRank(self.log_dir, g, i, len(self.tasks),
+                                         self.opts.run_dir / "ranks" / f"{self.name}.rank{g}.phase")
+                 for r, g in enumerate(members) if r not in results}
+        in_backend = {r for r, w in where.items() if forensics.hung_in_backend(w)}
+        for r, w in where.items():
+            results[r] = forensics.silent_rank(r, w, why, named=r == named, after_peer=after_peer and r != named,
+                                               peer_in_backend=bool(in_backend - {r}))
         ranks = [results[r] for r in range(len(members))]
         first_rank = forensics.first_to_fail(reported, ranks, named)
         first = why
@@ -583,8 +614,8 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
 def _lane_failed(launch: _Launch, ls: _LaneState, proc: subprocess.Popen, opts: LaunchOptions,
                  on_result: ResultCallback, now: float) -> _Outcome | None:
     """End the launch when the lane's cell in flight failed on a rank whose peers did not
-    report within the grace period (the cell's bound, at most ``opts.peer_grace``), or made
-    no progress within its bound; None while it is fine."""
+    report within their grace (``_Launch.peer_grace``), or made no progress within its bound;
+    None while it is fine."""
     bound = launch.bound(ls)
     dead = launch.ended(ls, now)
     if dead is not None:
@@ -600,16 +631,17 @@ def _lane_failed(launch: _Launch, ls: _LaneState, proc: subprocess.Popen, opts: 
             on_result(backend, res)
         return _Outcome(f"ended after rank {dead}'s process ended")
     failed_at = launch.first_error_report(ls)
-    grace = min(opts.peer_grace, bound)
-    if failed_at is not None and time.time() - failed_at > grace:
-        launch.end(proc)  # SIGTERM first: every rank dumps its stacks into its log
-        if _drained(launch, ls, on_result):
-            return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
-        for backend, res in launch.lost(ls, f"peers did not finish within {grace:.0f}s of a rank's "
-                                        "failure (stuck in a collective); launch ended"):
-            on_result(backend, res)
-        return _Outcome("ended after a rank failed and its peers hung")
     cap = cost.HANG_CAP_FACTOR * bound
+    if failed_at is not None:
+        grace = launch.peer_grace(ls, failed_at)
+        if now - launch.quiet_since(ls, failed_at) > grace or now - failed_at > cap:
+            launch.end(proc)  # SIGTERM first: every rank dumps its stacks into its log
+            if _drained(launch, ls, on_result):
+                return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
+            for backend, res in launch.lost(ls, f"peers did not report within {grace:.1f}s of a rank's failure, "
+                                            "idle (stuck in a collective); launch ended"):
+                on_result(backend, res)
+            return _Outcome("ended after a rank failed and its peers hung")
     if opts.cell_timeout is not None:
         why = f"no progress within --cell-timeout {bound:g}s" if now - launch.since(ls) > bound else None
     elif now - launch.progress(ls) > bound:
