@@ -62,19 +62,23 @@ class Fault:
     statuses: tuple[str, ...]
     #: words the faulted cell's first failure must hold (the fault, named)
     names: tuple[str, ...]
+    #: seconds the faulty rank waits before the fault fires (``DW_FAULT_DELAY``)
+    delay: float = 0.0
 
 
 FAULTS = {
     # the expected-error cell among them fails: its rank 1 raised the fault, not the rejection
     "raise": Fault("raise", 1, ("error", "fail"), ("injected fault",)),
-    "die": Fault("die", 1, ("error",), ("SIGKILL",)),
+    # late, so that the peers of a plain weight's cell wait in the harness's own collective
+    # when it dies: what broke there is no harness error
+    "die": Fault("die", 1, ("error",), ("SIGKILL",), delay=1.0),
     "hang": Fault("hang", 0, ("timeout",), ("Timeout", "hung in the backend's forward phase", "faults.py")),
 }
 
 
 def _sweep(root: Path, fault: Fault) -> subprocess.Popen:
     env = {**os.environ, "DW_FAULT": fault.mode, "DW_FAULT_RANK": str(fault.rank), "DW_FAULT_CELLS": FAULTED,
-           "PYTHONPATH": str(ROOT)}
+           "DW_FAULT_DELAY": str(fault.delay), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none", "--filter", SWEPT,
            "--backend", "fixtures/faults.py", "--out", str(root / fault.mode), "--quiet"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

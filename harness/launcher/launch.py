@@ -70,7 +70,7 @@ class Task:
 
 #: ``--cell-timeout``'s help (``sweep``, ``repro``, ``selftest`` and the pytest plugin)
 CELL_TIMEOUT_HELP = ("seconds a cell may go without progress before its launch is ended (default: each "
-                     "cell's bound from its predicted cost, 10 s and up: docs/runner-faults.md)")
+                     "cell's bound from its predicted cost, 5 s and up: docs/runner-faults.md)")
 
 #: the shortest timeout of the ranks' collectives: a rank's process groups are built while its
 #: peers may still be importing the backends (``harness.rank.worker``), which takes seconds
@@ -448,11 +448,11 @@ class _Launch:
         # a rank failed on its own (its report says so, or torchrun saw it go first): the
         # silent others were ended because of it
         after_peer = named is not None or any(failed(x) and not x.by_peer for x in results.values())
-        where = {r: forensics.SilentRank(self.log_dir, g, i, len(self.tasks),
-                                         self.opts.run_dir / "ranks" / f"{self.name}.rank{g}.phase")
-                 for r, g in enumerate(members) if r not in results}
-        in_backend = {r for r, w in where.items() if forensics.hung_in_backend(w)}
-        for r, w in where.items():
+        silent = {r: forensics.SilentRank(self.log_dir, g, i, len(self.tasks),
+                                          self.opts.run_dir / "ranks" / f"{self.name}.rank{g}.phase")
+                  for r, g in enumerate(members) if r not in results}
+        in_backend = {r for r, w in silent.items() if forensics.hung_in_backend(w)}
+        for r, w in silent.items():
             results[r] = forensics.silent_rank(r, w, why, named=r == named, after_peer=after_peer and r != named,
                                                peer_in_backend=bool(in_backend - {r}))
         ranks = [results[r] for r in range(len(members))]
