@@ -1,5 +1,7 @@
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -39,6 +41,35 @@ def _given(config: pytest.Config, *flags: str) -> bool:
 #: ``launch_memo.CACHE_ENV``, spelled out: importing that module here would run
 #: ``harness.backends.te_cpu.backend``'s package import (TE on CPU, torch patched) in pytest's own process.
 _LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
+#: an agent server for this pytest run (``harness/rank/agent_server.py``, named by
+#: ``harness.launcher.served.SERVER_ENV``, spelled out for the same reason): the suite's few
+#: hundred launches fork their torchrun agents from one process that imported torch and TE's
+#: dependencies once, instead of each importing them anew (1.5 to 4 CPU-s a launch). Started
+#: by the controller, not awaited: a launch before it listens starts its agent as a new
+#: process, as every launch does without a server.
+_AGENT_SERVER = "DW_AGENT_SERVER"
+
+
+def _start_agent_server(config: pytest.Config) -> None:
+    folder = tempfile.mkdtemp(prefix="dw-agents-")
+    path = os.path.join(folder, "agents.sock")
+    root = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    server = subprocess.Popen([sys.executable, "-m", "harness.rank.agent_server", "--socket", path],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=root, env=env)
+    os.environ[_AGENT_SERVER] = path
+
+    def stop() -> None:
+        server.stdin.close()  # the server ends when its stdin closes
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    config.add_cleanup(stop)
 
 
 @pytest.hookimpl(trylast=True)
@@ -50,6 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.mkdtemp(prefix="dw-launches-")
         os.environ[_LAUNCH_CACHE] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    if not hasattr(config, "workerinput") and _AGENT_SERVER not in os.environ:
+        _start_agent_server(config)
     if getattr(config.option, "dist", "no") == "loadscope" and not _given(
             config, "--loadscope-reorder", "--no-loadscope-reorder"):
         config.option.loadscopereorder = False

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from harness.vocabulary.errors import LaunchFailure
-from harness.launcher import forensics, warm
+from harness.launcher import forensics, served, warm
 from harness.vocabulary import cost, packing
 from harness.vocabulary.plan import agent_command
 from harness.vocabulary.matrix import Cell
@@ -326,8 +326,8 @@ class _Launch:
                           self.log_dir / "torchrun.log")
         if taken is not None:
             return taken
-        return subprocess.Popen(torchrun_command(self.world_size, plan_path), stdout=self._log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        return served.start_agent(torchrun_args(self.world_size, plan_path), stdout=self._log,
+                                  stderr=served.STDOUT, stdin=served.DEVNULL, env=env)
 
     def collective_timeout(self) -> float:
         """How long the ranks' collectives wait for a peer: three quarters of the longest bound
