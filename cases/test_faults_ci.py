@@ -81,8 +81,9 @@ def _sweep(root: Path, fault: Fault) -> subprocess.Popen:
            "DW_FAULT_DELAY": str(fault.delay), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none", "--filter", SWEPT,
            "--backend", "fixtures/faults.py", "--out", str(root / fault.mode), "--quiet"]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(root / f"{fault.mode}.stderr", "w"), start_new_session=True)
+    with open(root / f"{fault.mode}.stderr", "w") as err:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +91,17 @@ def ci_runs(tmp_path_factory) -> dict[str, dict]:
     """The three fault sweeps, side by side, once (shared by xdist workers)."""
     def run_all(root: Path) -> None:
         procs = {mode: (time.monotonic(), _sweep(root, fault)) for mode, fault in FAULTS.items()}
+        left = dict(procs)
+        deadline = time.monotonic() + 900  # a hang guard, not a speed limit
         try:
-            for mode, (t0, proc) in procs.items():
-                rc = proc.wait(timeout=900)  # a hang guard, not a speed limit
-                (root / f"{mode}.json").write_text(json.dumps({"rc": rc, "wall_s": time.monotonic() - t0}))
+            while left and time.monotonic() < deadline:
+                for mode, (t0, proc) in list(left.items()):
+                    if proc.poll() is not None:  # each sweep's own wall time, for the report
+                        (root / f"{mode}.json").write_text(json.dumps({"rc": proc.returncode,
+                                                                       "wall_s": round(time.monotonic() - t0, 1)}))
+                        del left[mode]
+                time.sleep(0.2)
+            assert not left, f"fault sweeps still running after 900 s: {sorted(left)}"
         finally:
             for mode, (_, proc) in procs.items():
                 if proc.poll() is None:
