@@ -20,11 +20,13 @@ pytest_plugins = [
     "fixtures.hook_modes",
 ]
 
-#: The modules whose fixtures run the longest chains of sweeps (TE on CPU, the gate's
-#: self-test, the fault sweeps; ``benchmarks/bench_gate.py`` measures them), in the order
+#: The modules whose fixtures run the longest chains of sweeps (the fault sweeps over ``ci``,
+#: mostly waiting out hangs; TE on CPU, the gate's self-test, the other fault sweeps;
+#: ``benchmarks/bench_gate.py`` measures them), in the order
 #: the xdist workers should start them. Started last, the longest one ran alone at the end
 #: while the other worker sat idle; started first, the short modules fill in around them.
-FIRST = ("test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge", "test_te_tree")
+FIRST = ("test_faults_ci", "test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge",
+         "test_te_tree")
 
 
 def _given(config: pytest.Config, *flags: str) -> bool:
