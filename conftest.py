@@ -13,6 +13,15 @@ import pytest
 # beside one busy process. Ranks set their own count (``LaunchOptions.threads_per_rank``, 1).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Hypothesis: the same examples on every run (the project's seeds are deterministic: a failure
+# names its example, and a rerun meets it again), and no wall-clock limit on an example or on
+# drawing one - the suite shares two cores with its own sweeps, and a test never asserts a time.
+from hypothesis import HealthCheck, settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("dw-harness", deadline=None, derandomize=True,
+                                      suppress_health_check=[HealthCheck.too_slow])
+_hypothesis_settings.load_profile("dw-harness")
+
 # The harness's own plugin (``harness.pytest_plugin.plugin``) comes in through its ``pytest11``
 # entry point, as it does for any pytest in an environment where the project is installed.
 pytest_plugins = [

@@ -165,7 +165,7 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
      "weight='megatron', 'megatron_fp8' and 'gtp_mcore_fp8' require world_size >= 2 (Megatron never "
      "builds a GTP group of one; its native stand-in follows it)"),
-    ("weight", "recipe", lambda w, r: not weights.KINDS[w].native or r in weights.NATIVE_RECIPES,
+    ("weight", "recipe", lambda w, r: weights.KINDS[w].recipes is None or r in weights.KINDS[w].recipes,
      f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
