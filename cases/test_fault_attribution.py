@@ -241,3 +241,23 @@ def test_a_rank_waiting_in_the_harness_for_a_rank_hung_in_the_backend_is_its_pee
     # both in the harness's code: a harness hang, the harness's error
     got = forensics.silent_rank(1, where[1], "no progress", named=False, after_peer=False, peer_in_backend=False)
     assert got.status == "harness_error" and not got.by_peer
+
+
+def test_a_rank_whose_dump_was_cut_short_beside_one_seen_hung_in_the_backend_is_its_peer(tmp_path):
+    # rank 0's dump shows it in the backend's code (the fault); rank 1's dump was cut short
+    # (under load a waiting rank's dump may not finish): one hang, rank 0's
+    (tmp_path / "rank0.log").write_text(DUMP.format(inner="/x/fixtures/faults.py", func="_fire"))
+    (tmp_path / "rank1.log").write_text("[rank1] 1.0 start 3/9 some-cell [ref] lane [0, 1]\n"
+                                        "Fatal Python error: Terminated\n\nCurrent thread 0x1 (most recent call first):\n")
+    where = {}
+    for r in (0, 1):
+        (tmp_path / f"board{r}").write_text("backend\tforward".ljust(PhaseBoard.SIZE))
+        where[r] = forensics.SilentRank(tmp_path, r, 2, 9, tmp_path / f"board{r}")
+    assert forensics.seen_hung_in_backend(where[0]) and not forensics.seen_hung_in_backend(where[1])
+    got = [forensics.silent_rank(r, where[r], "no progress", named=False, after_peer=False,
+                                 peer_in_backend=True, peer_seen_hung=forensics.seen_hung_in_backend(where[1 - r]))
+           for r in (0, 1)]
+    assert [(g.status, g.by_peer) for g in got] == [("timeout", False), ("timeout", True)], got
+    # without a peer seen hung, a rank with no frame is its own hang, as before
+    alone = forensics.silent_rank(1, where[1], "no progress", named=False, after_peer=False, peer_in_backend=True)
+    assert (alone.status, alone.by_peer) == ("timeout", False)

@@ -146,8 +146,16 @@ def hung_in_backend(where: SilentRank) -> bool:
                                                       lines=2000)))
 
 
+def seen_hung_in_backend(where: SilentRank) -> bool:
+    """The silent rank's stack dump shows it in the backend's code, out of any collective (not
+    only its board: a dump that was cut short shows nothing)."""
+    board = read_board(where.board)
+    frame = innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count, lines=2000))
+    return board is not None and board[0] == "backend" and frame is not None and not in_collective(frame)
+
+
 def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer: bool,
-                peer_in_backend: bool = False) -> RankResult:
+                peer_in_backend: bool = False, peer_seen_hung: bool = False) -> RankResult:
     """The result of cell rank ``rank``, which never reported the cell, from what happened to it.
 
     - ``named``: torchrun saw it fail first (it died, or exited): its own ``error``, or a
@@ -158,9 +166,12 @@ def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer:
     - otherwise nobody is known to have failed, and where it was decides: waiting in a
       collective is by a peer; so is the harness's phase while another silent rank of the
       cell hung in the backend's code (``peer_in_backend``: the harness waits for the backend,
-      never the other way round - this holds when a stack dump was cut short); anywhere else
-      it hung, in the phase its board shows - a ``timeout`` in the backend's phase, a
-      ``harness_error`` in the harness's.
+      never the other way round - this holds when a stack dump was cut short); so is the
+      backend's phase with a dump cut short (no frame) while another silent rank's dump shows it
+      hung in the backend's code out of any collective (``peer_seen_hung``: one rank hung, the
+      others waited; under load a waiting rank's dump may not finish); anywhere else it hung,
+      in the phase its board shows - a ``timeout`` in the backend's phase, a ``harness_error``
+      in the harness's.
     """
     tail = cell_log(where.log_dir, where.rank, where.index, where.count)
     board = read_board(where.board)
@@ -184,6 +195,10 @@ def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer:
         return RankResult(rank, "timeout", [], {**base, "message": f"this rank waited in the harness's {phase} "
                                                                    f"phase for a peer hung in the backend's code "
                                                                    f"({why})"}, by_peer=True)
+    if owner == "backend" and frame is None and peer_seen_hung:
+        return RankResult(rank, "timeout", [], {**base, "message": f"this rank's stack showed no frame while a peer "
+                                                                   f"was seen hung in the backend's code ({why})"},
+                          by_peer=True)
     at = f", at {frame.removeprefix('File ')}" if frame else ""
     status = HARNESS_ERROR if owner == "harness" else "timeout"
     return RankResult(rank, status, [], {**base, "type": "Timeout",

@@ -452,9 +452,11 @@ class _Launch:
                                           self.opts.run_dir / "ranks" / f"{self.name}.rank{g}.phase")
                   for r, g in enumerate(members) if r not in results}
         in_backend = {r for r, w in silent.items() if forensics.hung_in_backend(w)}
+        seen_hung = {r for r, w in silent.items() if forensics.seen_hung_in_backend(w)}
         for r, w in silent.items():
             results[r] = forensics.silent_rank(r, w, why, named=r == named, after_peer=after_peer and r != named,
-                                               peer_in_backend=bool(in_backend - {r}))
+                                               peer_in_backend=bool(in_backend - {r}),
+                                               peer_seen_hung=bool(seen_hung - {r}))
         ranks = [results[r] for r in range(len(members))]
         first_rank = forensics.first_to_fail(reported, ranks, named)
         first = why
