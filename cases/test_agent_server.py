@@ -104,8 +104,20 @@ def test_the_server_ends_when_its_owner_does(tmp_path):
                              "--backends", "reference"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.readline() == b"ready\n" and path.exists()
+    # an agent it forked outlives it (its own session), and its caller still sees it run
+    env = {**os.environ, served.SERVER_ENV: str(path), "PYTHONPATH": str(ROOT)}
+    os.environ[served.SERVER_ENV] = str(path)
+    try:
+        agent = served.start_agent(["--warm", "reference"], env=env, stdin=served.PIPE, stdout=served.PIPE,
+                                   stderr=served.DEVNULL)
+    finally:
+        del os.environ[served.SERVER_ENV]
+    assert isinstance(agent, served.ServedAgent)
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
+    assert agent.poll() is None
+    os.killpg(agent.pid, signal.SIGKILL)
+    assert agent.wait(timeout=30) == -signal.SIGKILL
     deadline = time.monotonic() + 5
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -142,9 +142,14 @@ def test_a_cells_bound_follows_its_predicted_cost_and_the_user_overrides_it():
 def test_a_rank_using_the_cpu_is_seen_working_and_one_asleep_is_not(tmp_path):
     if launch.cpu_seconds(os.getpid()) is None:
         pytest.skip("no /proc here: the bound alone applies")
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # each says when its interpreter has started: under load the idle one's own start-up,
+    # still running at the first sample, would count as work
+    busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)
     try:
+        assert busy.stdout.readline() == idle.stdout.readline() == b"up\n"
         run = launch._Launch(2, [], LaunchOptions(backend="reference", run_dir=tmp_path), "ws2-0", [])
         run.pids = {0: busy.pid, 1: idle.pid}
         t0 = time.monotonic()

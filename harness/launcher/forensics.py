@@ -136,22 +136,27 @@ def read_board(path: Path) -> tuple[str, str] | None:
     return (owner, phase.strip()) if owner else None
 
 
+def _backend_frame(where: SilentRank) -> tuple[bool, str | None]:
+    """Whether the silent rank's board shows the backend's phase, and its innermost frame (None:
+    no stack dump, or one cut short)."""
+    board = read_board(where.board)
+    if board is None or board[0] != "backend":
+        return False, None
+    return True, innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count, lines=2000))
+
+
 def hung_in_backend(where: SilentRank) -> bool:
     """The silent rank was in the backend's code, not waiting in one of torch's collectives
     (as far as its board and its stack dump tell: without a dump, its board alone)."""
-    board = read_board(where.board)
-    if board is None or board[0] != "backend":
-        return False
-    return not in_collective(innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count,
-                                                      lines=2000)))
+    in_backend, frame = _backend_frame(where)
+    return in_backend and not in_collective(frame)
 
 
 def seen_hung_in_backend(where: SilentRank) -> bool:
     """The silent rank's stack dump shows it in the backend's code, out of any collective (not
     only its board: a dump that was cut short shows nothing)."""
-    board = read_board(where.board)
-    frame = innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count, lines=2000))
-    return board is not None and board[0] == "backend" and frame is not None and not in_collective(frame)
+    in_backend, frame = _backend_frame(where)
+    return in_backend and frame is not None and not in_collective(frame)
 
 
 def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer: bool,

@@ -22,10 +22,11 @@ import select
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from harness.vocabulary.plan import AGENT_MODULE, agent_command
+from harness.vocabulary.plan import AGENT_MODULE, agent_command, harness_root
 
 #: the environment variable that names an agent server's socket
 SERVER_ENV = "DW_AGENT_SERVER"
@@ -34,18 +35,13 @@ DEVNULL = subprocess.DEVNULL
 STDOUT = subprocess.STDOUT
 
 
-def harness_root() -> str:
-    """The folder holding this checkout's ``harness`` package (the server's must be the same)."""
-    return str(Path(__file__).resolve().parents[2])
-
-
 class ServedAgent:
     """An agent forked by the server: ``subprocess.Popen``'s surface the launcher uses. Its exit
     code (and CPU seconds, ``cpu_s``) arrive on the connection when the server has reaped it."""
 
     def __init__(self, conn: socket.socket, pid: int, args: list[str],
                  stdin: IO[bytes] | None, stdout: IO[bytes] | None) -> None:
-        self._conn = conn
+        self._conn: socket.socket | None = conn
         self._buf = b""
         self.pid = pid
         self.args = args
@@ -55,22 +51,32 @@ class ServedAgent:
         self.cpu_s: float | None = None
 
     def _read(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
-            ready, _, _ = select.select([self._conn], [], [], timeout)
+            if self._conn is None:  # the server ended before the agent: watch the pid itself
+                if not _alive(self.pid):
+                    self.returncode = -signal.SIGKILL  # its code went with the server
+                elif deadline is None or time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                return
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._conn], [], [], left)
             if not ready:
                 return
             chunk = self._conn.recv(4096)
-            if not chunk:  # the server went away without a word: the agent is lost with it
-                self.returncode = -signal.SIGKILL
-                break
+            if not chunk:  # the agent is its own session and runs on without the server
+                self._conn.close()
+                self._conn = None
+                continue
             self._buf += chunk
             if b"\n" in self._buf:
                 message = json.loads(self._buf.split(b"\n", 1)[0])
                 self.returncode = int(message["exit"])
                 self.cpu_s = message.get("cpu_s")
-                break
-        if self.returncode is not None:
+        if self._conn is not None:
             self._conn.close()
+            self._conn = None
 
     def poll(self) -> int | None:
         self._read(0)
@@ -94,6 +100,19 @@ class ServedAgent:
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie no longer does: nobody of ours reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _fd(spec: Any, opened: list[int], inherited: int) -> int:

@@ -43,17 +43,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from harness.vocabulary.plan import harness_root
+
 #: what every agent imports whatever its backend: torch and torchrun's agent
 _ALWAYS = ("torch", "torch.distributed.run", "torch.distributed.launcher.api",
            "torch.distributed.elastic.multiprocessing.errors", "setproctitle")
 #: descriptors a request carries: the agent's stdin, stdout, stderr
 _STREAMS = 3
-
-
-def harness_root() -> str:
-    """The folder holding this checkout's ``harness`` package (a caller of another checkout is
-    refused)."""
-    return str(Path(__file__).resolve().parents[2])
 
 
 def preload(specs: list[str]) -> None:
