@@ -164,6 +164,16 @@ def test_a_rank_using_the_cpu_is_seen_working_and_one_asleep_is_not(tmp_path):
     assert launch.cpu_seconds(busy.pid) is None  # gone
 
 
+def test_a_rank_waiting_on_the_machine_is_working_and_one_asleep_is_not():
+    # the CI machine's case: the lane's first rank in a verdict's fsync (``D``) for seconds
+    # while its peer waited on it in a collective; and a rank whose turn on the CPU is late
+    assert launch.seen_working("D", 0.0, 6.0) and launch.seen_working("R", 0.0, 6.0)
+    assert not launch.seen_working("S", 0.0, 6.0) and not launch.seen_working("S", 0.29, 6.0)
+    assert launch.seen_working("S", 0.31, 6.0)  # more than BUSY_SHARE of a core since the last sample
+    if launch.cpu_sample(os.getpid()) is not None:
+        assert launch.cpu_sample(os.getpid())[0] == "R"  # this process, reading its own state, runs
+
+
 def test_a_rank_process_that_ended_says_how_until_it_is_reaped():
     if launch.process_end(os.getpid()) is not None or not Path("/proc/self/stat").exists():
         pytest.skip("no /proc here: torchrun alone says how a rank ended")

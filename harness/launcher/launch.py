@@ -137,8 +137,28 @@ SEES_CPU = Path("/proc/self/stat").exists()
 
 def cpu_seconds(pid: int) -> float | None:
     """CPU time a process has used, user and system (None: no ``/proc``, or it is gone)."""
+    seen = cpu_sample(pid)
+    return None if seen is None else seen[1]
+
+
+def cpu_sample(pid: int) -> tuple[str, float] | None:
+    """A process's state letter (``R`` runnable, ``D`` waiting on a disk, ``S`` asleep, ...)
+    and its CPU time, user and system, from one read of ``/proc`` (None: none, or it is gone)."""
     fields = _proc_stat(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return None if fields is None else (fields[0], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+
+
+#: states in which a process waits on the machine, not on a peer: runnable (its turn on a
+#: loaded CPU) and uninterruptible sleep (a disk: a verdict's fsync under a busy disk took
+#: seconds on the CI machine). A rank stuck in a collective or asleep is ``S``.
+WAITING_ON_MACHINE = ("R", "D")
+
+
+def seen_working(state: str, used: float, elapsed: float) -> bool:
+    """Whether a rank sampled in ``state`` that used ``used`` CPU-seconds over the last
+    ``elapsed`` seconds is working: more than ``cost.BUSY_SHARE`` of a core, or waiting on the
+    machine right now (``WAITING_ON_MACHINE``)."""
+    return state in WAITING_ON_MACHINE or used > cost.BUSY_SHARE * elapsed
 
 
 def process_end(pid: int) -> str | None:
@@ -282,17 +302,19 @@ class _Launch:
         return max(self.since(ls), *(self.busy_at[r] for r in ls.lane.ranks))
 
     def sample_cpu(self, now: float, every: float = 1.0) -> None:
-        """Every ``every`` seconds, note which ranks used more than ``cost.BUSY_SHARE`` of a
-        core since the last sample (``busy_at``)."""
+        """Every ``every`` seconds, note which ranks are working (``seen_working``: more than
+        ``cost.BUSY_SHARE`` of a core since the last sample, or waiting on the CPU or a disk
+        now) in ``busy_at``."""
         if now - self._sampled < every:
             return
         self._sampled = now
         for r, pid in self.pids.items():
-            used = cpu_seconds(pid)
-            if used is None:
+            seen = cpu_sample(pid)
+            if seen is None:
                 continue
+            state, used = seen
             last = self._cpu.get(r)
-            if last is not None and (used - last[1]) > cost.BUSY_SHARE * (now - last[0]):
+            if last is not None and seen_working(state, used - last[1], now - last[0]):
                 self.busy_at[r] = now
             self._cpu[r] = (now, used)
 
