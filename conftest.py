@@ -1,5 +1,7 @@
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -11,6 +13,15 @@ import pytest
 # beside one busy process. Ranks set their own count (``LaunchOptions.threads_per_rank``, 1).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Hypothesis: the same examples on every run (the project's seeds are deterministic: a failure
+# names its example, and a rerun meets it again), and no wall-clock limit on an example or on
+# drawing one - the suite shares two cores with its own sweeps, and a test never asserts a time.
+from hypothesis import HealthCheck, settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("dw-harness", deadline=None, derandomize=True,
+                                      suppress_health_check=[HealthCheck.too_slow])
+_hypothesis_settings.load_profile("dw-harness")
+
 # The harness's own plugin (``harness.pytest_plugin.plugin``) comes in through its ``pytest11``
 # entry point, as it does for any pytest in an environment where the project is installed.
 pytest_plugins = [
@@ -18,11 +29,13 @@ pytest_plugins = [
     "fixtures.hook_modes",
 ]
 
-#: The modules whose fixtures run the longest chains of sweeps (TE on CPU, the gate's
-#: self-test, the fault sweeps; ``benchmarks/bench_gate.py`` measures them), in the order
+#: The modules whose fixtures run the longest chains of sweeps (the fault sweeps over ``ci``,
+#: mostly waiting out hangs; TE on CPU, the gate's self-test, the other fault sweeps;
+#: ``benchmarks/bench_gate.py`` measures them), in the order
 #: the xdist workers should start them. Started last, the longest one ran alone at the end
 #: while the other worker sat idle; started first, the short modules fill in around them.
-FIRST = ("test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge", "test_te_tree")
+FIRST = ("test_faults_ci", "test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge",
+         "test_te_tree")
 
 
 def _given(config: pytest.Config, *flags: str) -> bool:
@@ -37,6 +50,35 @@ def _given(config: pytest.Config, *flags: str) -> bool:
 #: ``launch_memo.CACHE_ENV``, spelled out: importing that module here would run
 #: ``harness.backends.te_cpu.backend``'s package import (TE on CPU, torch patched) in pytest's own process.
 _LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
+#: an agent server for this pytest run (``harness/rank/agent_server.py``, named by
+#: ``harness.launcher.served.SERVER_ENV``, spelled out for the same reason): the suite's few
+#: hundred launches fork their torchrun agents from one process that imported torch and TE's
+#: dependencies once, instead of each importing them anew (1.5 to 4 CPU-s a launch). Started
+#: by the controller, not awaited: a launch before it listens starts its agent as a new
+#: process, as every launch does without a server.
+_AGENT_SERVER = "DW_AGENT_SERVER"
+
+
+def _start_agent_server(config: pytest.Config) -> None:
+    folder = tempfile.mkdtemp(prefix="dw-agents-")
+    path = os.path.join(folder, "agents.sock")
+    root = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    server = subprocess.Popen([sys.executable, "-m", "harness.rank.agent_server", "--socket", path],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=root, env=env)
+    os.environ[_AGENT_SERVER] = path
+
+    def stop() -> None:
+        server.stdin.close()  # the server ends when its stdin closes
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    config.add_cleanup(stop)
 
 
 @pytest.hookimpl(trylast=True)
@@ -48,6 +90,8 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.mkdtemp(prefix="dw-launches-")
         os.environ[_LAUNCH_CACHE] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    if not hasattr(config, "workerinput") and _AGENT_SERVER not in os.environ:
+        _start_agent_server(config)
     if getattr(config.option, "dist", "no") == "loadscope" and not _given(
             config, "--loadscope-reorder", "--no-loadscope-reorder"):
         config.option.loadscopereorder = False

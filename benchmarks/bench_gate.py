@@ -93,6 +93,7 @@ CATEGORIES: dict[str, str] = {
     "test_faults": "torchrun",
     "test_faults_packed": "torchrun",
     "test_faults_pytest": "torchrun",
+    "test_faults_ci": "torchrun",
     "test_launch_failures": "torchrun",
     "test_ledger_sweep": "torchrun",
     "test_loopback": "torchrun",
@@ -108,6 +109,7 @@ CATEGORIES: dict[str, str] = {
     # a Python subprocess that launches nothing (bad input, --collect-only, import-linter, pip wheel)
     "test_cli": "subprocess",
     "test_docs": "subprocess",
+    "test_fault_attribution": "subprocess",   # a busy and an idle process for the CPU sampling
     "test_layers": "subprocess",
     "test_megatron_install": "subprocess",
     "test_packaging": "subprocess",

@@ -67,7 +67,9 @@ def _wait_for_gate(gate: Path, proc: subprocess.Popen, limit_s: float = 240.0) -
 def test_sweep_process_tree_listens_on_loopback_only(tmp_path):
     gate = tmp_path / "gate"
     gate.mkdir()
-    env = {**os.environ, "DW_FAULT": "gate", "DW_FAULT_GATE": str(gate), "DW_FAULT_CELL": "1",
+    # a user's sweep: its agent is its own child, not one the suite's agent server forked
+    # (conftest.py), so the process tree below holds the agent and its ranks
+    env = {**{k: v for k, v in os.environ.items() if k != "DW_AGENT_SERVER"}, "DW_FAULT": "gate", "DW_FAULT_GATE": str(gate), "DW_FAULT_CELL": "1",
            "PYTHONPATH": str(ROOT)}
     interface = network_interface()
     if interface:

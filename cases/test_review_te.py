@@ -58,7 +58,12 @@ UNADDRESSED = ["backward-dw-assigns-grad", "grouped-tensor-delayed-bias-marked-b
                "fp8-delayed-bias-grad-in-main-backward", "ops-grouped-fp8-gemm-fp32-bias",
                # TE's v1 CPU offloading and Megatron's offloading manager: the installers'
                # own defects, not the layers' handling of a distributed weight
-               "cpu-offload-v1-clears-cached-fp8-weight", "megatron-offload-one-layer-chunk-mismatch"]
+               "cpu-offload-v1-clears-cached-fp8-weight", "megatron-offload-one-layer-chunk-mismatch",
+               # distributed-weight handling the shipped patch does not change (yet; its header says
+               # so): the grouped-tensor op's dgrad operand (hunk 19 fixes the split path's only),
+               # and the FP8 alignment check on the shard - both select ci cells, so the day the
+               # patch fixes either, this test fails until the entry moves out of this list
+               "ops-grouped-tensor-distributed-dgrad-weight-unquantized", "fp8-alignment-checked-on-distributed-shard"]
 #: the hunk of the patch that makes _GroupedLinear.backward (split-quantize path) prefer ctx's weights
 GROUPED_PREFERENCE = "decide from the parameter objects kept on ctx"
 GROUPED_HOOKED = ["--preset", "ci", "--modules", "grouped_linear", "--weights", "distributed",
@@ -311,12 +316,23 @@ def test_patched_tree_with_megatrons_weight_fixes_the_parameter_order(trees, tmp
     assert proc.returncode == 0, out[-6000:]
     assert "review GREEN: 1 of 1 required entries fixed here, 0 regression(s)" in out, out[-4000:]
     assert _verdicts(proc.stdout)[ORDER_ENTRY] == "fixed here"
-    # every cell passes but an fp32 one under a recipe, known by the bias entry the patch leaves
+    # every cell passes but those known by entries the patch leaves (UNADDRESSED): an fp32 one
+    # under a recipe (the bias entry), and - since the grouped-tensor values run under recipes -
+    # the grouped-tensor op's recipe cells, whose dgrad of the unquantized re-gathered weights is
+    # refused before any gradient reaches autograd (so the parameter order cannot show there)
     statuses = _statuses(record)
     assert len(record["cells"]) >= 10 and set(statuses.values()) <= {"pass", "known"}
+    dgrad_first = {c["id"] for c in record["cells"] if c["axes"]["module"] == "ops_grouped_linear_tensor"
+                   and c["axes"].get("recipe", "none") != "none"}
     for cell in record["cells"]:
-        if statuses[cell["id"]] == "known":
+        if cell["id"] in dgrad_first:
+            assert statuses[cell["id"]] == "known", cell["id"]
+            assert cell["known"] == ["ops-grouped-tensor-distributed-dgrad-weight-unquantized"], cell["id"]
+        elif statuses[cell["id"]] == "known":
             assert cell["known"] == ["ops-grouped-fp8-gemm-fp32-bias"], cell["id"]
+    # the order entry is fixed where it can show: the ops cells without a recipe pass
+    assert any(statuses[c["id"]] == "pass" for c in record["cells"] if c["axes"].get("recipe", "none") == "none"
+               and c["axes"]["module"] == "ops_grouped_linear_tensor")
     repro = reproduction.run(tmp_path, tree=trees["fixed"])
     assert repro.returncode == 0, repro.stderr[-3000:]
     assert repro.stdout.splitlines() == reproduction.ORDERS

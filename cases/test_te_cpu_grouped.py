@@ -407,3 +407,47 @@ def test_this_process_never_imported_the_layer() -> None:
     for name in ("harness.backends.te_cpu.backend", "harness.backends.te_cpu.grouped", "transformer_engine", "transformer_engine_torch"):
         assert name not in sys.modules, name
     assert torch.zeros(1).is_cuda is False
+
+
+_NO_USAGE_SCRIPT = """
+    import os, torch
+    import harness.backends.te_cpu.backend as backend
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
+
+    x = torch.randn(256, 128, dtype=torch.bfloat16)
+    splits = torch.tensor([128, 128], dtype=torch.int64)
+    made = {{"current": lambda: Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, device="cpu"),
+             "mxfp8": lambda: MXFP8Quantizer(tex.DType.kFloat8E4M3),
+             "blockwise": lambda: Float8BlockQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)}}
+    out = {{}}
+    for name, make in made.items():
+        kernels = [("group_quantize", tex.group_quantize)]
+        if name != "current":
+            kernels.append(("bgrad_group_quantize", tex.bgrad_group_quantize))
+        for kernel, fn in kernels:
+            for rowwise, columnwise in ((False, False), (True, False)):
+                q = make()
+                q.set_usage(rowwise=rowwise, columnwise=columnwise)
+                try:
+                    fn(x, q, 2, splits)
+                    out[(name, kernel, rowwise)] = "ran"
+                except RuntimeError as exc:
+                    out[(name, kernel, rowwise)] = str(exc)
+    torch.save(out, os.environ["DW_TE_SCRIPT_OUT"])
+"""
+
+
+def test_group_quantize_refuses_a_quantizer_of_neither_usage(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """TE's grouped quantization kernels check first that an output usage is allocated
+    (``cast/{fp8,mxfp8,fp8_blockwise}/group_quantize_*.cuh``: "Either rowwise or columnwise output
+    data need to be allocated."); te-cpu refuses as they do - a backward that needs neither dgrad
+    nor wgrad asks for it (GroupedLinear's grouped-tensor path with copies that lack
+    requires_grad) - and the same call with a usage runs."""
+    out = run_te_script(tmp_path_factory, "te_no_usage", _NO_USAGE_SCRIPT, timeout=300)
+    assert len(out) == 10, out
+    for (name, kernel, rowwise), said in out.items():
+        want = "ran" if rowwise else "Either rowwise or columnwise output data need to be allocated."
+        assert said == want, (name, kernel, rowwise, said)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from harness.cell import compare, hooks, megatron_gtp, te_path, twin
-from harness.cell.faults import BackendFault, error_info
+from harness.cell.faults import BackendFault, error_info, peer_lost
 from harness.cell.inputs import draw_splits, main_grad_start
 from harness.cell.mlp_oracle import LayerInputs, LayerOracle, make_inputs
 from harness.cell.oracle import record_of
@@ -311,7 +311,7 @@ def run_layer_cell(backend: ModuleType, cell: Cell, rank: int, world: int, group
     except BackendFault as fault:
         exc = fault.exc
         return RankResult(rank, "error", [Check("exception", "exception", False, message=f"{type(exc).__name__}: {exc}")],
-                          {**error_info(exc), "phase": fault.phase})
+                          {**error_info(exc), "phase": fault.phase}, by_peer=peer_lost(exc))
     finally:
         if ddp is not None:
             ddp.close()

@@ -21,9 +21,9 @@ from typing import Any, Iterator
 import torch
 
 from harness.vocabulary import hook_modes, modules, recipes, shape, weights
-from harness.cell import compare, lowp, mlp, oracle, predict, quantized, rejection, te_path, twin
+from harness.cell import compare, faults, lowp, mlp, oracle, predict, quantized, rejection, te_path, twin
 from harness.cell.consumer import Consumer
-from harness.cell.faults import BackendFault, error_info
+from harness.cell.faults import BackendFault, error_info, peer_lost
 from harness.cell.attach import attach_weight
 from harness.cell.gtp import GTPGroup, weight_names
 from harness.cell import hooks as hook_installers
@@ -158,7 +158,12 @@ def _owned(owner: str, phase: str, cell: Cell) -> Iterator[None]:
     ``backward_dw`` (and whatever they call back into); an exception is a ``BackendFault``.
     ``harness``: inputs, the oracle, GTP injection, the consumer, the checks; an exception is
     a ``compare.HarnessBug`` (status ``harness_error``, exit 3), never a backend verdict.
+    Either way a collective that a peer broke is flagged as such (``faults.peer_lost``), and
+    the phase is posted on the rank's board (``faults.PhaseBoard``) while it runs: a rank that
+    hangs in it is judged by whose phase it hung in.
     """
+    board = faults.BOARD
+    before = board.post(owner, phase) if board is not None else None
     try:
         yield
     except (BackendFault, compare.HarnessBug):
@@ -168,6 +173,9 @@ def _owned(owner: str, phase: str, cell: Cell) -> Iterator[None]:
             raise BackendFault(phase, exc) from exc
         raise compare.HarnessBug(f"the harness failed in its {phase} phase of {cell.id}: "
                                  f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        if board is not None and before is not None:
+            board.post(*before)
 
 
 def run_cell(backend: ModuleType, cell: Cell, ctx: RankContext, example: Example | None = None) -> RankResult:
@@ -212,7 +220,7 @@ def _run_scoped(backend: ModuleType, cell: Cell, ctx: RankContext, example: Exam
                 with getattr(backend, "harness_reads", nullcontext)():
                     _add_twin_checks(backend, cell, ctx, example, result, kept)
     except compare.HarnessBug as bug:
-        return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug))
+        return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(bug), by_peer=peer_lost(bug))
     _judge_path(cell, result, dict(evidence()) if callable(evidence) else None)
     result.recipe = lowp.describe(backend, cell.recipe)
     return result
@@ -272,7 +280,7 @@ def _add_twin_checks(backend: ModuleType, cell: Cell, ctx: RankContext, example:
         # (so the worker treats it as any backend error: the rank's peers may be mid-collective)
         err = dict(twin_result.error or {})
         err["phase"] = f"hooks-off twin: {err.get('phase', '?')}"
-        result.status, result.error = twin_result.status, err
+        result.status, result.error, result.by_peer = twin_result.status, err, twin_result.by_peer
         result.comparisons.extend(twin_result.comparisons)
         return
     with _owned("harness", "twin checks", cell):
@@ -340,14 +348,15 @@ def _run_cell_step(backend: ModuleType, cell: Cell, ctx: RankContext, example: E
         with _owned("harness", "consumer", cell):
             consumer.finish_step()
     except BackendFault as fault:  # the backend's failure is a result, not a harness crash
-        if cell.expect == "error":
+        lost = peer_lost(fault.exc)  # a collective broke under it: a peer's failure, not a rejection
+        if cell.expect == "error" and not lost:
             with _owned("harness", "checks", cell):
                 return _judge_expected_error(cell, fault.exc, consumer, gtp, ctx.rank, backend)
         exc = fault.exc
         return RankResult(ctx.rank, "error", [Check("exception", "exception", False,
                                                     message=f"{type(exc).__name__}: {exc}"),
                                               *_autograd_shape_checks(exc)],
-                          {**error_info(exc), "phase": fault.phase})
+                          {**error_info(exc), "phase": fault.phase}, by_peer=lost)
     finally:
         if consumer is not None:
             consumer.close()

@@ -12,7 +12,7 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness.vocabulary.shape import Example
+from harness.vocabulary.shape import DRAWN_MAX, Example
 from harness.vocabulary.matrix import Cell
 from harness.records.record import CellResult
 from harness.vocabulary.weights import shardable
@@ -20,12 +20,12 @@ from harness.vocabulary.weights import shardable
 
 def strategy(cell: Cell) -> st.SearchStrategy[Example]:
     """Small shapes (including one-row and empty inputs) the cell's world size can shard."""
-    outs = [o for o in range(1, 49) if shardable(cell.weight, o, cell.world_size, cell.recipe)]
+    outs = [o for o in range(1, DRAWN_MAX.out_features + 1) if shardable(cell.weight, o, cell.world_size, cell.recipe)]
     return st.builds(
         Example,
-        in_features=st.integers(1, 40),
+        in_features=st.integers(1, DRAWN_MAX.in_features),
         out_features=st.sampled_from(outs),
-        rows=st.integers(0, 16),
+        rows=st.integers(0, DRAWN_MAX.rows),
         salt=st.integers(0, 2**16),
     )
 

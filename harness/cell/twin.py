@@ -79,7 +79,7 @@ class Twins:
         the error and the checks it made - and detached copies of its tensors."""
         errored = result.status not in ("pass", "fail")
         outcome = RankResult(result.rank, result.status, list(result.comparisons) if errored else [],
-                             dict(result.error) if result.error else None)
+                             dict(result.error) if result.error else None, by_peer=result.by_peer)
         copy = Kept([_detached(t) for t in kept.outputs], [_detached(t) for t in kept.dgrads],
                     {n: _detached(t) for n, t in kept.records.items()}, {k: list(v) for k, v in kept.calls.items()})
         self._kept[key] = (outcome, copy)

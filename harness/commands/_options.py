@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from harness.commands import _inputs
+from harness.launcher.launch import CELL_TIMEOUT_HELP
 from harness.records import runfolder
 from harness.vocabulary.errors import UsageError
 
@@ -42,8 +43,7 @@ def add_run_control(parser: argparse.ArgumentParser, prefix: str = "run",
     returned so a command adds its own (``--resume``, ``--quiet``, ...) to it."""
     g = parser.add_argument_group("run control")
     add_out(parser, g, prefix, what)
-    g.add_argument("--cell-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="seconds a cell may take before its launch is ended (default 120)")
+    g.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help=CELL_TIMEOUT_HELP)
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA + NCCL when present, else CPU + gloo")
     return g

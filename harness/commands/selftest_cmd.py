@@ -100,7 +100,7 @@ def _te_fault_runs(cell: matrix.Cell) -> bool:
                for f in fault_classes.TE.values())
 
 
-def _te_side(te_cells: list, sel: dict, run_dir: Path, cell_timeout: float) -> TeSide | None:
+def _te_side(te_cells: list, sel: dict, run_dir: Path, cell_timeout: float | None) -> TeSide | None:
     """The self-test's part in TE's own code, where TE and Megatron-Core are installed (None
     elsewhere): the selection's cells that need TE, and Megatron's expert layer with Megatron's
     weight (the layer's distributed weight, which the selection's default weights leave out),

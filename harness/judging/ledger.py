@@ -58,7 +58,8 @@ from typing import Any, Iterable, Sequence
 
 from harness.vocabulary.errors import LedgerError
 from harness.vocabulary import defects, matrix
-from harness.records.record import CellResult, first_failure
+from harness.records.record import CellResult
+from harness.records.fold import first_failure
 from harness.vocabulary.status import PATH_NOT_TAKEN
 
 if sys.version_info >= (3, 11):

@@ -3,18 +3,23 @@
 The launcher (``harness.launcher.launch``) decides *when* to end a launch; this module says *why* it
 failed and *who* failed first, from the evidence: torchrun's failure summary (the first
 failed rank and its exit code or signal), each rank's log from the start of the cell in
-flight (its traceback, or the stacks faulthandler dumped on SIGTERM), the last
-``SomethingError:`` line of a log, and the ranks' own reports (``ranks/*.jsonl``), in which a
-peer that merely saw its collective break ("connection closed") is told apart from the rank
-that failed first. Pure text work: the standard library only, no torch.
+flight (its traceback, or the stacks faulthandler dumped on SIGTERM: a rank waiting in a
+collective was waiting for a peer), the last ``SomethingError:`` line of a log, each rank's
+phase board (``ranks/<launch>.rank<N>.phase``: whose code it was running), and the ranks' own
+reports (``ranks/*.jsonl``), in which a peer that merely saw its collective break
+("connection closed", flagged ``by_peer`` by the rank) is told apart from the rank that failed
+first. Pure text work: the standard library only, no torch.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
+from harness.records.fold import failed, peer_loss_text
+from harness.records.record import RankResult
 from harness.vocabulary.status import HARNESS_ERROR
 
 #: rank statuses that mean "this rank failed the cell in flight"
@@ -87,25 +92,139 @@ def startup_cause(startup_errors: dict[int, dict], log_dir: Path, why: str) -> s
     return f"{why} ({how})"
 
 
-_COMM_ERROR = re.compile(
-    r"Connection (closed|reset) by peer|Timed out waiting|timed out|Read error|Socket Timeout|"
-    r"NCCL (error|communicator)|watchdog|ProcessGroup\w* (is )?abort", re.I)
+@dataclass(frozen=True)
+class SilentRank:
+    """Where to read what a rank that never reported a cell left behind."""
+
+    log_dir: Path
+    #: its launch rank
+    rank: int
+    #: the launch's task index of the cell, and the launch's task count
+    index: int
+    count: int
+    #: its phase board (``harness.cell.faults.PhaseBoard``)
+    board: Path
 
 
-def first_to_fail(reported: dict[int, dict], dead_rank: int | None, world_size: int) -> int | None:
-    """The rank that failed first, not a peer that then saw "connection closed".
+def innermost_frame(log: str) -> str | None:
+    """The innermost frame of the cell's thread - the one running the worker's lanes - in the
+    last stack dump a rank's faulthandler wrote into ``log`` (on the SIGTERM that ended its
+    launch); None without such a dump."""
+    found = None
+    for block in _THREAD.findall(log):
+        if "in _run_lane" in block:
+            found = block.splitlines()[0].strip()
+    return found
 
-    In order: the earliest rank whose own error is not a communication error; the rank
-    torchrun saw die; a rank that never reported (hung); the earliest communication error.
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):\n((?:  File .*\n?)+)", re.M)
+#: where torch's collectives live (``torch/distributed``; its launcher, ``elastic``, is no collective)
+_COLLECTIVE = re.compile(r"[/\\]torch[/\\]distributed[/\\](?!elastic)")
+
+
+def in_collective(frame: str | None) -> bool:
+    """The frame is inside one of torch's collectives: the rank was waiting for its peers."""
+    return frame is not None and bool(_COLLECTIVE.search(frame))
+
+
+def read_board(path: Path) -> tuple[str, str] | None:
+    """The owner and phase a rank's phase board last showed (None: it has none)."""
+    try:
+        owner, _, phase = path.read_text(errors="replace").strip("\0 \n").partition("\t")
+    except OSError:
+        return None
+    return (owner, phase.strip()) if owner else None
+
+
+def _backend_frame(where: SilentRank) -> tuple[bool, str | None]:
+    """Whether the silent rank's board shows the backend's phase, and its innermost frame (None:
+    no stack dump, or one cut short)."""
+    board = read_board(where.board)
+    if board is None or board[0] != "backend":
+        return False, None
+    return True, innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count, lines=2000))
+
+
+def hung_in_backend(where: SilentRank) -> bool:
+    """The silent rank was in the backend's code, not waiting in one of torch's collectives
+    (as far as its board and its stack dump tell: without a dump, its board alone)."""
+    in_backend, frame = _backend_frame(where)
+    return in_backend and not in_collective(frame)
+
+
+def seen_hung_in_backend(where: SilentRank) -> bool:
+    """The silent rank's stack dump shows it in the backend's code, out of any collective (not
+    only its board: a dump that was cut short shows nothing)."""
+    in_backend, frame = _backend_frame(where)
+    return in_backend and frame is not None and not in_collective(frame)
+
+
+def silent_rank(rank: int, where: SilentRank, why: str, named: bool, after_peer: bool,
+                peer_in_backend: bool = False, peer_seen_hung: bool = False) -> RankResult:
+    """The result of cell rank ``rank``, which never reported the cell, from what happened to it.
+
+    - ``named``: torchrun saw it fail first (it died, or exited): its own ``error``, or a
+      ``harness_error`` when it exited with a code in a harness phase; by a peer when its
+      last error was a collective that a peer broke.
+    - ``after_peer``: another rank failed on its own first: this one was ended because of
+      that (by a peer), wherever it was.
+    - otherwise nobody is known to have failed, and where it was decides: waiting in a
+      collective is by a peer; so is the harness's phase while another silent rank of the
+      cell hung in the backend's code (``peer_in_backend``: the harness waits for the backend,
+      never the other way round - this holds when a stack dump was cut short); so is the
+      backend's phase with a dump cut short (no frame) while another silent rank's dump shows it
+      hung in the backend's code out of any collective (``peer_seen_hung``: one rank hung, the
+      others waited; under load a waiting rank's dump may not finish); anywhere else it hung,
+      in the phase its board shows - a ``timeout`` in the backend's phase, a ``harness_error``
+      in the harness's.
     """
-    errors = sorted((rep["t"], r, bool(_COMM_ERROR.search((rep["result"].get("error") or {}).get("message", ""))))
-                    for r, rep in reported.items() if rep["result"]["status"] in FAILED)
-    own = [r for _, r, victim in errors if not victim]
+    tail = cell_log(where.log_dir, where.rank, where.index, where.count)
+    board = read_board(where.board)
+    owner, phase = board if board is not None else ("backend", "?")
+    base = {"type": "NoReport", "traceback": tail, "phase": phase}
+    if named:
+        line = last_error_line(tail) or ""
+        if "died" not in why and line and peer_loss_text(line):
+            return RankResult(rank, "error", [], {**base, "message": f"this rank's collective broke ({why})"},
+                              by_peer=True)
+        status = HARNESS_ERROR if "died" not in why and owner == "harness" else "error"
+        return RankResult(rank, status, [], {**base, "message": f"this rank never reported a result ({why})"})
+    if after_peer:
+        return RankResult(rank, "error", [], {**base, "message": f"this rank never reported a result: it was ended "
+                                                                 f"after a peer failed ({why})"}, by_peer=True)
+    frame = innermost_frame(cell_log(where.log_dir, where.rank, where.index, where.count, lines=2000))
+    if in_collective(frame):
+        return RankResult(rank, "timeout", [], {**base, "message": f"this rank was waiting for its peers in a "
+                                                                   f"collective ({why})"}, by_peer=True)
+    if owner == "harness" and peer_in_backend:
+        return RankResult(rank, "timeout", [], {**base, "message": f"this rank waited in the harness's {phase} "
+                                                                   f"phase for a peer hung in the backend's code "
+                                                                   f"({why})"}, by_peer=True)
+    if owner == "backend" and frame is None and peer_seen_hung:
+        return RankResult(rank, "timeout", [], {**base, "message": f"this rank's stack showed no frame while a peer "
+                                                                   f"was seen hung in the backend's code ({why})"},
+                          by_peer=True)
+    at = f", at {frame.removeprefix('File ')}" if frame else ""
+    status = HARNESS_ERROR if owner == "harness" else "timeout"
+    return RankResult(rank, status, [], {**base, "type": "Timeout",
+                                         "message": f"this rank hung in the {owner}'s {phase} phase{at} ({why})"})
+
+
+def first_to_fail(reported: dict[int, dict], ranks: list[RankResult], named: int | None) -> int | None:
+    """The rank that failed first, not a peer that then saw its collective break.
+
+    In order: the earliest report of a rank's own failure; the rank torchrun saw fail first;
+    a silent rank that failed on its own (it hung); the earliest failure by a peer.
+    """
+    own = sorted((rep["t"], r) for r, rep in reported.items() if failed(ranks[r]) and not ranks[r].by_peer)
     if own:
-        return own[0]
-    if dead_rank is not None:
-        return dead_rank
-    silent = [r for r in range(world_size) if r not in reported]
-    if silent and errors:
-        return silent[0]
-    return errors[0][1] if errors else None
+        return own[0][1]
+    if named is not None:
+        return named
+    hung = [x.rank for x in ranks if x.rank not in reported and failed(x) and not x.by_peer]
+    if hung:
+        return hung[0]
+    by_peer = sorted((rep["t"], r) for r, rep in reported.items() if failed(ranks[r]))
+    if by_peer:
+        return by_peer[0][1]
+    return next((x.rank for x in ranks if failed(x)), None)

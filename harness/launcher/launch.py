@@ -6,13 +6,21 @@ port for its rendezvous (``harness.rank.agent``), so parallel launches (pytest-x
 collide and nothing listens beyond loopback.
 
 The launcher watches three things while a launch runs: the run's result stream (verdicts:
-progress), each rank's own reports in ``ranks/`` (``ready``, a start-up error, a rank that
-failed while its peers may be stuck in a collective), and the process itself (a dead rank
-ends torchrun). When a launch stops making progress - a peer stuck after a failure, a cell
-past its timeout, a dead rank - the launcher ends the tree (SIGTERM first: each rank's
-faulthandler writes its stacks into its log), appends the cell in flight to the result
-stream with every rank's evidence (read from the logs and reports by ``harness.launcher.forensics``),
-and starts a fresh launch for the cells left. A launch of W ranks runs its cells on lanes
+progress), each rank's own reports in ``ranks/`` (``ready``, a start-up error, a rank's result
+of each run of a cell - a rank that failed while its peers may be stuck in a collective),
+and the process itself (a dead rank ends torchrun). When a launch stops making progress - a
+peer stuck after a failure, a cell past its bound, a dead rank - the launcher ends the tree
+(SIGTERM first: each rank's faulthandler writes its stacks into its log), appends the cell in
+flight to the result stream with every rank's evidence (read from the logs, reports and
+phase boards by ``harness.launcher.forensics``; whose failure it was is folded by
+``harness.records.fold.decisive``), and starts a fresh launch for the cells left.
+
+How long a cell may go without progress is bounded by what it costs
+(``harness.vocabulary.cost.hang_bound``), unless the user gave ``--cell-timeout``. How long a
+failed rank's peers may take to report is measured on the launch itself (``peer_grace``: a
+multiple of the longest cell it ran, or of the failed rank's own time in the cell). A rank
+seen using the CPU (``/proc``, where there is one) is working, not hung: that is progress too,
+up to ``HANG_CAP_FACTOR`` times the bound. A launch of W ranks runs its cells on lanes
 (``harness.vocabulary.packing``: disjoint sub-groups, one cell in flight each); all of this is tracked
 per lane, so a fault is blamed on its lane's cell and the other lanes' verdicts stand.
 
@@ -29,18 +37,19 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from harness.vocabulary.errors import LaunchFailure
-from harness.launcher import forensics, warm
-from harness.vocabulary import packing
+from harness.launcher import forensics, served, warm
+from harness.vocabulary import cost, packing
 from harness.vocabulary.plan import agent_command
 from harness.vocabulary.matrix import Cell
+from harness.vocabulary.shape import DRAWN_MAX, Example
 from harness.vocabulary.plan import Lane
 from harness.vocabulary.plan import LaunchPlan, PlanTask
 from harness.records.record import CellResult, LaunchRecord, RankResult
 from harness.records.stream import LineTail, ResultStream
-from harness.records.fold import cell_status, merge, repro_command
+from harness.records.fold import cell_status, failed, merge, repro_command
 
 ResultCallback = Callable[[str, CellResult], None]
 
@@ -59,14 +68,33 @@ class Task:
         return (self.backend, self.cell.id)
 
 
+#: ``--cell-timeout``'s help (``sweep``, ``repro``, ``selftest`` and the pytest plugin)
+CELL_TIMEOUT_HELP = ("seconds a cell may go without progress before its launch is ended (default: each "
+                     "cell's bound from its predicted cost, 5 s and up: docs/runner-faults.md)")
+
+#: the shortest timeout of the ranks' collectives: a rank's process groups are built while its
+#: peers may still be importing the backends (``harness.rank.worker``), which takes seconds
+MIN_COLLECTIVE_TIMEOUT_S = 90.0
+#: how long the launcher waits for torchrun to exit once it saw a rank's process end: torchrun
+#: reaps it, ends the others (waiting up to 30 s for one that ignores SIGTERM) and says how
+#: the first one ended
+DEATH_WAIT_S = 45.0
+#: a failed rank's peers get this many times the longest cell the launch measured (or the
+#: failed rank's own time in its cell, if longer) to report, once none of them uses the CPU ...
+PEER_GRACE_FACTOR = 4.0
+#: ... and never less than this: two of the launcher's CPU samples (once a second), so that a
+#: peer still working is seen working before it is taken for one stuck in a collective
+PEER_GRACE_FLOOR_S = 2.0
+
+
 @dataclass
 class LaunchOptions:
     backend: str
     run_dir: Path
-    cell_timeout: float = 120.0
+    #: seconds one run of a cell may take without progress (the user's ``--cell-timeout``);
+    #: None: each cell's own bound from its predicted cost (``cost.hang_bound``)
+    cell_timeout: float | None = None
     startup_timeout: float = 120.0
-    #: how long peers may take to report once one rank has reported an error
-    peer_grace: float = 15.0
     device: str = "auto"
     threads_per_rank: int = 1
     example: dict | None = None
@@ -77,6 +105,76 @@ class LaunchOptions:
     #: called with one line while nothing new happens (torchrun starting, a slow cell)
     on_wait: Callable[[str], None] | None = None
     wait_interval: float = 10.0
+
+
+def cell_bound(opts: LaunchOptions, cell: Cell, examples: int = 0) -> float:
+    """Seconds one run of ``cell`` may go without progress before it has hung: the user's
+    ``--cell-timeout``, else the cell's own bound from its predicted cost at the shapes it
+    runs: the example the options name, else with ``examples`` drawn ones the largest drawable."""
+    if opts.cell_timeout is not None:
+        return opts.cell_timeout
+    example = (Example.from_dict(opts.example) if opts.example else DRAWN_MAX if examples else None)
+    return cost.hang_bound(cell, example, sees_cpu=SEES_CPU)
+
+
+# ---- the ranks' processes as /proc shows them (Linux; elsewhere nothing is known of them)
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (which may hold spaces), the
+    state first; None where there is no ``/proc`` or no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+#: the launcher can read its ranks' CPU time here (a working rank is progress: ``cost.BUSY_SHARE``)
+SEES_CPU = Path("/proc/self/stat").exists()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time a process has used, user and system (None: no ``/proc``, or it is gone)."""
+    seen = cpu_sample(pid)
+    return None if seen is None else seen[1]
+
+
+def cpu_sample(pid: int) -> tuple[str, float] | None:
+    """A process's state letter (``R`` runnable, ``D`` waiting on a disk, ``S`` asleep, ...)
+    and its CPU time, user and system, from one read of ``/proc`` (None: none, or it is gone)."""
+    fields = _proc_stat(pid)
+    return None if fields is None else (fields[0], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+
+
+#: states in which a process waits on the machine, not on a peer: runnable (its turn on a
+#: loaded CPU) and uninterruptible sleep (a disk: a verdict's fsync under a busy disk took
+#: seconds on the CI machine). A rank stuck in a collective or asleep is ``S``.
+WAITING_ON_MACHINE = ("R", "D")
+
+
+def seen_working(state: str, used: float, elapsed: float) -> bool:
+    """Whether a rank sampled in ``state`` that used ``used`` CPU-seconds over the last
+    ``elapsed`` seconds is working: more than ``cost.BUSY_SHARE`` of a core, or waiting on the
+    machine right now (``WAITING_ON_MACHINE``)."""
+    return state in WAITING_ON_MACHINE or used > cost.BUSY_SHARE * elapsed
+
+
+def process_end(pid: int) -> str | None:
+    """How the process ended, if it has: ``"signal N"`` or ``"exit N"`` while it is a zombie
+    (its parent, torchrun's agent, has not reaped it yet), ``"gone"`` once reaped; None while it
+    runs, or where there is no ``/proc`` to tell."""
+    if not SEES_CPU:
+        return None
+    fields = _proc_stat(pid)
+    if fields is None:
+        return "gone"
+    if fields[0] not in ("Z", "X"):
+        return None
+    status = int(fields[49]) if len(fields) > 49 else 0  # field 52, exit_code: waitpid's form
+    return f"signal {status & 0x7F}" if status & 0x7F else f"exit {status >> 8}"
+
 
 
 def torchrun_args(world_size: int, plan_path: Path) -> list[str]:
@@ -90,21 +188,27 @@ def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     return agent_command(*torchrun_args(world_size, plan_path))
 
 
-def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    """End torchrun and every rank: SIGTERM the process group, then SIGKILL it."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
+def kill_tree(proc: subprocess.Popen, grace: float = 3.0, ranks: Iterable[int] = ()) -> None:
+    """End torchrun and every rank: SIGTERM the process group - each rank's faulthandler writes
+    its stacks into its log - and once torchrun and the ``ranks`` (their process ids) have
+    ended, or ``grace`` is over, SIGKILL whatever is left (a SIGKILL right after torchrun's
+    exit cut a loaded rank's stack dump short, and with it the evidence of where it hung)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    ranks = list(ranks)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or any(process_end(p) is None for p in ranks)):
+        time.sleep(0.02)
     # ranks may outlive torchrun by a moment; make sure the group is empty
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10.0)
+    except subprocess.TimeoutExpired:
         pass
 
 
@@ -145,8 +249,19 @@ class _Launch:
         self.rank_tails = [LineTail(opts.run_dir / "ranks" / f"{name}.rank{r}.jsonl")
                            for r in range(width)]
         self.t0 = time.monotonic()
-        #: when each rank last saw one of its lanes' verdicts (its next cell started then)
+        #: when each rank last made progress: said it was ready, reported a run of its lane's
+        #: cell, or saw one of its lanes' verdicts (its next cell started then)
         self.rank_last = [self.t0] * width
+        #: each rank's process (from its ``ready`` report) and its last CPU sample (when, seconds)
+        self.pids: dict[int, int] = {}
+        self._cpu: dict[int, tuple[float, float]] = {}
+        #: when each rank was last seen working (using more than ``cost.BUSY_SHARE`` of a core)
+        self.busy_at = [self.t0] * width
+        self._sampled = self.t0
+        #: ranks whose process was seen ended before torchrun exited: when, and how (``process_end``)
+        self.ended_at: dict[int, tuple[float, str]] = {}
+        #: the longest a cell of this launch took, from its start to its verdict, as measured here
+        self.longest_cell = 0.0
 
     @property
     def started(self) -> bool:
@@ -166,8 +281,51 @@ class _Launch:
         return out
 
     def since(self, ls: _LaneState) -> float:
-        """When the lane's cell in flight started (as the launcher can tell)."""
+        """When the lane last made progress (as the launcher can tell): its ranks were all
+        ready, its last verdict arrived, or a rank reported a run of the cell in flight."""
         return max(self.rank_last[r] for r in ls.lane.ranks)
+
+    def ended(self, ls: _LaneState, now: float) -> int | None:
+        """The lane rank whose process ended first while torchrun has not exited yet (torchrun
+        reaps its ranks, then exits naming how the first one ended - under load, seconds
+        later): the first seen ended, among those seen at once one a signal killed; None while
+        every one lives (``ended_at``: when each was seen ended, and how)."""
+        for r in ls.lane.ranks:
+            if r in self.pids and r not in self.ended_at and (how := process_end(self.pids[r])) is not None:
+                self.ended_at[r] = (now, how)
+        seen = [r for r in ls.lane.ranks if r in self.ended_at]
+        return min(seen, key=lambda r: (self.ended_at[r][0], not self.ended_at[r][1].startswith("signal")),
+                   default=None)
+
+    def progress(self, ls: _LaneState) -> float:
+        """When the lane last made progress or one of its ranks was last seen working."""
+        return max(self.since(ls), *(self.busy_at[r] for r in ls.lane.ranks))
+
+    def sample_cpu(self, now: float, every: float = 1.0) -> None:
+        """Every ``every`` seconds, note which ranks are working (``seen_working``: more than
+        ``cost.BUSY_SHARE`` of a core since the last sample, or waiting on the CPU or a disk
+        now) in ``busy_at``."""
+        if now - self._sampled < every:
+            return
+        self._sampled = now
+        for r, pid in self.pids.items():
+            seen = cpu_sample(pid)
+            if seen is None:
+                continue
+            state, used = seen
+            last = self._cpu.get(r)
+            if last is not None and seen_working(state, used - last[1], now - last[0]):
+                self.busy_at[r] = now
+            self._cpu[r] = (now, used)
+
+    def bound(self, ls: _LaneState) -> float:
+        """How long the lane's cell in flight may go without progress (``cell_bound``)."""
+        return cell_bound(self.opts, self.tasks[ls.current].cell, self.examples(ls.current))
+
+    def examples(self, i: int) -> int:
+        """The hypothesis-drawn examples task ``i`` runs."""
+        task = self.tasks[i]
+        return self.opts.examples if task.examples is None else task.examples
 
     def start(self) -> subprocess.Popen:
         run_dir = self.opts.run_dir
@@ -176,14 +334,11 @@ class _Launch:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         plan = LaunchPlan(
             run_dir, self.name,
-            [PlanTask(t.backend, t.cell.id, self.opts.examples if t.examples is None else t.examples)
-             for t in self.tasks],
+            [PlanTask(t.backend, t.cell.id, self.examples(i)) for i, t in enumerate(self.tasks)],
             [ls.lane for ls in self.lanes], exit_when_done=True,
             device=self.opts.device, threads_per_rank=self.opts.threads_per_rank,
             example=self.opts.example, examples=self.opts.examples,
-            # shorter than the cell timeout, so a peer of a hung rank reports a
-            # communication error (and is seen as a victim) before the launch is ended
-            collective_timeout=max(5.0, 0.75 * self.opts.cell_timeout))
+            collective_timeout=self.collective_timeout())
         plan_path = run_dir / "plans" / f"{self.name}.json"
         plan.write(plan_path)
         env = warm.agent_env(self.opts.threads_per_rank, self.opts.extra_env)
@@ -193,21 +348,36 @@ class _Launch:
                           self.log_dir / "torchrun.log")
         if taken is not None:
             return taken
-        return subprocess.Popen(torchrun_command(self.world_size, plan_path), stdout=self._log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        return served.start_agent(torchrun_args(self.world_size, plan_path), stdout=self._log,
+                                  stderr=served.STDOUT, stdin=served.DEVNULL, env=env)
+
+    def collective_timeout(self) -> float:
+        """How long the ranks' collectives wait for a peer: three quarters of the longest bound
+        of the launch's cells, so that with a long ``--cell-timeout`` the peers of a hung rank
+        report their broken collective (a failure by a peer) before the launch is ended, and
+        never less than ``MIN_COLLECTIVE_TIMEOUT_S``: the launcher, which knows each cell's
+        bound, ends a hung launch; a collective's own timeout is the last resort."""
+        longest = max(cell_bound(self.opts, t.cell, self.examples(i)) for i, t in enumerate(self.tasks))
+        return max(MIN_COLLECTIVE_TIMEOUT_S, 0.75 * longest)
 
     def poll_results(self) -> list[tuple[str, CellResult]]:
         """New verdicts of this launch's tasks (with their backend), each lane in task order;
         fresh per-rank reports and start-up events."""
+        now = time.monotonic()
         for r, tail in enumerate(self.rank_tails):
             for rep in tail.read():
                 event = rep.get("event")
                 if event == "ready":
                     self.ready.add(r)
+                    self.rank_last[r] = now
+                    if isinstance(rep.get("pid"), int):
+                        self.pids[r] = rep["pid"]
                 elif event == "startup_error":
                     self.startup_errors[r] = rep
                 elif event == "result":
+                    rep["seen"] = now  # the launcher's clock, not the rank's
                     self.reports.setdefault(rep["i"], {})[r] = rep
+                    self.rank_last[r] = now  # one run of its cell (an example) is done
         verdicts, self.offset = self.stream.read_since(self.offset)
         out = []
         for v in verdicts:
@@ -220,17 +390,35 @@ class _Launch:
         return out
 
     def _advance(self, ls: _LaneState) -> None:
+        now = time.monotonic()
+        self.longest_cell = max(self.longest_cell, now - self.since(ls))
         self.done.add(ls.current)
         ls.done += 1
-        now = time.monotonic()
         for r in ls.lane.ranks:
             self.rank_last[r] = now
 
     def first_error_report(self, ls: _LaneState) -> float | None:
-        """When a rank first reported a failure for the lane's task in flight (None: none did)."""
-        times = [rep["t"] for rep in self.reports.get(ls.current, {}).values()
+        """When the launcher saw a rank's first report of a failure for the lane's task in
+        flight (None: none did)."""
+        times = [rep["seen"] for rep in self.reports.get(ls.current, {}).values()
                  if rep["result"]["status"] in forensics.FAILED]
         return min(times) if times else None
+
+    def peer_grace(self, ls: _LaneState, failed_at: float) -> float:
+        """How long the peers of a rank that failed the lane's cell at ``failed_at`` may go
+        without reporting and without using the CPU before they are taken for stuck in a
+        collective: ``PEER_GRACE_FACTOR`` times what this launch measured - the longest cell it
+        ran, or the failed rank's own time in this one, whichever is longer (a loaded machine,
+        a first cell's imports: both make it longer) - at least ``PEER_GRACE_FLOOR_S`` and at
+        most the cell's bound."""
+        measured = max(self.longest_cell, failed_at - self.since(ls))
+        return min(self.bound(ls), max(PEER_GRACE_FLOOR_S, PEER_GRACE_FACTOR * measured))
+
+    def quiet_since(self, ls: _LaneState, failed_at: float) -> float:
+        """Since when the lane's ranks that have not reported its cell in flight have been idle
+        (not using the CPU), counted from ``failed_at`` at the earliest."""
+        reported = self.reports.get(ls.current, {})
+        return max([failed_at, *(self.busy_at[r] for r in ls.lane.ranks if r not in reported)])
 
     def startup_cause(self, why: str) -> str:
         """Why the launch never started, from its ranks' reports and logs (``harness.launcher.forensics``)."""
@@ -246,8 +434,8 @@ class _Launch:
             i = ls.current
             task = self.tasks[i]
             reps = self.reports.get(i, {})
-            examples = self.opts.examples if task.examples is None else task.examples
-            if examples or any(g not in reps or reps[g]["result"]["status"] in forensics.FAILED for g in ls.lane.ranks):
+            if self.examples(i) or any(g not in reps or reps[g]["result"]["status"] in forensics.FAILED
+                                       for g in ls.lane.ranks):
                 break
             res = merge(task.cell, [RankResult.from_dict(reps[g]["result"]) for g in ls.lane.ranks],
                         time.monotonic() - self.since(ls), task.backend, self.opts.example)
@@ -256,11 +444,17 @@ class _Launch:
             out.append((task.backend, res))
         return out
 
-    def lost(self, ls: _LaneState, status: str, why: str, dead_rank: int | None) -> list[tuple[str, CellResult]]:
+    def lost(self, ls: _LaneState, why: str, culprit: int | None = None) -> list[tuple[str, CellResult]]:
         """The verdict of the lane's task in flight from what each of its ranks reported or
-        left in its log (after ``settle``: a cell every rank finished is not lost), appended
-        to the result stream at once (the launcher is one of its writers). Ranks are the
-        cell's own (0 .. k-1); ``dead_rank`` is a launch rank."""
+        left behind (after ``settle``: a cell every rank finished is not lost), appended to the
+        result stream at once (the launcher is one of its writers).
+
+        ``why`` says how the launch ended; ``culprit`` is the launch rank whose process ended
+        first (torchrun named it, or the launcher saw it end), None when the launcher ended
+        the launch itself (a failed rank's peers did not report, or no progress within the
+        cell's bound). A rank that reported keeps its report; a silent one is judged by what
+        happened to it (``forensics.silent_rank``), and ``harness.records.fold`` decides whose
+        failure the cell's is."""
         settled = self.settle(ls)
         if ls.finished:
             return settled
@@ -269,22 +463,28 @@ class _Launch:
         cell = task.cell
         members = ls.lane.ranks
         reported = {members.index(g): rep for g, rep in self.reports.get(i, {}).items() if g in members}
-        ranks = []
-        for r, g in enumerate(members):
-            if r in reported:
-                ranks.append(RankResult.from_dict(reported[r]["result"]))
-                continue
-            evidence = forensics.cell_log(self.log_dir, g, i, len(self.tasks))
-            ranks.append(RankResult(r, status, [], {
-                "type": {"timeout": "Timeout", "error": "NoReport"}[status],
-                "message": f"this rank never reported a result ({why})", "traceback": evidence}))
-        dead = members.index(dead_rank) if dead_rank in members else None
-        first_rank = forensics.first_to_fail(reported, dead, len(members))
-        verdict = cell_status(ranks)
+        results = {r: RankResult.from_dict(rep["result"]) for r, rep in reported.items()}
+        named = members.index(culprit) if culprit in members else None
+        if named in results and not (failed(results[named]) and not results[named].by_peer):
+            named = None  # it had reported no failure of its own: a collective broke under it later
+        # a rank failed on its own (its report says so, or torchrun saw it go first): the
+        # silent others were ended because of it
+        after_peer = named is not None or any(failed(x) and not x.by_peer for x in results.values())
+        silent = {r: forensics.SilentRank(self.log_dir, g, i, len(self.tasks),
+                                          self.opts.run_dir / "ranks" / f"{self.name}.rank{g}.phase")
+                  for r, g in enumerate(members) if r not in results}
+        in_backend = {r for r, w in silent.items() if forensics.hung_in_backend(w)}
+        seen_hung = {r for r, w in silent.items() if forensics.seen_hung_in_backend(w)}
+        for r, w in silent.items():
+            results[r] = forensics.silent_rank(r, w, why, named=r == named, after_peer=after_peer and r != named,
+                                               peer_in_backend=bool(in_backend - {r}),
+                                               peer_seen_hung=bool(seen_hung - {r}))
+        ranks = [results[r] for r in range(len(members))]
+        first_rank = forensics.first_to_fail(reported, ranks, named)
         first = why
         where = "" if len(members) == self.world_size else f", launch rank {members[first_rank if first_rank is not None else 0]}"
         if first_rank is not None:
-            rr = next(x for x in ranks if x.rank == first_rank)
+            rr = ranks[first_rank]
             if first_rank in reported and rr.error:
                 first = (f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} "
                          f"(first rank to fail{where}; {why})")
@@ -292,10 +492,14 @@ class _Launch:
                 first = f"[rank {first_rank}] {rr.error['type']}: {rr.error['message']} (first rank to fail{where})"
         duration = time.monotonic() - self.since(ls)
         self._advance(ls)
-        res = CellResult(cell.id, cell.serialize(), cell.expect, verdict, round(duration, 3), None,
+        res = CellResult(cell.id, cell.serialize(), cell.expect, cell_status(ranks), round(duration, 3), None,
                          first, repro_command(cell.id, task.backend), ranks, self.opts.example)
         self.stream.append(res, task.backend, self.name)
         return [*settled, (task.backend, res)]
+
+    def end(self, proc: subprocess.Popen) -> None:
+        """End the launch's whole tree, its ranks' stack dumps written first (``kill_tree``)."""
+        kill_tree(proc, ranks=self.pids.values())
 
     def close(self) -> None:
         self._log.close()
@@ -345,7 +549,7 @@ def launch_tasks(width: int, tasks: list[Task], opts: LaunchOptions,
         try:
             outcome = _watch(launch, proc, opts, on_result)
         finally:
-            kill_tree(proc)
+            launch.end(proc)
             launch.close()
         note = outcome.note if outcome.startup is None else f"could not start: {outcome.startup}"
         records.append(LaunchRecord(width, [t.cell.id for t in remaining], proc.returncode,
@@ -385,28 +589,29 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
             break
         now = time.monotonic()
         if not launch.started:
-            if exited:
+            # a rank that was ready may have failed in its first cell while a peer still built
+            # its lanes' groups: that launch did start, and its cell failed
+            if exited and forensics.torchrun_failure(launch.log_dir)[0] not in launch.ready:
                 return _Outcome(startup=launch.startup_cause(f"torchrun exited with code {proc.returncode}"))
             if now - t0 > opts.startup_timeout:
-                kill_tree(proc)
+                launch.end(proc)
                 launch.poll_results()
                 return _Outcome(startup=launch.startup_cause(
                     f"not every rank was ready within the start-up timeout of {opts.startup_timeout:g}s"))
-        elif exited:
+        if exited and (launch.started or launch.ready):
             for backend, res in launch.poll_results():  # verdicts appended just before the end
                 on_result(backend, res)
+            # the rank torchrun saw fail first (a forked rank that fails exits 0.5 s late, so
+            # that a peer whose collective then broke is not named instead: harness.rank.worker)
             rank, why = forensics.torchrun_failure(launch.log_dir)
-            # only a rank killed by a signal is a culprit; exit code 1 is usually a peer
-            # whose collective broke because of someone else
-            culprit = rank if "died" in why else None
             active = launch.active()
             blamed = [ls for ls in active if rank in ls.lane.ranks] or active
             for ls in blamed:
-                for backend, res in launch.lost(ls, "error", f"launch exited with code {proc.returncode}: {why}",
-                                                culprit):
+                for backend, res in launch.lost(ls, f"launch exited with code {proc.returncode}: {why}", rank):
                     on_result(backend, res)
             return _Outcome(f"launch ended early: {why}")
-        else:
+        if launch.started:
+            launch.sample_cpu(now)
             for ls in launch.active():
                 ended = _lane_failed(launch, ls, proc, opts, on_result, now)
                 if ended is not None:
@@ -419,7 +624,7 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
             else:
                 ls = min(launch.active(), key=launch.since)
                 opts.on_wait(f"launch {launch.name}: {launch.tasks[ls.current].cell.id} running for "
-                             f"{now - launch.since(ls):.0f} s (cell timeout {opts.cell_timeout:g} s)")
+                             f"{now - launch.since(ls):.0f} s (its bound {launch.bound(ls):.0f} s)")
         time.sleep(0.05)
     # Every verdict is on disk and the ranks exit at once (``exit_when_done``): torchrun
     # needs a moment to notice; then the tree is ended anyway.
@@ -433,25 +638,49 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
 def _lane_failed(launch: _Launch, ls: _LaneState, proc: subprocess.Popen, opts: LaunchOptions,
                  on_result: ResultCallback, now: float) -> _Outcome | None:
     """End the launch when the lane's cell in flight failed on a rank whose peers did not
-    finish within the grace period, or ran past the cell timeout; None while it is fine."""
+    report within their grace (``_Launch.peer_grace``), or made no progress within its bound;
+    None while it is fine."""
+    bound = launch.bound(ls)
+    dead = launch.ended(ls, now)
+    if dead is not None:
+        # torchrun will exit and say how the rank ended (``_watch`` then blames it); if it does
+        # not in time, the rank is blamed with what the launcher saw itself
+        seen, how = launch.ended_at[dead]
+        if now - seen < DEATH_WAIT_S:
+            return None
+        launch.end(proc)
+        died = f"rank {dead} died: {how}" if how.startswith("signal") else f"rank {dead}'s process ended ({how})"
+        for backend, res in launch.lost(ls, f"{died} without a result; torchrun did not exit within "
+                                        f"{DEATH_WAIT_S:g}s; launch ended", dead):
+            on_result(backend, res)
+        return _Outcome(f"ended after rank {dead}'s process ended")
     failed_at = launch.first_error_report(ls)
-    since = launch.since(ls)
-    if failed_at is not None and time.time() - failed_at > opts.peer_grace:
-        kill_tree(proc)  # SIGTERM first: every rank dumps its stacks into its log
+    cap = cost.HANG_CAP_FACTOR * bound
+    if failed_at is not None:
+        grace = launch.peer_grace(ls, failed_at)
+        if now - launch.quiet_since(ls, failed_at) > grace or now - failed_at > cap:
+            launch.end(proc)  # SIGTERM first: every rank dumps its stacks into its log
+            if _drained(launch, ls, on_result):
+                return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
+            for backend, res in launch.lost(ls, f"peers did not report within {grace:.1f}s of a rank's failure, "
+                                            "idle (stuck in a collective); launch ended"):
+                on_result(backend, res)
+            return _Outcome("ended after a rank failed and its peers hung")
+    if opts.cell_timeout is not None:
+        why = f"no progress within --cell-timeout {bound:g}s" if now - launch.since(ls) > bound else None
+    elif now - launch.progress(ls) > bound:
+        why = f"no progress within the cell's bound of {bound:.0f}s (from its predicted cost)"
+    elif now - launch.since(ls) > cap:  # working ranks get time, up to the cap: past it one spins
+        why = f"no result within {cap:.0f}s, {cost.HANG_CAP_FACTOR:g} times the cell's bound, its ranks still busy"
+    else:
+        why = None
+    if why is not None:
+        launch.end(proc)
         if _drained(launch, ls, on_result):
-            return _Outcome("ended after a rank failed; the cell's verdict arrived meanwhile")
-        for backend, res in launch.lost(ls, "error", f"peers did not finish within {opts.peer_grace:g}s of a "
-                                        "rank's failure (stuck in a collective); launch ended", None):
+            return _Outcome("ended at the cell's bound; the cell's verdict arrived meanwhile")
+        for backend, res in launch.lost(ls, f"{why}; launch ended"):
             on_result(backend, res)
-        return _Outcome("ended after a rank failed and its peers hung")
-    if now - since > opts.cell_timeout + (opts.startup_timeout if since == launch.t0 else 0.0):
-        kill_tree(proc)
-        if _drained(launch, ls, on_result):
-            return _Outcome("ended at the cell timeout; the cell's verdict arrived meanwhile")
-        for backend, res in launch.lost(ls, "timeout", f"no result within the per-cell timeout of "
-                                        f"{opts.cell_timeout:g}s; launch ended", None):
-            on_result(backend, res)
-        return _Outcome("ended after a cell timed out")
+        return _Outcome("ended after a cell hung")
     return None
 
 

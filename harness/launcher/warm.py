@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import IO, Iterable, Mapping
 
 from harness.vocabulary.backend_specs import RANK_PRELOAD, BackendError, BackendInfo, resolve
-from harness.vocabulary.plan import WARM_MARKER, agent_command, ranks_forked
+from harness.launcher import served
+from harness.vocabulary.plan import WARM_MARKER, ranks_forked
 
 
 def supported() -> bool:
@@ -72,8 +73,8 @@ def probe(spec: str, timeout: float = 300.0) -> BackendInfo:
             took longer than ``timeout`` seconds.
     """
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen(agent_command("--warm", spec), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=agent_env())
+    proc = served.start_agent(["--warm", spec], stdin=served.PIPE, stdout=served.PIPE, stderr=stderr,
+                              env=agent_env())
     warm = _Warm(proc, preload_key([spec]), stderr)
     try:
         outcome = _read_outcome(proc, timeout)

@@ -37,7 +37,7 @@ class BatchRunner:
         preflight's errors: the backend cannot run the ``selected`` cells here.
     """
 
-    def __init__(self, root: Path, backend: str, selected: Sequence[matrix.Cell], *, cell_timeout: float,
+    def __init__(self, root: Path, backend: str, selected: Sequence[matrix.Cell], *, cell_timeout: float | None,
                  device: str, examples: int, ledger_choice: str) -> None:
         self.backend = backend
         self.cell_timeout = cell_timeout

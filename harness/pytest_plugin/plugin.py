@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import pytest
 
+from harness.launcher.launch import CELL_TIMEOUT_HELP
 from harness.vocabulary import matrix, selection, weights
 from harness.vocabulary.errors import UsageError
 from harness.vocabulary.status import HARNESS_ERROR, PATH_NOT_TAKEN, label
@@ -60,8 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "contains it (as sweep --cells)")
     g.addoption("--harness-out", "--out", dest="harness_out", default=None,
                 help="folder for the launches' run folders (default: pytest's basetemp)")
-    g.addoption("--cell-timeout", dest="harness_cell_timeout", type=float, default=120.0,
-                help="seconds a cell may take before its launch is killed")
+    g.addoption("--cell-timeout", dest="harness_cell_timeout", type=float, default=None, help=CELL_TIMEOUT_HELP)
     g.addoption("--examples", dest="harness_examples", type=int, default=0,
                 help="hypothesis-drawn extra shape/split examples per cell (failures are shrunk)")
     g.addoption("--harness-device", "--device", dest="harness_device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -195,7 +195,7 @@ def harness_batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         root = base.parent / f"harness-{run_id}" if "PYTEST_XDIST_TESTRUNUID" in os.environ else base / "harness"
     backend = config.hook.pytest_harness_make_backend(config=config)
     cell_timeout = config.getoption("harness_cell_timeout")
-    if not cell_timeout > 0:
+    if cell_timeout is not None and not cell_timeout > 0:
         raise pytest.UsageError(f"--cell-timeout must be > 0 seconds, got {cell_timeout:g}")
     try:
         return BatchRunner(root, backend, selected_cells(config), cell_timeout=cell_timeout,

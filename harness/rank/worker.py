@@ -11,7 +11,7 @@ lane's first rank appends the merged verdict to the run's result stream (``harne
 at once, so a crash loses at most the cells in flight.
 
 Each rank also appends to its own report file ``ranks/<launch>.rank<N>.jsonl``: ``ready``
-once it can run cells (or ``startup_error`` with the traceback when it cannot: the launcher
+(with its process id) once it can run cells (or ``startup_error`` with the traceback when it cannot: the launcher
 then knows the launch never started and names the cause), and its own result of every
 cell *before* the exchange: when one rank fails while its peers sit in a collective it will
 never join, the launcher sees that report, ends the launch and records the cell with every
@@ -47,7 +47,8 @@ from harness.vocabulary.shape import Example
 from harness.vocabulary.plan import Lane
 from harness.vocabulary.plan import LaunchPlan
 from harness.records.record import CellResult, RankResult, kind_ratios
-from harness.cell import twin
+from harness.cell import faults, twin
+from harness.cell.faults import peer_lost
 from harness.cell.runner import RankContext, error_info, run_cell
 from harness.vocabulary.status import HARNESS_ERROR
 from harness.records.stream import ResultStream
@@ -112,8 +113,8 @@ def _run_guarded(backend: Any, cell: matrix.Cell, ctx: RankContext, example: Exa
     known = len(sys.modules)
     try:
         result = run_cell(backend, cell, ctx, example)
-    except Exception as exc:  # run_cell itself broke: a harness bug, still a recorded result
-        return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(exc))
+    except Exception as exc:  # run_cell itself broke: a harness bug (or a peer's), still a recorded result
+        return RankResult(ctx.rank, HARNESS_ERROR, [], error_info(exc), by_peer=peer_lost(exc))
     if tree is not None and len(sys.modules) != known:
         _prove_tree_origin(result, tree)
     return result
@@ -228,7 +229,9 @@ def run(plan: LaunchPlan) -> int:
     except BaseException as exc:  # the launch cannot start: say why, for the launcher's breaker
         report.append("startup_error", error=error_info(exc))
         raise
-    report.append("ready")
+    # whose code this rank runs, for the launcher to read if it must end the launch under it
+    faults.use_board(faults.PhaseBoard(run_dir / "ranks" / f"{launch}.rank{rank}.phase"))
+    report.append("ready", pid=os.getpid())  # the launcher watches its CPU time: working, or hung
     for lane in plan.lanes_for(world):
         if rank in lane.ranks:
             _run_lane(plan, lane, groups[lane.ranks], tasks, backends, device, rank, report, stream, tag)

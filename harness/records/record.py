@@ -29,7 +29,9 @@ Schema (``schema = 1``), all plain JSON:
     verdict: fail, error or timeout).
 
 ``RankResult``
-    rank, status, comparisons (``Check`` list), error ({type, message, traceback} or None).
+    rank, status, comparisons (``Check`` list), error ({type, message, traceback} or None);
+    by_peer (true only when the rank's failure is its peers' doing: ``harness.records.fold``
+    does not count it while another rank failed on its own; absent otherwise).
 
 ``Check``
     name (path such as ``mb0.output`` or ``weight1.main_grad``), kind ("tensor" | "count" |
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.records import recordfile
-from harness.vocabulary.status import GOOD_STATUSES, HARNESS_ERROR, PATH_NOT_TAKEN, STATUSES
+from harness.vocabulary.status import GOOD_STATUSES, STATUSES
 
 SCHEMA = 1
 
@@ -134,6 +136,10 @@ class RankResult:
     #: what the cell's saved-tensor hooks packed (``harness.cell.hooks.Packs.serialize``: mode,
     #: installer, packs, packs that received a DistributedWeight), None with hooks off (absent)
     hooks: dict[str, Any] | None = None
+    #: this rank's failure is its peers' doing, not its own: a collective it waited in broke or
+    #: timed out because a peer never came, or the launch was ended under it while a peer had
+    #: failed (``harness.records.fold.decisive``: such a rank never decides its cell's status)
+    by_peer: bool = False
 
     def serialize(self, margins: bool = False) -> dict[str, Any]:
         """``margins``: keep each check's verdict and margin only (``margin``)."""
@@ -144,6 +150,8 @@ class RankResult:
             extra["recipe"] = self.recipe
         if self.hooks is not None:
             extra["hooks"] = self.hooks
+        if self.by_peer:
+            extra["by_peer"] = True
         return {
             "rank": self.rank,
             "status": self.status,
@@ -163,21 +171,8 @@ class RankResult:
             choice=d.get("choice"),
             recipe=d.get("recipe"),
             hooks=d.get("hooks"),
+            by_peer=bool(d.get("by_peer", False)),
         )
-
-
-def first_failure(ranks: "list[RankResult]") -> str | None:
-    """One line naming the rank and the first failed check or exception (a harness error
-    first, then the reason TE gave for taking another path)."""
-    for r in sorted(ranks, key=lambda r: (r.status != HARNESS_ERROR, r.status != PATH_NOT_TAKEN)):
-        if r.status == PATH_NOT_TAKEN and r.choice and r.choice.get("reason"):
-            return f"[rank {r.rank}] {r.choice['reason']}"
-        if r.error and r.status in (HARNESS_ERROR, "error", "timeout"):
-            return f"[rank {r.rank}] {r.error['type']}: {r.error['message']}"
-        for c in r.comparisons:
-            if not c.ok:
-                return f"[rank {r.rank}] {(c.message or c.name).splitlines()[0]}"
-    return None
 
 
 #: the oracle's value checks per tensor kind (``harness.cell.runner`` names them)

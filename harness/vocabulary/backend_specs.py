@@ -55,8 +55,12 @@ class Preload:
     env: tuple[tuple[str, str], ...] = ()
 
 
-#: TE's import spends ~2.9 s of its ~3.7 s of CPU in ``torch._dynamo`` and ``onnxscript``
-_TE_DEPENDENCIES = ("torch._dynamo", "onnxscript")
+#: TE's import spends ~2.9 s of its ~3.7 s of CPU in ``torch._dynamo`` and ``onnxscript``; of the
+#: rest, about 0.2 s goes to ``pydantic`` (its recipes), ``einops`` and the parts of
+#: ``torch.distributed`` it loads (DTensor, distributed checkpointing) - what is left (about
+#: 0.5 s) is TE's own modules, which each rank imports (``benchmarks/bench_startup.py``)
+_TE_DEPENDENCIES = ("torch._dynamo", "onnxscript", "pydantic", "einops", "torch.distributed._tensor",
+                    "torch.distributed.checkpoint")
 #: per backend module (``resolve``); never the backend itself, whose import may depend on the
 #: rank. te-cpu sets ``TRITON_INTERPRET=1`` before TE is imported (``harness/backends/te_cpu/loader.py``):
 #: ``torch._dynamo`` imports triton, whose standard library is made interpreted or compiled

@@ -166,7 +166,7 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
     ("weight", "world_size", lambda w, ws: ws >= weights.KINDS[w].min_world_size,
      "weight='megatron', 'megatron_fp8' and 'gtp_mcore_fp8' require world_size >= 2 (Megatron never "
      "builds a GTP group of one; its native stand-in follows it)"),
-    ("weight", "recipe", lambda w, r: not weights.KINDS[w].native or r in weights.NATIVE_RECIPES,
+    ("weight", "recipe", lambda w, r: weights.KINDS[w].recipes is None or r in weights.KINDS[w].recipes,
      f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
      f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
      f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
@@ -1137,12 +1137,17 @@ def values_help(axis_name: str) -> str:
     if axis_name == "weight":
         return ", ".join(weights.NAMES)
     if axis_name == "recipe":  # the presets' default differs from the other axes'
-        # each module list once: the judged recipes grouped by the modules they are judged on
-        by_modules: dict[tuple[str, ...], list[str]] = {}
-        for r in recipes.JUDGED:
-            if r != "none":
-                by_modules.setdefault(tuple(recipes.MODELLED[r]), []).append(r)
-        judged = "; ".join(f"{', '.join(rs)} on {', '.join(ms)}" for ms, rs in by_modules.items())
+        # each module once: the modules every judged recipe is judged on, then the recipes
+        # judged on more of them, grouped by those extra modules
+        quantized = [r for r in recipes.JUDGED if r != "none"]
+        common = [m for m in recipes.MODELLED[quantized[0]] if all(m in recipes.MODELLED[r] for r in quantized)]
+        extra: dict[tuple[str, ...], list[str]] = {}
+        for r in quantized:
+            more = tuple(m for m in recipes.MODELLED[r] if m not in common)
+            if more:
+                extra.setdefault(more, []).append(r)
+        judged = f"{', '.join(quantized)} on {', '.join(common)}" + "".join(
+            f"; {', '.join(rs)} also on {', '.join(ms)}" for ms, rs in extra.items())
         return f"{', '.join(_CHOICES[axis_name])} (ci and full default: none and the judged {judged})"
     if axis_name == "shape":
         return (f"{', '.join(_CHOICES[axis_name])} (ci's default: both, blocks under "

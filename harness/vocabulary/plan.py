@@ -38,6 +38,12 @@ def agent_command(*torchrun_args: str) -> list[str]:
     return [sys.executable, "-m", AGENT_MODULE, *torchrun_args]
 
 
+def harness_root() -> str:
+    """The folder holding this checkout's ``harness`` package: an agent server
+    (``harness.rank.agent_server``) serves only callers of its own checkout."""
+    return str(Path(__file__).resolve().parents[2])
+
+
 def ranks_forked() -> bool:
     """Whether torchrun's agent forks the harness's ranks (``harness.rank.agent``): on Linux,
     unless ``DW_RANK_START=spawn`` (macOS's system libraries are not fork-safe)."""

@@ -55,6 +55,14 @@ class RecipeKind:
             grouped MXFP8 and FP8 block-scaling quantizers take members of whole 128-row tiles
             (``group_quantize_fp8_blockwise.cuh``: "each tensor's first dimension must be a
             multiple of 128"; ``test_cast_mxfp8_grouped.cu`` runs no other); 1 otherwise.
+        modelled: the module values the quantization-aware oracle (``harness.cell.quantized``)
+            models the recipe on; a cell of another module under it is refused before a launch
+            (``unmodelled``): it could not be judged. Empty for ``none`` (every module).
+        fp16: whether its GEMMs take an fp16 output (TE's ``cublaslt_gemm.cu``: "FP4 GEMM does
+            not support FP16 output!"); where not, no fp16 cell runs it (a matrix constraint).
+        blackwell: whether TE runs it only on Blackwell (compute capability 10.0,
+            ``check_recipe_support``); the others run on Hopper (sm_90), the device te-cpu
+            presents for them (``harness.backends.te_cpu.device``).
     """
 
     name: str
@@ -69,6 +77,9 @@ class RecipeKind:
     weight_tile: int = 0
     grouped_tensor: str = ""
     member_rows: int = 1
+    modelled: tuple[str, ...] = ()
+    fp16: bool = True
+    blackwell: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -80,25 +91,32 @@ class RecipeKind:
         return self.block_length > 0
 
 
+#: the TE module values the oracle models every recipe on
+_MODULES = ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear")
+#: the grouped-tensor paths, modelled under the recipes TE takes them with (``grouped_tensor``;
+#: ``harness.vocabulary.matrix``'s constraints): each group quantized alone, as on the split path
+_TENSOR_PATHS = ("grouped_linear_tensor", "ops_grouped_linear_tensor")
+
 _ALL = (
     RecipeKind("none", "no recipe: GEMMs in the cell's dtype (every cell before the recipe axis)"),
     RecipeKind("delayed", "DelayedScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, scales "
                "from the amax history of earlier steps", "DelayedScaling", "e4m3", "e5m2", "tensor", 16,
-               grouped_tensor="TE 2.20.2 takes no grouped-tensor path under DelayedScaling: its grouped "
+               modelled=_MODULES, grouped_tensor="TE 2.20.2 takes no grouped-tensor path under DelayedScaling: its grouped "
                "quantization kernels are unavailable (is_module_grouped_tensor_path_supported)"),
     RecipeKind("current", "Float8CurrentScaling: per-tensor FP8, E4M3 forward / E5M2 gradients, "
-               "each tensor's scale from its own amax", "Float8CurrentScaling", "e4m3", "e5m2", "tensor", 16),
+               "each tensor's scale from its own amax", "Float8CurrentScaling", "e4m3", "e5m2", "tensor", 16,
+               modelled=_MODULES + _TENSOR_PATHS),
     RecipeKind("mxfp8", "MXFP8BlockScaling: E4M3, one power-of-two (E8M0) scale per 32 elements "
                "along K (Blackwell)", "MXFP8BlockScaling", "e4m3", "e4m3", "mxfp8", 32,
-               block_length=32, member_rows=128),
+               block_length=32, member_rows=128, modelled=_MODULES + _TENSOR_PATHS, blackwell=True),
     RecipeKind("blockwise", "Float8BlockScaling: E4M3, power-of-two fp32 scales per 1x128 block "
                "(inputs, gradients) and 128x128 tile (weights)", "Float8BlockScaling", "e4m3", "e4m3",
-               "block", 16, block_length=128, weight_tile=128, member_rows=128),
+               "block", 16, block_length=128, weight_tile=128, member_rows=128, modelled=_MODULES + _TENSOR_PATHS),
     RecipeKind("nvfp4", "NVFP4BlockScaling (no Hadamard transform, no stochastic rounding): E2M1, one "
                "E4M3 scale per 16 elements (16x16 tiles for weights) and one fp32 scale per tensor "
                "(Blackwell)", "NVFP4BlockScaling", "e2m1", "e2m1", "nvfp4", 16,
                (("disable_rht", True), ("disable_stochastic_rounding", True)), block_length=16, weight_tile=16,
-               grouped_tensor="TE 2.20.2 takes its grouped-tensor path under NVFP4 only with the random "
+               modelled=_MODULES, fp16=False, blackwell=True, grouped_tensor="TE 2.20.2 takes its grouped-tensor path under NVFP4 only with the random "
                "Hadamard transform (is_module_grouped_tensor_path_supported: not recipe.disable_rht; "
                "group_quantize: 'graph safe grouped quant kernel for non-RHT path is not ready yet'), "
                "which te-cpu does not build"),
@@ -110,25 +128,10 @@ QUANTIZED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.quantized)
 #: the values that scale blocks of an operand (``RecipeKind.blocked``)
 BLOCKED: tuple[str, ...] = tuple(n for n, k in KINDS.items() if k.blocked)
 
-#: the recipes the quantization-aware oracle models (``harness.cell.quantized``), and the
-#: module values it models each on; a cell of any other recipe or module is refused before a
-#: launch (``unmodelled``): it could not be judged
-MODELLED: dict[str, tuple[str, ...]] = {
-    "none": (),  # every module
-    # the grouped-tensor paths under the recipes TE takes them with (RecipeKind.grouped_tensor;
-    # harness.vocabulary.matrix's constraints): each group quantized alone, as on the split path
-    "current": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear",
-                "grouped_linear_tensor", "ops_grouped_linear_tensor"),
-    "delayed": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
-    "mxfp8": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear",
-              "grouped_linear_tensor", "ops_grouped_linear_tensor"),
-    "blockwise": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear",
-                  "grouped_linear_tensor", "ops_grouped_linear_tensor"),
-    "nvfp4": ("linear", "grouped_linear", "ops_grouped_linear", "layernorm_linear", "rmsnorm_linear"),
-}
-#: the recipes whose GEMMs refuse an fp16 output (TE's ``cublaslt_gemm.cu``: "FP4 GEMM does
-#: not support FP16 output!"): no fp16 cell runs them (``harness.vocabulary.matrix``'s constraints)
-NO_FP16: tuple[str, ...] = ("nvfp4",)
+#: recipe -> the module values the oracle models it on (``RecipeKind.modelled``; ``none``: every module)
+MODELLED: dict[str, tuple[str, ...]] = {n: k.modelled for n, k in KINDS.items()}
+#: the recipes whose GEMMs refuse an fp16 output (``RecipeKind.fp16``)
+NO_FP16: tuple[str, ...] = tuple(n for n, k in KINDS.items() if not k.fp16)
 
 
 #: the recipe axis's default in the ``ci`` and ``full`` presets: ``none`` and every recipe the

@@ -71,6 +71,21 @@ KINDS: dict[str, ShapeKind] = {k.name: k for k in _ALL}
 NAMES: tuple[str, ...] = tuple(KINDS)
 
 
+#: the largest shapes ``--examples`` draws (``harness.cell.shape_search``): features and rows up to these
+DRAWN_MAX = Example(in_features=40, out_features=48, rows=16)
+
+
+def size_factor(example: Example) -> float:
+    """What a cell's predicted cost (``harness.vocabulary.cost``, fitted on the default shapes)
+    scales by with ``example``'s shapes: the square root of how many times the default
+    example's GEMM work theirs is (at least 1). Not the work itself: at these sizes a GEMM's
+    time is mostly the fixed cost of a call, and a ``blocks`` cell of 272-wide groups, 9,300
+    times the default work, runs in tens of seconds, not hours (docs/runner-faults.md)."""
+    base = Example()
+    work = example.rows * example.in_features * example.out_features
+    return max(1.0, work / (base.rows * base.in_features * base.out_features)) ** 0.5
+
+
 def _up(x: int, m: int) -> int:
     return -(-x // m) * m
 

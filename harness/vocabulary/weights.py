@@ -104,8 +104,9 @@ class WeightKind:
             itself, the parameter, as the gathered weight.
         native: the shards are native quantized parameters (TE's ``quantized_model_init``:
             each rank's shard quantized on its own under the cell's recipe) and the weight
-            all-gathers them quantized (Megatron's native-FP8 GTP path); only under a recipe
-            in ``NATIVE_RECIPES``.
+            all-gathers them quantized (Megatron's native-FP8 GTP path).
+        recipes: the recipe values the weight exists under (None: any; a native weight: those
+            in ``NATIVE_RECIPES``); a matrix constraint keeps every other pair out.
     """
 
     name: str
@@ -115,6 +116,7 @@ class WeightKind:
     coverage: str = "full"
     min_world_size: int = 1
     native: bool = False
+    recipes: tuple[str, ...] | None = None
 
     @property
     def distributed(self) -> bool:
@@ -161,6 +163,13 @@ _MCORE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale
 #: gather has no NaN to hold (its data are codes), and TE reads a native weight's copies once
 _MCORE_NATIVE = dataclasses.replace(_MCORE, shared_buffers=False)
 
+#: the recipes a native weight (``WeightKind.native``) is built for: MXFP8, the path Megatron's
+#: native GTP is written for (its padding strips MXFP8 and NVFP4 shards), per-tensor current
+#: scaling, whose shards each carry their own scale, and delayed scaling, whose shards keep the
+#: codes of the initial scale (the oracle's cached-weight rule). Not built: ``blockwise``
+#: (Megatron cannot strip a padded block-scaled shard) and ``nvfp4`` (TE's NVFP4 all-gather
+#: runs a Triton kernel of TE's Python that te-cpu does not replace; docs/megatron.md)
+NATIVE_RECIPES: tuple[str, ...] = ("delayed", "current", "mxfp8")
 _KINDS = (
     WeightKind("distributed", "the harness GTP weight, kind defaults: synchronous, fresh copies, "
                "no padding beyond divisibility", behaviour=Behaviour()),
@@ -187,23 +196,16 @@ _KINDS = (
     WeightKind("gtp_mcore_fp8", "the harness weight over native quantized shards (TE's "
                "quantized_model_init), all-gathered quantized as Megatron's native-FP8 path does, "
                "with gtp_mcore's behaviours; needs a recipe", behaviour=_MCORE_NATIVE, coverage="hooks",
-               min_world_size=2, native=True),
+               min_world_size=2, native=True, recipes=NATIVE_RECIPES),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
                "install megatron)", implementer="megatron", min_world_size=2),
     WeightKind("megatron_fp8", "Megatron-Core 0.19.2's GTPShardedParam over native quantized shards "
                "(TE's quantized_model_init), all-gathered quantized; needs a recipe",
-               implementer="megatron", min_world_size=2, native=True),
+               implementer="megatron", min_world_size=2, native=True, recipes=NATIVE_RECIPES),
 )
 
 KINDS: dict[str, WeightKind] = {k.name: k for k in _KINDS}
 NAMES: tuple[str, ...] = tuple(KINDS)
-#: the recipes a native weight (``WeightKind.native``) is built for: MXFP8, the path Megatron's
-#: native GTP is written for (its padding strips MXFP8 and NVFP4 shards), per-tensor current
-#: scaling, whose shards each carry their own scale, and delayed scaling, whose shards keep the
-#: codes of the initial scale (the oracle's cached-weight rule). Not built: ``blockwise``
-#: (Megatron cannot strip a padded block-scaled shard) and ``nvfp4`` (TE's NVFP4 all-gather
-#: runs a Triton kernel of TE's Python that te-cpu does not replace; docs/megatron.md)
-NATIVE_RECIPES: tuple[str, ...] = ("delayed", "current", "mxfp8")
 #: what a backend exposes to build a native weight's module (TE's own ``quantized_model_init``)
 NATIVE_API = "quantized_model_init"
 #: Megatron's alignment per recipe (``configure_gtp_remat_from_recipe``): 32 rows under MXFP8

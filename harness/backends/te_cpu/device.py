@@ -20,18 +20,14 @@ import sys
 from typing import Any
 
 from harness.backends.te_cpu import cuda_surface
+from harness.vocabulary import recipes
 
 HOPPER = (9, 0)
 BLACKWELL = (10, 0)
-#: recipe value -> the capability te-cpu presents while it runs (``none``: no recipe)
+#: recipe value -> the capability te-cpu presents while it runs (``none``: no recipe), as the
+#: recipe's kind says (``harness.vocabulary.recipes.RecipeKind.blackwell``)
 RECIPE_CAPABILITY: dict[str, tuple[int, int]] = {
-    "none": HOPPER,
-    "delayed": HOPPER,
-    "current": HOPPER,
-    "blockwise": HOPPER,
-    "mxfp8": BLACKWELL,
-    "nvfp4": BLACKWELL,
-}
+    name: BLACKWELL if kind.blackwell else HOPPER for name, kind in recipes.KINDS.items()}
 #: (TE module, attribute) of every cache of capability-derived answers, and how to reset it:
 #: ``cache_clear`` for an ``lru_cache``, ``None`` for a module global TE fills lazily
 TE_CACHES: tuple[tuple[str, str, str], ...] = (

@@ -202,6 +202,11 @@ def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int, first
                           _offsets(num_tensors, first_dims, tensor_offsets, shape[0], shape[1]))
     if shape[0] == 0 or shape[1] == 0:
         return grouped
+    if not _has_data(grouped):
+        # the first check of each grouped kernel (cast/mxfp8/group_quantize_mxfp8.cuh,
+        # cast/fp8/group_quantize_fp8.cuh, cast/fp8_blockwise/group_quantize_fp8_blockwise.cuh):
+        # a quantizer asked for neither usage (e.g. a backward that needs neither dgrad nor wgrad)
+        raise RuntimeError("Either rowwise or columnwise output data need to be allocated.")
     parts = members(grouped)
     rows = [int(p.size(0)) for p in parts]
     _check_members(recipe, shape[0], rows)
