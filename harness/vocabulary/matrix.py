@@ -637,6 +637,35 @@ def _valid(domains: Domains) -> list[Cell]:
     return [_trusted(row) for row in rows]
 
 
+def _full_of_ids(domains: Domains, ids: Iterable[str]) -> list[Cell]:
+    """The cells of the product of ``domains`` (``_valid``'s, in its order) whose ids are among
+    ``ids``, built from the ids: a valid, canonical id whose every axis value is in its domain
+    (an ungrouped module's ``num_gemms`` and a non-layer module's ``layers`` are 1 whatever
+    the domain, as ``_valid`` makes them)."""
+    rank = {n: {v: i for i, v in enumerate(domains[n])} for n in AXIS_NAMES}
+    found: list[tuple[tuple[int, ...], Cell]] = []
+    for text in ids:
+        try:
+            cell = Cell.from_id(text)
+        except MatrixError:
+            continue
+        if cell.id != text:
+            continue
+        forced = {"num_gemms": not modules.KINDS[cell.module].grouped, "layers": not modules.KINDS[cell.module].layer}
+        key = []
+        for n in AXIS_NAMES:
+            v = getattr(cell, n)
+            if forced.get(n):
+                key.append(0)
+            elif v in rank[n]:
+                key.append(rank[n][v])
+            else:
+                break
+        else:
+            found.append((tuple(key), cell))
+    return [c for _, c in sorted(found, key=lambda kc: kc[0])]
+
+
 def _trusted(values: Sequence[Any]) -> Cell:
     """A cell from axis values in ``AXIS_NAMES`` order already known legal and valid (from
     :func:`_valid`): ``Cell``'s own checks skipped."""
@@ -990,7 +1019,12 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     """
     pred = compile_filter(filter_expr) if filter_expr is not None else None
     domains, judged_only = _preset_domains(preset, overrides)
-    if preset == "full":
+    ids = filters.exact_ids(filter_expr) if filter_expr is not None else None
+    if preset == "full" and ids is not None:
+        cells = _full_of_ids(domains, ids)  # a repro, --cells: not the whole product
+        if judged_only:
+            cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
+    elif preset == "full":
         cells = product(Axis(n, v) for n, v in domains.items())
         if judged_only:
             cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
