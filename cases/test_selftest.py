@@ -103,6 +103,9 @@ def test_ci_selftest_kills_every_mutant_without_a_false_alarm(ci_selftest):
     # installs TE and Megatron, so the self-test runs both sides)
     assert {m["name"]: m["verdict"] for m in report["mutants"]} == {n: "killed" for n in fault_classes.CATALOG}
     assert report["false_alarms"] == 0 and report["ok"]
+    # a fault of backward_dw()'s fused branch runs only where a wgrad is delayed, fused and not
+    # rejected: its first round holds a cell that kills it (it ran every cell of its modules)
+    assert next(m for m in report["mutants"] if m["name"] == "dw-fused-hook-skipped")["rounds"] == 1
     ci = matrix.select("ci")
     assert report["clean_cells"] == sum(not selection.requires(c) for c in ci)
     # TE's side: every ci cell that needs TE, on the patched tree, none a false alarm

@@ -198,7 +198,7 @@ def _mutation(clean: str, cells: list[matrix.Cell], faults: dict[str, tuple[faul
     tasks = [Task(clean, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
     for name, (m, spec) in faults.items():
-        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb, c.hooks, c.shape)]
+        mine = [c for c in cells if m.runs_in(c)]
         cover = first_round(mine)
         tasks += [Task(spec, c, 0) for c in cover[:FIRST_CELLS]]
         covered = set(cover)
