@@ -140,7 +140,7 @@ def test_a_cells_bound_follows_its_predicted_cost_and_the_user_overrides_it():
 
 
 def test_a_rank_using_the_cpu_is_seen_working_and_one_asleep_is_not(tmp_path):
-    if launch.cpu_seconds(os.getpid()) is None:
+    if launch.cpu_sample(os.getpid()) is None:
         pytest.skip("no /proc here: the bound alone applies")
     # each says when its interpreter has started: under load the idle one's own start-up,
     # still running at the first sample, would count as work
@@ -161,7 +161,7 @@ def test_a_rank_using_the_cpu_is_seen_working_and_one_asleep_is_not(tmp_path):
         for proc in (busy, idle):
             proc.kill()
             proc.wait()
-    assert launch.cpu_seconds(busy.pid) is None  # gone
+    assert launch.cpu_sample(busy.pid) is None  # gone
 
 
 def test_a_rank_waiting_on_the_machine_is_working_and_one_asleep_is_not():

@@ -135,12 +135,6 @@ def _proc_stat(pid: int) -> list[str] | None:
 SEES_CPU = Path("/proc/self/stat").exists()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time a process has used, user and system (None: no ``/proc``, or it is gone)."""
-    seen = cpu_sample(pid)
-    return None if seen is None else seen[1]
-
-
 def cpu_sample(pid: int) -> tuple[str, float] | None:
     """A process's state letter (``R`` runnable, ``D`` waiting on a disk, ``S`` asleep, ...)
     and its CPU time, user and system, from one read of ``/proc`` (None: none, or it is gone)."""
@@ -654,7 +648,8 @@ def _judge_lanes(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions, o
                 return ended
         elif now - launch.t0 > opts.startup_timeout:
             launch.end(proc)
-            launch.poll_results()
+            if _drained(launch, ls, on_result):  # other lanes' verdicts that arrived meanwhile are kept
+                return _Outcome("ended at the start-up timeout; the cell's verdict arrived meanwhile")
             late = sorted(set(ls.lane.ranks) - launch.ready)
             for backend, res in launch.lost(ls, f"rank(s) {late} not ready within the start-up timeout "
                                             f"of {opts.startup_timeout:g}s; launch ended"):
