@@ -504,6 +504,10 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
     return check
 
 
+#: this process's recent oracles (a hooked cell's is its twin's: ``oracle.Memo``)
+_ORACLES = oracle.Memo()
+
+
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
@@ -511,7 +515,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     # re-quantized, so every microbatch multiplies its codes, as a cached FP8 weight's
     native = weights.KINDS[cell.weight].native
     cached = cell.first_mb or native
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cached)
+    orc = _ORACLES.compute(inputs, ctx.rank, tags, cell.recipe, cached=cached)
     native_rows = gtp.rows_per_rank if native and gtp is not None else None
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.vocabulary.defects)

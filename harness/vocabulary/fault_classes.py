@@ -67,6 +67,8 @@ class FaultClass:
             delay the wgrad (``delay_wgrad``), fuse its accumulation (``fused``) and are not
             expected to raise run it (``runs_in``; the self-test's first round then holds such
             a cell, where it ran every cell of the module in a third round).
+        distributed_only: the fault is in what the backend does with a distributed weight:
+            a cell whose weights are plain parameters runs the clean code path.
     """
 
     name: str
@@ -80,6 +82,7 @@ class FaultClass:
     hooks: tuple[str, ...] | None = None
     shapes: tuple[str, ...] | None = None
     fused_backward_dw: bool = False
+    distributed_only: bool = False
 
     def applies(self, module: str, recipe: str, first_mb: bool = False, hooks: str | None = None,
                 shape: str | None = None) -> bool:
@@ -91,12 +94,16 @@ class FaultClass:
                 and (self.shapes is None or shape is None or shape in self.shapes))
 
     def runs_in(self, cell: Any) -> bool:
-        """Whether ``cell`` (a ``harness.vocabulary.matrix.Cell``) runs this fault's code:
-        ``applies``, and for a fault of ``backward_dw()``'s fused branch a cell that delays its
-        wgrad with fused accumulation and is not expected to raise (a distributed weight's
-        delayed wgrad is rejected before any backward)."""
-        return self.applies(cell.module, cell.recipe, cell.first_mb, cell.hooks, cell.shape) and (
-            not self.fused_backward_dw or (cell.delay_wgrad and cell.fused and cell.expect == "pass"))
+        """Whether ``cell`` (a ``harness.vocabulary.matrix.Cell``) can show this fault: ``applies``,
+        at ``min_world_size`` or more (below it the fault changes nothing the contract observes),
+        with a distributed weight for a ``distributed_only`` fault, and for a fault of
+        ``backward_dw()``'s fused branch a cell that delays its wgrad with fused accumulation and
+        is not expected to raise (a distributed weight's delayed wgrad is rejected before any
+        backward). In any other cell the faulty backend computes what the clean one does."""
+        return (self.applies(cell.module, cell.recipe, cell.first_mb, cell.hooks, cell.shape)
+                and cell.world_size >= self.min_world_size
+                and (cell.distributed or not self.distributed_only)
+                and (not self.fused_backward_dw or (cell.delay_wgrad and cell.fused and cell.expect == "pass")))
 
 
 #: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
@@ -280,7 +287,7 @@ _ALL = (
     FaultClass("fc2-fix-missing",
                "the hook-safe fix applied to an expert layer's fc1 but not its fc2: under a hook "
                "fc2's GroupedLinear forgets its distributed weights on the autograd context",
-               modules=modules.LAYERS, min_world_size=2, backend="te-cpu",
+               modules=modules.LAYERS, min_world_size=2, backend="te-cpu", distributed_only=True,
                hooks=tuple(h for h in hook_modes.NAMES if hook_modes.KINDS[h].hooked and h != "mcore_offload"),
                evidence=("text:weight was removed while fuse_wgrad_accumulation=True",
                          "text:GEMM requested the columnwise representation",
