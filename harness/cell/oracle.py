@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -18,6 +19,7 @@ from harness.cell import quantized
 from harness.cell.inputs import CellInputs, Norm, group_rows
 
 F64 = torch.float64
+T = TypeVar("T")
 
 
 @dataclass
@@ -455,29 +457,34 @@ def fingerprint(inputs: CellInputs) -> bytes:
 
 
 class Memo:
-    """The oracles a rank computed lately, by what they are a function of: the inputs' values
-    (:func:`fingerprint`, read when asked, so inputs changed in place are new inputs), the
-    rank, the weight's tags, the recipe and ``cached``. A hooked cell has its hooks-off twin's
-    inputs (a cell's seed leaves its hook mode out), and so does the same cell under another
-    backend (the self-test's clean reference, mutants and perturbations): each computes the
-    float64 oracle - a third of a reference rank's time - once, not once per cell. The oracle
-    is read, never written, by the checks (:func:`record_of` makes new tensors)."""
+    """What a rank computed lately from a cell's inputs - its oracles and its defect models
+    (``harness.cell.predict.Predictor``, whose lazy parts then fill once) - by what they are a
+    function of: the inputs' values (:func:`fingerprint`, read after the step, so inputs changed
+    in place are new inputs) and the other arguments. A hooked cell has its hooks-off twin's
+    inputs (a cell's seed leaves its hook mode out), and so has the same cell under another
+    backend (the self-test's clean reference, mutants and perturbations): the float64 oracle, a
+    third of a reference rank's time, is computed once for them, not once per cell. Both are
+    read, never written, by the checks (:func:`record_of` makes new tensors)."""
 
     def __init__(self, size: int = 64) -> None:
         self.size = size
-        self._kept: OrderedDict[tuple, RankOracle] = OrderedDict()
+        self._kept: OrderedDict[tuple, Any] = OrderedDict()
         self.hits = 0
 
-    def compute(self, inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
-                recipe: str = "none", cached: bool = False) -> RankOracle:
-        """:func:`compute` of these arguments, kept (the oldest goes once ``size`` are kept)."""
-        key = (fingerprint(inputs), rank, tuple(tags), recipe, cached)
-        found = self._kept.get(key)
-        if found is not None:
+    def get(self, key: tuple, make: Callable[[], T]) -> T:
+        """The value kept under ``key``, or ``make()``'s, kept (the oldest goes once ``size``
+        are kept)."""
+        if key in self._kept:
             self._kept.move_to_end(key)
             self.hits += 1
-            return found
-        found = self._kept[key] = compute(inputs, rank, tags, recipe, cached=cached)
+            return self._kept[key]
+        found = self._kept[key] = make()
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
         return found
+
+    def compute(self, inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
+                recipe: str = "none", cached: bool = False, digest: bytes | None = None) -> RankOracle:
+        """:func:`compute` of these arguments, kept (``digest``: the inputs' fingerprint, if known)."""
+        key = ("oracle", digest or fingerprint(inputs), rank, tuple(tags), recipe, cached)
+        return self.get(key, lambda: compute(inputs, rank, tags, recipe, cached=cached))
