@@ -10,11 +10,11 @@ missed, both measured. A cell's error in a kind grows with ``k`` (each planted v
 monotonically with ``k``, every rounding after it is monotone, and the clean value is within
 its bound): a cell that missed at ``k`` misses at every smaller one, which is what the
 bisection rests on. So a probe below a miss does not run that cell again: once a round caught
-a kind, the rounds below it run only the cells that caught it. Cells with a saved-tensor hook are left out where a hooks-off
-cell has the kind: their twin check proves their values bitwise equal to the hooks-off
-cell's, so they catch exactly what it catches; a kind that only hooked cells of a dtype have
-(``ci`` has fp32 input gradients only under hooks) is searched on those. Cells expected to
-raise have no values.
+a kind, the rounds below it run only the cells that caught it. Cells with a saved-tensor hook
+are left out where a hooks-off cell has the kind: their twin check proves their values bitwise
+equal to the hooks-off cell's, so they catch exactly what it catches; a kind that only hooked
+cells of a dtype have (``ci`` has fp32 input gradients only under hooks) is searched on those.
+Cells expected to raise have no values.
 """
 
 from __future__ import annotations
