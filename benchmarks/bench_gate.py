@@ -458,6 +458,7 @@ def run_gate(tree: Path, art: Path) -> tuple[int, float, dict[str, Any]]:
 def run_and_save(args: argparse.Namespace) -> Path:
     art = Path(args.out or tempfile.mkdtemp(prefix="bench-gate-art-")).resolve()
     tree = Path(tempfile.mkdtemp(prefix="bench-gate-tree-")) / "repo"
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     try:
         commit = clone(args.clone_of, args.with_changes, tree)
         print(f"gate of {commit[:12]}{' + working-tree changes' if args.with_changes else ''} in {tree}, "
@@ -466,7 +467,8 @@ def run_and_save(args: argparse.Namespace) -> Path:
     finally:
         if not args.keep_tree:
             shutil.rmtree(tree.parent, ignore_errors=True)
-    meta = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "commit": commit,
+    meta = {"started": started, "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "commit": commit,
             "clone_of": args.clone_of, "with_changes": args.with_changes, "exit_code": rc, "wall_s": round(wall, 1),
             "python": platform.python_version(), "platform": platform.platform(), **load}
     (art / "gate-times.json").write_text(json.dumps({"meta": meta}, indent=1) + "\n")
