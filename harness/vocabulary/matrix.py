@@ -66,7 +66,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -610,31 +612,56 @@ def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
 def _valid(domains: Domains) -> list[Cell]:
     """The valid cells of the product of ``domains``, in the order of
     ``itertools.product`` over ``AXIS_NAMES`` (an ungrouped module's cells take num_gemms=1,
-    a module that is not a layer layers=1, once). Each constraint is checked as soon as both its axes have values, so a dead
-    prefix is never extended; the cells come out validated and are built without checking
-    again (``_trusted``): ``full`` is hundreds of thousands of them."""
+    a module that is not a layer layers=1, once). Each constraint is checked as soon as both
+    its axes have values, so a dead prefix is never extended; the cells come out validated and
+    are built without checking again (``_trusted``): ``full`` is hundreds of thousands of them.
+
+    Why a table per axis: the constraints are pairwise, so the values an axis may take after a
+    prefix depend only on the few earlier axes its constraints name. Those are worked out once
+    per combination of them (a few hundred at most) instead of once per prefix (``full`` has
+    hundreds of thousands), and a prefix is extended only by values already known to be valid."""
     position = {n: i for i, n in enumerate(AXIS_NAMES)}
     due: list[list[tuple[int, int, Callable[[Any, Any], bool]]]] = [[] for _ in AXIS_NAMES]
-    for a, b, ok, _ in _CONSTRAINTS:
-        due[max(position[a], position[b])].append((position[a], position[b], ok))
-    values = [domains[n] for n in AXIS_NAMES]
+    for a, b, ok in ((position[a], position[b], ok) for a, b, ok, _ in _CONSTRAINTS):
+        due[max(a, b)].append((a, b, ok))
+    values = [tuple(domains[n]) for n in AXIS_NAMES]
     ungrouped = {m for m in domains["module"] if not modules.KINDS[m].grouped}
     one_layer = {m for m in domains["module"] if not modules.KINDS[m].layer}
-    gemms, layers, module_at = position["num_gemms"], position["layers"], position["module"]
+    forced = {position["num_gemms"]: ungrouped, position["layers"]: one_layer}
+    module_at = position["module"]
     rows: list[tuple[Any, ...]] = [()]
     for i, checks in enumerate(due):  # breadth first: the same order as depth first
+        keys = sorted({a if b == i else b for a, b, _ in checks} | ({module_at} if i in forced else set()))
+        if not keys:
+            ends = [(v,) for v in values[i]]
+            rows = [row + end for row in rows for end in ends]
+            continue
+        table: dict[Any, tuple[tuple[Any], ...]] = {}
+        key_of = operator.itemgetter(*keys)
         grown: list[tuple[Any, ...]] = []
         for row in rows:
-            fixed_one = (i == gemms and row[module_at] in ungrouped) or (i == layers and row[module_at] in one_layer)
-            for v in (1,) if fixed_one else values[i]:
-                cand = (*row, v)
-                for a, b, ok in checks:
-                    if not ok(cand[a], cand[b]):
-                        break
-                else:
-                    grown.append(cand)
+            ends = table.get(key := key_of(row))
+            if ends is None:
+                ends = table[key] = tuple((v,) for v in _allowed(row, values[i], checks, forced.get(i, ()), module_at))
+            for end in ends:
+                grown.append(row + end)
         rows = grown
-    return [_trusted(row) for row in rows]
+    return _trusted(rows)
+
+
+def _allowed(row: tuple[Any, ...], domain: tuple[Any, ...],
+             checks: list[tuple[int, int, Callable[[Any, Any], bool]]], one_of: set[str],
+             module_at: int) -> tuple[Any, ...]:
+    """The values of the next axis (in ``domain`` order) that every constraint due there allows
+    after the prefix ``row``; ``(1,)`` where the prefix's module fixes the axis to 1."""
+    if row[module_at] in one_of:
+        return (1,)
+    out = []
+    for v in domain:
+        cand = (*row, v)
+        if all(ok(cand[a], cand[b]) for a, b, ok in checks):
+            out.append(v)
+    return tuple(out)
 
 
 def _full_of_ids(domains: Domains, ids: Iterable[str]) -> list[Cell]:
@@ -666,12 +693,16 @@ def _full_of_ids(domains: Domains, ids: Iterable[str]) -> list[Cell]:
     return [c for _, c in sorted(found, key=lambda kc: kc[0])]
 
 
-def _trusted(values: Sequence[Any]) -> Cell:
-    """A cell from axis values in ``AXIS_NAMES`` order already known legal and valid (from
-    :func:`_valid`): ``Cell``'s own checks skipped."""
-    cell = object.__new__(Cell)
-    cell.__dict__.update(zip(AXIS_NAMES, values))
-    return cell
+def _trusted(rows: Iterable[Sequence[Any]]) -> list[Cell]:
+    """Cells from rows of axis values in ``AXIS_NAMES`` order already known legal and valid
+    (from :func:`_valid`): ``Cell``'s own checks skipped (one loop, no call per cell: ``full``
+    is hundreds of thousands of them)."""
+    new, names, cells = object.__new__, AXIS_NAMES, []
+    for row in rows:
+        cell = new(Cell)
+        cell.__dict__.update(zip(names, row))
+        cells.append(cell)
+    return cells
 
 
 def restricts(expr: str) -> bool:
@@ -1216,9 +1247,16 @@ def sample(cells: Sequence[Cell], count: int, seed: int = 0) -> list[Cell]:
     and Python, and a cell's membership depends only on its id, the seed and the ranking."""
     if count >= len(cells):
         return list(cells)
-    rank = {c: hashlib.sha256(f"{seed}:{c.id}".encode()).digest() for c in cells}
-    keep = set(sorted(cells, key=rank.__getitem__)[:count])
-    return [c for c in cells if c in keep]
+    # by position, not by cell: hashing a few hundred thousand cells (every axis value) cost
+    # as much as drawing the sample
+    salt = hashlib.sha256(f"{seed}:".encode())
+    ranks = []
+    for c in cells:
+        h = salt.copy()
+        h.update(c.id.encode())
+        ranks.append(h.digest())
+    keep = sorted(heapq.nsmallest(count, range(len(cells)), key=ranks.__getitem__))
+    return [cells[i] for i in keep]
 
 
 def describe(cells: Sequence[Cell]) -> str:
