@@ -67,6 +67,10 @@ from typing import Any, Callable, Iterable
 
 from _common import ROOT
 
+# the run folders are read with harness.records (no torch), whatever Python runs this script: a
+# Python without the project installed once lost a 20-minute gate run at its analysis
+sys.path.insert(0, str(ROOT))
+
 #: kind of test per file of ``cases/`` (read from the files: what their tests run), first match
 #: wins in this order: browser > TE on CPU > torchrun > subprocess > in-process.
 CATEGORIES: dict[str, str] = {
@@ -85,6 +89,8 @@ CATEGORIES: dict[str, str] = {
     "test_te_cpu_quant_modules": "te-cpu",
     "test_te_cpu_quant_references": "te-cpu",
     "test_te_cpu_standins": "te-cpu",
+    "test_doc_examples": "te-cpu",      # the documents' examples, and figures from fixtures/te_runs.py's sweeps
+    "test_sweep_figures": "te-cpu",     # the documents' sweep figures, judged on fixtures/te_runs.py's sweeps
     # `python -m harness sweep|selftest`, `pytest cases/test_cells.py` or run_torchrun in a subprocess
     "test_cells": "torchrun",             # the pytest plugin: one torchrun launch per world size
     "test_earned_green": "torchrun",
@@ -106,12 +112,15 @@ CATEGORIES: dict[str, str] = {
     "test_shard_merge": "torchrun",
     "test_vocabulary": "torchrun",
     "test_warm": "torchrun",            # warm probes; sweeps that take (or leave) a warm agent
+    "test_agent_server": "torchrun",    # launches whose torchrun agents the agent server forks
     # a Python subprocess that launches nothing (bad input, --collect-only, import-linter, pip wheel)
     "test_cli": "subprocess",
     "test_docs": "subprocess",
     "test_fault_attribution": "subprocess",   # a busy and an idle process for the CPU sampling
     "test_layers": "subprocess",
     "test_megatron_install": "subprocess",
+    "test_inputs": "subprocess",          # bad input refused before anything launches
+    "test_megatron_offload": "subprocess",  # the page's plain PyTorch + Megatron reproduction
     "test_packaging": "subprocess",
     # in this process (world size 1, synthetic records, fakes)
     **{f: "in-process" for f in (
@@ -458,6 +467,7 @@ def run_gate(tree: Path, art: Path) -> tuple[int, float, dict[str, Any]]:
 def run_and_save(args: argparse.Namespace) -> Path:
     art = Path(args.out or tempfile.mkdtemp(prefix="bench-gate-art-")).resolve()
     tree = Path(tempfile.mkdtemp(prefix="bench-gate-tree-")) / "repo"
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     try:
         commit = clone(args.clone_of, args.with_changes, tree)
         print(f"gate of {commit[:12]}{' + working-tree changes' if args.with_changes else ''} in {tree}, "
@@ -466,7 +476,8 @@ def run_and_save(args: argparse.Namespace) -> Path:
     finally:
         if not args.keep_tree:
             shutil.rmtree(tree.parent, ignore_errors=True)
-    meta = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "commit": commit,
+    meta = {"started": started, "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "commit": commit,
             "clone_of": args.clone_of, "with_changes": args.with_changes, "exit_code": rc, "wall_s": round(wall, 1),
             "python": platform.python_version(), "platform": platform.platform(), **load}
     (art / "gate-times.json").write_text(json.dumps({"meta": meta}, indent=1) + "\n")

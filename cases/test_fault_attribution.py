@@ -140,7 +140,7 @@ def test_a_cells_bound_follows_its_predicted_cost_and_the_user_overrides_it():
 
 
 def test_a_rank_using_the_cpu_is_seen_working_and_one_asleep_is_not(tmp_path):
-    if launch.cpu_seconds(os.getpid()) is None:
+    if launch.cpu_sample(os.getpid()) is None:
         pytest.skip("no /proc here: the bound alone applies")
     # each says when its interpreter has started: under load the idle one's own start-up,
     # still running at the first sample, would count as work
@@ -161,12 +161,12 @@ def test_a_rank_using_the_cpu_is_seen_working_and_one_asleep_is_not(tmp_path):
         for proc in (busy, idle):
             proc.kill()
             proc.wait()
-    assert launch.cpu_seconds(busy.pid) is None  # gone
+    assert launch.cpu_sample(busy.pid) is None  # gone
 
 
 def test_a_rank_waiting_on_the_machine_is_working_and_one_asleep_is_not():
-    # the CI machine's case: the lane's first rank in a verdict's fsync (``D``) for seconds
-    # while its peer waited on it in a collective; and a rank whose turn on the CPU is late
+    # a rank in a verdict's fsync (``D``) while its peer waits on it in a collective, and one
+    # whose turn on a loaded CPU is late (``R``), are not hung
     assert launch.seen_working("D", 0.0, 6.0) and launch.seen_working("R", 0.0, 6.0)
     assert not launch.seen_working("S", 0.0, 6.0) and not launch.seen_working("S", 0.29, 6.0)
     assert launch.seen_working("S", 0.31, 6.0)  # more than BUSY_SHARE of a core since the last sample
@@ -239,6 +239,30 @@ def test_a_failed_ranks_peers_get_a_grace_measured_on_the_launch(tmp_path):
     assert run.quiet_since(ls, t + 1.0) == t + 3.0
     run.reports[0] = {1: {"result": {"status": "pass"}}}  # it reported: its work no longer counts
     assert run.quiet_since(ls, t + 1.0) == t + 1.0
+
+
+def test_a_lane_whose_rank_still_starts_is_bound_by_the_start_up_timeout_not_its_cell(tmp_path):
+    # the CI machine's case: a packed relaunch, lane [0, 1] had run a cell while rank 2 of
+    # lane [2, 3] still imported its backend (no pid known, no CPU sample), and lane [2, 3]'s
+    # cell was taken for a hang 6 s after rank 3 was ready
+    cells = [c for c in matrix.select("ci") if c.world_size == 2][:2]
+    opts = LaunchOptions(backend="reference", run_dir=tmp_path, startup_timeout=120.0)
+    run = launch._Launch(4, [launch.Task("reference", c) for c in cells], opts, "ws4-9", packing.pack(cells, 4))
+    assert [ls.lane.ranks for ls in run.lanes] == [(0, 1), (2, 3)]
+    run.ready = {0, 1, 3}
+    run.lanes[0].done = len(run.lanes[0].lane.tasks)
+    run.done = {run.lanes[0].lane.tasks[0]}
+    assert run.started and [ls.lane.ranks for ls in run.active()] == [(2, 3)]
+    assert run.starting(run.lanes[1]) and not run.starting(run.lanes[0])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        later = run.t0 + 10 * run.bound(run.lanes[1])
+        assert later - run.t0 < opts.startup_timeout
+        assert launch._judge_lanes(run, proc, opts, lambda *_: None, later) is None
+        assert proc.poll() is None  # not ended
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_rank_waiting_in_the_harness_for_a_rank_hung_in_the_backend_is_its_peer(tmp_path):

@@ -1,15 +1,14 @@
 """A backend's crash or hang in ``ci`` (recipe-free) is the backend's, never a harness error:
-one sweep per fault, side by side, of ``sweep --preset ci --recipes none`` against
+one sweep per fault, side by side, of the whole ``sweep --preset ci --recipes none`` against
 ``fixtures/faults.py``, whose forward faults in every fp16 cell at world size >= 2
 (``DW_FAULT_CELLS``), a hooked cell's hooks-off twin included: rank 1 raises, rank 1 is
 SIGKILLed, rank 0 hangs.
 
-Each sweep runs every ``ci`` cell the fault fires in and the cells packed beside them, not
-the whole ``ci`` (``--filter`` keeps ``ci``'s fp16 cells as they are: the faulted ones, and at
-world size 1 the lanes beside them). A faulted cell ends its launch (its peers are stuck or
-gone) and a fresh launch takes the cells left: the cost is one launch per faulted cell, not
-the passing cells, and the whole ``ci`` would add only passing cells
-(``benchmarks/bench_faults.py`` runs the whole ``ci`` and records its figures).
+Each sweep runs every cell of the recipe-free ``ci`` the reference can run (those that need
+TE's or Megatron's code are left out, as a sweep leaves them out): the cells the fault fires
+in, the cells packed beside them, and every other cell, which must still pass after the
+faults ended the launches before them. A faulted cell ends its launch (its peers are stuck or
+gone) and a fresh launch takes the cells left: the cost is one launch per faulted cell.
 
 Those cells span the consumers (a plain weight under the ``autograd`` consumer, whose step
 has no collective but the harness's own, so the peers of the faulty rank wait in the
@@ -28,6 +27,7 @@ run, shared by xdist workers (``run_once``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -42,14 +42,19 @@ from fixtures.runs import assert_nothing_left, end_survivors, run_once
 from harness.records import recordfile, runfolder
 from harness.records.fold import failed
 from harness.records.record import RankResult
+from harness.vocabulary import matrix, selection
 from harness.vocabulary.matrix import Cell, compile_filter
 from harness.vocabulary.plan import LaunchPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTED = 'dtype == "fp16" and world_size >= 2'
-#: the ci cells each sweep runs: those the fault fires in, and the fp16 cells at world size 1
-#: that the packing puts beside them
-SWEPT = 'dtype == "fp16"'
+
+
+@functools.cache
+def _swept() -> list[str]:
+    """The cells each sweep runs (sorted ids): the recipe-free ci, less the cells that need TE
+    or Megatron; made once, for the three faults' tests."""
+    return sorted(c.id for c in matrix.select("ci", {"recipe": ("none",)}) if not selection.requires(c))
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ FAULTS = {
 def _sweep(root: Path, fault: Fault) -> subprocess.Popen:
     env = {**os.environ, "DW_FAULT": fault.mode, "DW_FAULT_RANK": str(fault.rank), "DW_FAULT_CELLS": FAULTED,
            "DW_FAULT_DELAY": str(fault.delay), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none", "--filter", SWEPT,
+    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none",
            "--backend", "fixtures/faults.py", "--out", str(root / fault.mode), "--quiet"]
     with open(root / f"{fault.mode}.stderr", "w") as err:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
@@ -135,6 +140,7 @@ def test_backend_fault_over_ci_is_the_backends(ci_runs, mode):
     record = recordfile.read(run["dir"])
     assert record["status"] == "complete"
     cells = {c["id"]: c for c in record["cells"]}
+    assert sorted(cells) == _swept(), "the sweep did not run the whole recipe-free ci"
     assert not [i for i, c in cells.items() if c["status"] == "harness_error"], \
         [(i, c["first_failure"]) for i, c in cells.items() if c["status"] == "harness_error"]
     selects = compile_filter(FAULTED)

@@ -12,12 +12,13 @@ import functools
 import itertools
 import json
 import math
+import random
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness.vocabulary import matrix, modules, recipes, shape, weights
+from harness.vocabulary import filters, matrix, modules, recipes, shape, weights
 from harness.vocabulary.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
 DEFAULTS = {a.name: a.values for a in AXES}
@@ -368,6 +369,28 @@ def test_axis_is_immutable_composable_and_validated():
 
 
 # --- presets ----------------------------------------------------------------------------
+
+def test_full_by_whole_ids_is_the_product_filtered():
+    """``--cells`` with whole ids (a repro) builds those cells from ``full`` instead of its whole
+    product: the same cells, in the same order, as filtering the product - ids outside the
+    domains, malformed and non-canonical ones selecting nothing, an ``and`` with another filter."""
+    ov = {"weight": ("distributed", "plain", "megatron"), "world_size": (1, 4, 8), "dtype": ("bf16",)}
+    everything = select("full", ov)
+    rng = random.Random(7)
+    picked = rng.sample([c.id for c in everything], 300)
+    outside = [c.id for c in rng.sample(select("full", {**ov, "dtype": ("fp32",)}), 20)]
+    ids = picked + outside + ["linear-nonsense", picked[0].upper()]
+    assert any(modules.KINDS[Cell.from_id(i).module].layer for i in picked)  # layers forced where not a layer
+    expr = " or ".join(f"id == {i!r}" for i in ids)
+    assert filters.exact_ids(expr) == frozenset(ids)
+    want = [c for c in everything if c.id in set(ids)]
+    assert len(want) == len(picked) and select("full", ov, expr) == want
+    both = f"world_size >= 4 and id in {tuple(ids)!r}"
+    assert filters.exact_ids(both) == frozenset(ids)
+    assert select("full", ov, both) == [c for c in want if c.world_size >= 4]
+    assert filters.exact_ids(f"id == {ids[0]!r} or world_size == 8") is None
+    assert filters.exact_ids(f"{ids[0]!r} in id") is None
+
 
 def test_full_size_is_product_minus_invalid():
     """``full`` is the whole valid product; its weight domain defaults to the kind weight,

@@ -181,3 +181,21 @@ def test_a_grad_assigned_per_microbatch_is_the_last_microbatch():
     assert pred.weight(0, grad, bound, None, None, None)["grad_assigned_last_microbatch"] <= 1.0
     first = ((_wgrad(inputs, 0, 0).to(BF16) + _wgrad(inputs, 1, 0).to(BF16)) / 2)
     assert pred.weight(0, first, bound, None, None, None)["grad_assigned_last_microbatch"] > 1.0
+
+
+def test_the_oracle_memo_is_the_oracle_and_sees_inputs_changed_in_place():
+    """``oracle.Memo``: equal inputs (a hooked cell and its hooks-off twin draw the same) give
+    the kept oracle, equal to a fresh one; inputs a backend changed in place are new inputs."""
+    memo = oracle.Memo(size=2)
+    a = make_inputs(7, Example(), "bf16", 2, 2, 1, True, norm="LayerNorm")
+    b = make_inputs(7, Example(), "bf16", 2, 2, 1, True, norm="LayerNorm")
+    first = memo.compute(a, 1, recipe="mxfp8")
+    assert memo.compute(b, 1, recipe="mxfp8") is first and memo.hits == 1
+    fresh = oracle.compute(b, 1, recipe="mxfp8")
+    for kept, new in zip(first.outputs + first.wgrad_sums + first.norm_sums, fresh.outputs + fresh.wgrad_sums + fresh.norm_sums):
+        assert torch.equal(kept.value, new.value) and torch.equal(kept.magnitude, new.magnitude)
+    # another rank, recipe or cached flag is another oracle
+    assert memo.compute(b, 0, recipe="mxfp8") is not first and memo.hits == 1
+    b.x[1][0][0, 0] += 1.0   # another rank's row: it enters the weight gradient
+    assert memo.compute(b, 1, recipe="mxfp8") is not first and memo.hits == 1
+    assert len(memo._kept) == 2   # bounded: the oldest went

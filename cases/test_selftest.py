@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.vocabulary import fault_classes, matrix, selection
+from harness.vocabulary import fault_classes, matrix, modules, selection
 from harness.cell import runner
 from harness.backends.reference import mutants
 from harness.cell.runner import RankContext, run_cell
@@ -103,6 +103,9 @@ def test_ci_selftest_kills_every_mutant_without_a_false_alarm(ci_selftest):
     # installs TE and Megatron, so the self-test runs both sides)
     assert {m["name"]: m["verdict"] for m in report["mutants"]} == {n: "killed" for n in fault_classes.CATALOG}
     assert report["false_alarms"] == 0 and report["ok"]
+    # a fault of backward_dw()'s fused branch runs only where a wgrad is delayed, fused and not
+    # rejected: its first round holds a cell that kills it (it ran every cell of its modules)
+    assert next(m for m in report["mutants"] if m["name"] == "dw-fused-hook-skipped")["rounds"] == 1
     ci = matrix.select("ci")
     assert report["clean_cells"] == sum(not selection.requires(c) for c in ci)
     # TE's side: every ci cell that needs TE, on the patched tree, none a false alarm
@@ -145,6 +148,22 @@ def test_a_mutant_no_selected_cell_can_reach_survives_and_fails_the_selftest():
     assert verdict.verdict == "survived" and not verdict.killed
     result = SelftestResult([verdict], [], 0.0, {})
     assert not result.ok
+
+
+def test_a_mutant_runs_only_in_cells_that_can_show_its_fault():
+    """Below a fault's smallest world size a shard is the whole weight, and a fault of what a
+    backend does with a distributed weight cannot show with plain parameters: such cells run
+    the clean code path and are no part of the mutant's rounds."""
+    ci = matrix.select("ci")
+    # Megatron's expert layer: ci's own cells (plain weights) and, as the self-test adds them, with Megatron's
+    layers = ci + matrix.select("ci", {"module": modules.LAYERS, "weight": ("megatron",)})
+    fc2 = fault_classes.CATALOG["fc2-fix-missing"]
+    mine = [c for c in layers if fc2.runs_in(c)]
+    assert mine and all(c.distributed and c.world_size >= 2 and c.hooks != "off" for c in mine)
+    assert any(not c.distributed and fc2.applies(c.module, c.recipe, c.first_mb, c.hooks, c.shape) for c in layers)
+    amax = fault_classes.CATALOG["fp8-per-shard-amax"]
+    assert all(c.world_size >= 2 for c in ci if amax.runs_in(c))
+    assert any(c.world_size == 1 and amax.applies(c.module, c.recipe, c.first_mb, c.hooks, c.shape) for c in ci)
 
 
 def test_a_finished_selftest_folds_its_streams(tmp_path):

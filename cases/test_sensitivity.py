@@ -101,6 +101,33 @@ def test_search_brackets_the_threshold_with_two_measured_values():
         assert len(r.tried) <= 4
 
 
+def test_a_probe_below_a_miss_runs_only_the_cells_that_may_catch():
+    """Each cell catches ``output`` from its own k up (monotone, as planted errors are): the
+    search finds the smallest over the cells, and a probe below a round that caught runs only
+    the cells that caught there - the others missed at a larger k, so they miss below it."""
+    cells = [c for c in matrix.select("ci", {"recipe": ["none"]}) if c.dtype == "bf16" and c.hooks == "off"][:6]
+    own = {c.id: 2.0 ** (3 + i) for i, c in enumerate(cells)}      # 8, 16, 32, 64, 128, 256
+    search = sensitivity.Search(cells)
+    key = ("none", "bf16", "output")
+    ran: list[tuple[float, set[str]]] = []
+    tasks = search.tasks()
+    while tasks:
+        round_k = perturb.parse(search.backend().removeprefix(sensitivity.BACKEND_PREFIX))
+        if key in round_k:
+            ran.append((round_k[key], {c.id for c in search.candidates(key)}))
+        results = {t.key: _result(t.cell, {"output"} if round_k.get(key, 0) >= own[t.cell.id] else set())
+                   for t in tasks}
+        search.observe(results)
+        tasks = search.tasks()
+    row = next(r for r in search.thresholds([]) if (r.recipe, r.dtype, r.kind) == key)
+    assert (row.largest_missed, row.smallest_caught, row.catching_cell) == (4, 8, cells[0].id)
+    assert [k for k, _ in ran] == [32, 4, 8]
+    # at 32 every cell ran and the first three caught; at 4 and 8 only those three may catch
+    # (the others missed at 32): no other is run for ``output`` below 32
+    three = {c.id for c in cells[:3]}
+    assert [ids for _, ids in ran] == [set(own), three, three]
+
+
 def test_a_kind_nothing_catches_fails_the_selftest():
     cells = [c for c in matrix.select("ci", {"recipe": ["none"]}) if c.dtype == "bf16" and c.hooks == "off"][:3]
     search = _bisect(cells, {"output": 2, "input_grad": 2, "weight_grad": 2})   # bias: never

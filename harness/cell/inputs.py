@@ -7,6 +7,7 @@ oracle sees it, so the float64 reference and the backend start from identical nu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -34,6 +35,7 @@ def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int, *path: Any, sca
 PROFILE_BLOCKS: tuple[int, ...] = (16, 32, 128)
 
 
+@functools.lru_cache(maxsize=16)
 def profile(rows: int, cols: int) -> torch.Tensor:
     """The magnitude profile of a ``[rows, cols]`` operand (fp32 powers of two): element
     ``(i, j)`` is scaled by ``2^(sum_b ((i // b + j // b) mod 2) - 1)`` over
@@ -48,7 +50,10 @@ def profile(rows: int, cols: int) -> torch.Tensor:
     neighbouring blocks' scales differ by design, and a block given a smaller neighbour's amax saturates whichever
     neighbour it takes. Measured on ``ci``'s block-spanning cells: the block mutants die either
     way, the weakest kill's error/bound ratio 3.1 to 3.6 times higher with it (docs/low-precision.md).
-    A power of two scales exactly in every dtype, so the values stay those the cell's dtype holds."""
+    A power of two scales exactly in every dtype, so the values stay those the cell's dtype holds.
+
+    Kept per shape (a cell draws a few dozen operands of three shapes, and making one was
+    most of the cost of drawing a block-spanning cell's inputs); callers never change it."""
     i = torch.arange(rows).unsqueeze(1)
     j = torch.arange(cols).unsqueeze(0)
     e = sum(((i // b + j // b) % 2) for b in PROFILE_BLOCKS) - 1

@@ -8,7 +8,10 @@ reduction length and with cancellation instead of being fixed ``atol``/``rtol`` 
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -16,6 +19,7 @@ from harness.cell import quantized
 from harness.cell.inputs import CellInputs, Norm, group_rows
 
 F64 = torch.float64
+T = TypeVar("T")
 
 
 @dataclass
@@ -424,3 +428,63 @@ def record_of(ref: Reference, start: torch.Tensor | None, shard: tuple[int, int,
         s = start.to(F64)
         value, magnitude, roundings = value + s, magnitude + s.abs(), roundings + 1
     return Reference(value, magnitude, ref.reduction, roundings, ref.operand_u, slack)
+
+
+def fingerprint(inputs: CellInputs) -> bytes:
+    """A digest of every value ``inputs`` holds (each tensor's dtype, shape and bytes, the
+    splits, the normalization): two cells with equal digests have the same oracle."""
+    h = hashlib.blake2b(digest_size=20)
+
+    def add(t: torch.Tensor | None) -> None:
+        if t is None:
+            h.update(b"none")
+            return
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+
+    h.update(str(inputs.dtype).encode())
+    for t in [*inputs.weights, *inputs.biases, *(x for per in inputs.x for x in per),
+              *(d for per in inputs.dy for d in per)]:
+        add(t)
+    h.update(repr(inputs.splits).encode())
+    norm = inputs.norm
+    if norm is not None:
+        h.update(f"{norm.kind}{norm.zero_centered}{norm.eps!r}".encode())
+        add(norm.gamma)
+        add(norm.beta)
+    return h.digest()
+
+
+class Memo:
+    """What a rank computed lately from a cell's inputs - its oracles and its defect models
+    (``harness.cell.predict.Predictor``, whose lazy parts then fill once) - by what they are a
+    function of: the inputs' values (:func:`fingerprint`, read after the step, so inputs changed
+    in place are new inputs) and the other arguments. A hooked cell has its hooks-off twin's
+    inputs (a cell's seed leaves its hook mode out), and so has the same cell under another
+    backend (the self-test's clean reference, mutants and perturbations): the float64 oracle, a
+    third of a reference rank's time, is computed once for them, not once per cell. Both are
+    read, never written, by the checks (:func:`record_of` makes new tensors)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple, Any] = OrderedDict()
+        self.hits = 0
+
+    def get(self, key: tuple, make: Callable[[], T]) -> T:
+        """The value kept under ``key``, or ``make()``'s, kept (the oldest goes once ``size``
+        are kept)."""
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            self.hits += 1
+            return self._kept[key]
+        found = self._kept[key] = make()
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return found
+
+    def compute(self, inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
+                recipe: str = "none", cached: bool = False, digest: bytes | None = None) -> RankOracle:
+        """:func:`compute` of these arguments, kept (``digest``: the inputs' fingerprint, if known)."""
+        key = ("oracle", digest or fingerprint(inputs), rank, tuple(tags), recipe, cached)
+        return self.get(key, lambda: compute(inputs, rank, tags, recipe, cached=cached))

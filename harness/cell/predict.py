@@ -167,6 +167,7 @@ class Predictor:
         self._terms: list[list[list[oracle.WgradTerm]]] | None = None
         self._bias_terms: list[list[list[oracle.WgradTerm]]] | None = None
         self._views: dict[str, oracle.RankOracle] = {}
+        self._activation: dict[int, Interval] = {}
 
     @property
     def world(self) -> int:
@@ -188,11 +189,14 @@ class Predictor:
     def wgrad_in_activation_dtype(self, i: int) -> Interval:
         """Member ``i``'s full logical increment: per microbatch, each rank's wgrad rounded to
         the dtype, scaled by 1/W, summed over ranks in the dtype; the microbatches added."""
+        if i in self._activation:  # a kept Predictor (``oracle.Memo``) serves the twins of its cell
+            return self._activation[i]
         total = None
         for m in range(len(self.inputs.x[0])):
             per_rank = [scaled(self._rounded(r, m, i), self.world, self.dtype) for r in range(self.world)]
             part = summed(per_rank, self.dtype)
             total = part if total is None else total + part
+        self._activation[i] = total
         return total
 
     def grad_assigned_last_microbatch(self, i: int) -> Interval:

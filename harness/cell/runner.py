@@ -504,6 +504,10 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
     return check
 
 
+#: this process's recent oracles and defect models (a hooked cell's are its twin's: ``oracle.Memo``)
+_ORACLES = oracle.Memo()
+
+
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,
             consumer: Consumer, gtp: GTPGroup | None, step: _Step, fp32_gemm: str = "ieee") -> list[Check]:
     tags = weights.KINDS[cell.weight].tags
@@ -511,12 +515,15 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     # re-quantized, so every microbatch multiplies its codes, as a cached FP8 weight's
     native = weights.KINDS[cell.weight].native
     cached = cell.first_mb or native
-    orc = oracle.compute(inputs, ctx.rank, tags, cell.recipe, cached=cached)
+    digest = oracle.fingerprint(inputs)
+    orc = _ORACLES.compute(inputs, ctx.rank, tags, cell.recipe, cached=cached, digest=digest)
     native_rows = gtp.rows_per_rank if native and gtp is not None else None
     dtype = compare.gemm_dtype(cell.dtype, fp32_gemm)
     # a failing value check also records its ratio under each defect model (harness.vocabulary.defects)
-    models = predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed, native_rows,
-                               cached)
+    models = _ORACLES.get(("models", digest, ctx.rank, tuple(tags), cell.dtype, cell.recipe, cell.distributed,
+                           native_rows, cached),
+                          lambda: predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed,
+                                                    native_rows, cached))
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)

@@ -96,8 +96,7 @@ def _te_fault_runs(cell: matrix.Cell) -> bool:
     """Whether a fault planted in TE's own code on CPU (``fault_classes.TE``) runs on ``cell``:
     such a cell joins the self-test's part in TE's code even when the reference runs it too
     (a fault of te-cpu's kernels, shown by the block-spanning cells)."""
-    return any(f.applies(cell.module, cell.recipe, cell.first_mb, cell.hooks, cell.shape)
-               for f in fault_classes.TE.values())
+    return any(f.runs_in(cell) for f in fault_classes.TE.values())
 
 
 def _te_side(te_cells: list, sel: dict, run_dir: Path, cell_timeout: float | None) -> TeSide | None:

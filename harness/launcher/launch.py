@@ -135,12 +135,6 @@ def _proc_stat(pid: int) -> list[str] | None:
 SEES_CPU = Path("/proc/self/stat").exists()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time a process has used, user and system (None: no ``/proc``, or it is gone)."""
-    seen = cpu_sample(pid)
-    return None if seen is None else seen[1]
-
-
 def cpu_sample(pid: int) -> tuple[str, float] | None:
     """A process's state letter (``R`` runnable, ``D`` waiting on a disk, ``S`` asleep, ...)
     and its CPU time, user and system, from one read of ``/proc`` (None: none, or it is gone)."""
@@ -149,8 +143,8 @@ def cpu_sample(pid: int) -> tuple[str, float] | None:
 
 
 #: states in which a process waits on the machine, not on a peer: runnable (its turn on a
-#: loaded CPU) and uninterruptible sleep (a disk: a verdict's fsync under a busy disk took
-#: seconds on the CI machine). A rank stuck in a collective or asleep is ``S``.
+#: loaded CPU) and uninterruptible sleep (a disk: a verdict's fsync, an import's pages read
+#: back). A rank stuck in a collective or asleep is ``S``.
 WAITING_ON_MACHINE = ("R", "D")
 
 
@@ -279,6 +273,14 @@ class _Launch:
             if not ls.finished and all(p.finished for p in self.lanes[:j] if set(p.lane.ranks) & set(ls.lane.ranks)):
                 out.append(ls)
         return out
+
+    def starting(self, ls: _LaneState) -> bool:
+        """Whether a rank of the lane has not said it is ready yet: the launch may have
+        started (other lanes' ranks run cells) while this one still imports its backend, its
+        process unknown to the CPU samples (its pid comes with ``ready``), so its cell's
+        clock has not started (on a loaded machine a rank's first imports took longer than a
+        cell's bound while its peers had run cells)."""
+        return not set(ls.lane.ranks) <= self.ready
 
     def since(self, ls: _LaneState) -> float:
         """When the lane last made progress (as the launcher can tell): its ranks were all
@@ -611,11 +613,9 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
                     on_result(backend, res)
             return _Outcome(f"launch ended early: {why}")
         if launch.started:
-            launch.sample_cpu(now)
-            for ls in launch.active():
-                ended = _lane_failed(launch, ls, proc, opts, on_result, now)
-                if ended is not None:
-                    return ended
+            ended = _judge_lanes(launch, proc, opts, on_result, now)
+            if ended is not None:
+                return ended
         if opts.on_wait is not None and now - max(max(launch.rank_last), said) >= opts.wait_interval:
             said = now
             if not launch.started:
@@ -633,6 +633,29 @@ def _watch(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions,
     except subprocess.TimeoutExpired:
         return _Outcome("all cells done; the launch was ended by the harness after 2 s of teardown")
     return _Outcome()
+
+
+def _judge_lanes(launch: _Launch, proc: subprocess.Popen, opts: LaunchOptions, on_result: ResultCallback,
+                 now: float) -> _Outcome | None:
+    """Once the launch has started: each lane running a cell is judged by its cell's bound
+    (``_lane_failed``); a lane whose ranks are not all ready yet has no cell running, and the
+    start-up timeout bounds it. None while every lane is fine."""
+    launch.sample_cpu(now)
+    for ls in launch.active():
+        if not launch.starting(ls):
+            ended = _lane_failed(launch, ls, proc, opts, on_result, now)
+            if ended is not None:
+                return ended
+        elif now - launch.t0 > opts.startup_timeout:
+            launch.end(proc)
+            if _drained(launch, ls, on_result):  # other lanes' verdicts that arrived meanwhile are kept
+                return _Outcome("ended at the start-up timeout; the cell's verdict arrived meanwhile")
+            late = sorted(set(ls.lane.ranks) - launch.ready)
+            for backend, res in launch.lost(ls, f"rank(s) {late} not ready within the start-up timeout "
+                                            f"of {opts.startup_timeout:g}s; launch ended"):
+                on_result(backend, res)
+            return _Outcome(f"ended after rank(s) {late} did not start")
+    return None
 
 
 def _lane_failed(launch: _Launch, ls: _LaneState, proc: subprocess.Popen, opts: LaunchOptions,

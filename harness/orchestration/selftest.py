@@ -10,12 +10,13 @@ A mutant counts as killed only when a failing check is evidence of its own fault
 ``evidence`` patterns: a check name or the text of the expected exception); a kill by an
 unrelated crash is reported as ``unrelated`` and fails the self-test like a survivor.
 
-One kill is enough, so a mutant runs in up to three rounds, each only while no cell has killed
-it by evidence: the first ``FIRST_CELLS`` cells of a pairwise-covering part of its cells (every
-pair of values of any two axes that its cells hold appears in one of them, ``first_round``:
-about a quarter of them), then the rest of that part, then every other cell. The verdict is
-the one a run over every cell gives (a survivor has run them all); ``killing cells`` counts
-the kills among the cells it ran.
+One kill is enough, so a mutant runs in up to four rounds, each only while no cell has killed
+it by evidence: the first ``COVER_ROUNDS[0]`` cells of a pairwise-covering part of its cells
+(every pair of values of any two axes that its cells hold appears in one of them,
+``first_round``: about a quarter of them), then up to ``COVER_ROUNDS[1]`` cells of it, then the
+rest of that part, then every other cell. The verdict is the one a run over every cell gives
+(a survivor has run them all); ``killing cells`` counts the kills among the cells it ran. The
+sensitivity search takes four launches of its own, so these rounds add none.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from harness.vocabulary.status import HARNESS_ERROR
 from harness.records.stream import ResultStream
 
 CLEAN = "harness.backends.reference"
-#: a mutant's first round: this many cells of its pairwise cover (in the 2026-12-04 ``ci``
-#: self-test, 20 of 23 mutants were killed by one of their cover's first 8 cells)
-FIRST_CELLS = 8
+#: where a mutant's first two rounds end in its pairwise cover (the ``ci`` self-test of
+#: 2026-12-06: 29 of 38 mutants killed in the first 8 cells, 5 more by the 24th, 4 in the rest
+#: of the cover); on TE's side only the first (a round there is a te-cpu launch of its own)
+COVER_ROUNDS = (8, 24)
 MUTANT_PREFIX = "harness.backends.reference.mutants:"
 
 
@@ -53,8 +55,9 @@ class MutantVerdict:
     first_check: str | None = None
     evidence: list[str] = field(default_factory=list)
     cells_run: int = 0
-    #: how many rounds it ran (1: killed in its first ``FIRST_CELLS`` cells; 2: in the rest of
-    #: its pairwise cover; 3: it needed every other cell, or survived them all)
+    #: how many rounds it ran (1: killed in its cover's first ``COVER_ROUNDS[0]`` cells; then
+    #: one per further end of ``COVER_ROUNDS`` it needed, one for the rest of its pairwise
+    #: cover, and a last one if it needed every other cell, or survived them all)
     rounds: int = 1
 
     @property
@@ -190,19 +193,23 @@ TE_MUTANT_PREFIX = "harness.backends.te_cpu.mutants:"
 
 def _mutation(clean: str, cells: list[matrix.Cell], faults: dict[str, tuple[fault_classes.FaultClass, str]],
               opts: LaunchOptions, progress: Callable[[str, CellResult], None], clean_examples: int = 0,
-              search: sensitivity.Search | None = None) -> tuple[list[CellResult], list[MutantVerdict]]:
-    """``clean`` and each fault's backend over ``cells`` (a fault over its own cells, in up to three
-    rounds while nothing killed it by evidence); the clean results and each fault's verdict."""
+              search: sensitivity.Search | None = None,
+              cover_rounds: tuple[int, ...] = COVER_ROUNDS) -> tuple[list[CellResult], list[MutantVerdict]]:
+    """``clean`` and each fault's backend over ``cells`` (a fault over its own cells, in rounds
+    while nothing killed it by evidence: its pairwise cover's cells up to each of
+    ``cover_rounds``, the rest of the cover, then every other cell); the clean results and each
+    fault's verdict."""
     stream = ResultStream(opts.run_dir)
     since = stream.size()
     tasks = [Task(clean, c, clean_examples) for c in cells]
     later: dict[str, list[list[matrix.Cell]]] = {}  # a mutant's rounds still to run, if not killed
     for name, (m, spec) in faults.items():
-        mine = [c for c in cells if m.applies(c.module, c.recipe, c.first_mb, c.hooks, c.shape)]
+        mine = [c for c in cells if m.runs_in(c)]
         cover = first_round(mine)
-        tasks += [Task(spec, c, 0) for c in cover[:FIRST_CELLS]]
+        ends = [*cover_rounds, len(cover)]
+        tasks += [Task(spec, c, 0) for c in cover[:ends[0]]]
         covered = set(cover)
-        later[name] = [cover[FIRST_CELLS:], [c for c in mine if c not in covered]]
+        later[name] = [cover[a:b] for a, b in zip(ends, ends[1:])] + [[c for c in mine if c not in covered]]
     if search is not None:
         tasks += search.tasks()
     latest: dict[tuple[str, str], CellResult] = {}
@@ -228,7 +235,7 @@ def _mutation(clean: str, cells: list[matrix.Cell], faults: dict[str, tuple[faul
                 pending.clear()
             while pending:
                 round_cells = pending.pop(0)
-                rounds[name] += 1  # an empty round (a cover of FIRST_CELLS cells or fewer) counts too
+                rounds[name] += 1  # an empty round (a short cover's) counts too
                 if round_cells:
                     tasks += [Task(spec, c, 0) for c in round_cells]
                     break
@@ -259,7 +266,9 @@ def run_selftest(cells: list[matrix.Cell], opts: LaunchOptions,
     te_clean: list[CellResult] = []
     if te is not None:
         te_faults = {name: (m, te.spec(name)) for name, m in fault_classes.TE.items()}
-        te_clean, te_verdicts = _mutation(te.clean, te.cells, te_faults, te.opts, progress)
+        # no search rides along on TE's side: a round is a launch of its own there
+        te_clean, te_verdicts = _mutation(te.clean, te.cells, te_faults, te.opts, progress,
+                                          cover_rounds=COVER_ROUNDS[:1])
         te_clean = te.judge(te_clean)
         verdicts += te_verdicts
     return SelftestResult(verdicts, clean, round(time.monotonic() - t0, 2),
@@ -282,11 +291,11 @@ def table(result: SelftestResult) -> str:
         if not c:  # a false alarm: the cell, and why, with its repro
             lines.append(f"FALSE ALARM {c.id}: {(c.first_failure or c.status).splitlines()[0][:300]}")
             lines.append(f"  repro: {c.repro}")
-    cover = [m.name for m in result.mutants if m.rounds == 2]
-    every = [m.name for m in result.mutants if m.rounds == 3]
-    lines.append(f"each mutant ran first on {FIRST_CELLS} cells of a pairwise-covering part of its cells; "
-                 f"{len(cover)} needed the rest of that part" + (f" ({', '.join(cover)})" if cover else "")
-                 + f", {len(every)} every other cell too" + (f" ({', '.join(every)})" if every else ""))
+    later = [f"round {n}: {', '.join(names)}" for n in range(2, len(COVER_ROUNDS) + 3)
+             if (names := [m.name for m in result.mutants if m.rounds == n])]
+    lines.append(f"each mutant ran first on {COVER_ROUNDS[0]} cells of a pairwise-covering part of its cells, "
+                 f"then on up to {COVER_ROUNDS[1]} of them (TE's side: no such round), the rest of them, every "
+                 f"other cell, while nothing killed it; later rounds: {'; '.join(later) or 'none'}")
     ratios = ", ".join(f"{d} {r:.3g}" for d, r in sorted(result.max_ratio_per_dtype.items()))
     lines.append(f"largest error/bound ratio on the clean reference per dtype: {ratios or '-'}")
     if result.thresholds:

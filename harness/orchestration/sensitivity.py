@@ -6,11 +6,15 @@ a relative error ``k * u`` in one tensor kind; this module bisects ``k`` over a 
 powers of two, per recipe, cell dtype and tensor kind, with every kind of a round in one
 backend (the kinds do not feed each other). ``k`` is caught when any cell of that recipe and
 dtype fails a value check of that kind; the answer is the smallest ladder value caught and the largest
-missed, both measured. Cells with a saved-tensor hook are left out where a hooks-off
-cell has the kind: their twin check proves their values bitwise equal to the hooks-off
-cell's, so they catch exactly what it catches; a kind that only hooked cells of a dtype have
-(``ci`` has fp32 input gradients only under hooks) is searched on those. Cells expected to
-raise have no values.
+missed, both measured. A cell's error in a kind grows with ``k`` (each planted value moves
+monotonically with ``k``, every rounding after it is monotone, and the clean value is within
+its bound): a cell that missed at ``k`` misses at every smaller one, which is what the
+bisection rests on. So a probe below a miss does not run that cell again: once a round caught
+a kind, the rounds below it run only the cells that caught it. Cells with a saved-tensor hook
+are left out where a hooks-off cell has the kind: their twin check proves their values bitwise
+equal to the hooks-off cell's, so they catch exactly what it catches; a kind that only hooked
+cells of a dtype have (``ci`` has fp32 input gradients only under hooks) is searched on those.
+Cells expected to raise have no values.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ class Search:
                 self.cells_for.setdefault(key, found_cells)
         self.brackets = {key: _Bracket() for key in self.cells_for}
         self.tried: dict[Key, list[float]] = {key: [] for key in self.cells_for}
+        #: per row, each cell's largest ladder index it missed at (it misses at every smaller one)
+        self.missed: dict[Key, dict[str, int]] = {key: {} for key in self.cells_for}
         self._round: dict[Key, float] = {}
         self.anomalies: list[str] = []
 
@@ -113,8 +119,14 @@ class Search:
         backend = self.backend()
         return [Task(backend, c, 0) for c in self._round_cells()]
 
+    def candidates(self, key: Key) -> list[Cell]:
+        """The cells that may catch ``key`` at its bracket's midpoint: those not known to miss
+        there (a miss at that ``k`` or above)."""
+        mid = self.brackets[key].mid
+        return [c for c in self.cells_for[key] if self.missed[key].get(c.id, -1) < mid]
+
     def _round_cells(self) -> list[Cell]:
-        return list({c.id: c for key in self._round for c in self.cells_for[key]}.values())
+        return list({c.id: c for key in self._round for c in self.candidates(key)}.values())
 
     def backend(self) -> str:
         return BACKEND_PREFIX + format_spec(self._round)
@@ -122,17 +134,20 @@ class Search:
     def observe(self, results: Mapping[tuple[str, str], CellResult]) -> None:
         """Narrow each bracket of the round from the round's verdicts ((backend, id) -> result)."""
         backend = self.backend()
+        ran = self._round_cells()
         caught: dict[Key, str] = {}
         for key in self._round:
-            for c in self.cells_for[key]:
+            mid = self.brackets[key].mid
+            for c in self.candidates(key):
                 res = results.get((backend, c.id))
-                if res is None:
+                if res is None or res.status not in ("pass", "fail"):   # no values: nothing known
                     continue
                 if any(tensor_kind(check.name) == key[2] and not check.ok
                        for rank in res.ranks for check in rank.comparisons):
-                    caught[key] = c.id
-                    break
-        for c in self._round_cells():
+                    caught.setdefault(key, c.id)
+                else:
+                    self.missed[key][c.id] = max(mid, self.missed[key].get(c.id, -1))
+        for c in ran:
             res = results.get((backend, c.id))
             if res is not None and res.status not in ("pass", "fail"):   # a scaled value never raises
                 self.anomalies.append(f"{c.id} ({backend}): {res.status}: {res.first_failure}")

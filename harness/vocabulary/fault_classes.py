@@ -63,6 +63,12 @@ class FaultClass:
         shapes: the ``shape`` values whose cells run it (None: every one). A fault planted in
             te-cpu's kernels runs where its self-test side pays te-cpu's cost for it: the
             block-spanning cells, the only ones whose operands its fault changes.
+        fused_backward_dw: the fault is in ``backward_dw()``'s fused branch: only cells that
+            delay the wgrad (``delay_wgrad``), fuse its accumulation (``fused``) and are not
+            expected to raise run it (``runs_in``; the self-test's first round then holds such
+            a cell, where it ran every cell of the module in a third round).
+        distributed_only: the fault is in what the backend does with a distributed weight:
+            a cell whose weights are plain parameters runs the clean code path.
     """
 
     name: str
@@ -75,15 +81,29 @@ class FaultClass:
     backend: str = "reference"
     hooks: tuple[str, ...] | None = None
     shapes: tuple[str, ...] | None = None
+    fused_backward_dw: bool = False
+    distributed_only: bool = False
 
     def applies(self, module: str, recipe: str, first_mb: bool = False, hooks: str | None = None,
                 shape: str | None = None) -> bool:
         """Whether a cell of ``module`` under ``recipe`` (passing ``is_first_microbatch`` or
-        not, under ``hooks``, of ``shape``) runs this fault's code."""
+        not, under ``hooks``, of ``shape``) may run this fault's code."""
         return (module in self.modules and (self.recipes is None or recipe in self.recipes)
                 and (first_mb or not self.first_mb)
                 and (self.hooks is None or hooks is None or hooks in self.hooks)
                 and (self.shapes is None or shape is None or shape in self.shapes))
+
+    def runs_in(self, cell: Any) -> bool:
+        """Whether ``cell`` (a ``harness.vocabulary.matrix.Cell``) can show this fault: ``applies``,
+        at ``min_world_size`` or more (below it the fault changes nothing the contract observes),
+        with a distributed weight for a ``distributed_only`` fault, and for a fault of
+        ``backward_dw()``'s fused branch a cell that delays its wgrad with fused accumulation and
+        is not expected to raise (a distributed weight's delayed wgrad is rejected before any
+        backward). In any other cell the faulty backend computes what the clean one does."""
+        return (self.applies(cell.module, cell.recipe, cell.first_mb, cell.hooks, cell.shape)
+                and cell.world_size >= self.min_world_size
+                and (cell.distributed or not self.distributed_only)
+                and (not self.fused_backward_dw or (cell.delay_wgrad and cell.fused and cell.expect == "pass")))
 
 
 #: the module values the oracle judges under both per-tensor recipes (the FP8 mutants' cells)
@@ -141,7 +161,7 @@ _ALL = (
     FaultClass("dw-fused-hook-skipped",
                "backward_dw() fires the wgrad accumulation-and-reduce hooks only on the "
                "unfused branch",
-               evidence=("check:wgrad_hook_calls",)),
+               evidence=("check:wgrad_hook_calls",), fused_backward_dw=True),
     FaultClass("delay-with-dw-accepted",
                "delay_wgrad_compute=True with a distributed weight is not rejected up front; "
                "the delayed wgrad is finalized later in backward_dw()",
@@ -267,7 +287,7 @@ _ALL = (
     FaultClass("fc2-fix-missing",
                "the hook-safe fix applied to an expert layer's fc1 but not its fc2: under a hook "
                "fc2's GroupedLinear forgets its distributed weights on the autograd context",
-               modules=modules.LAYERS, min_world_size=2, backend="te-cpu",
+               modules=modules.LAYERS, min_world_size=2, backend="te-cpu", distributed_only=True,
                hooks=tuple(h for h in hook_modes.NAMES if hook_modes.KINDS[h].hooked and h != "mcore_offload"),
                evidence=("text:weight was removed while fuse_wgrad_accumulation=True",
                          "text:GEMM requested the columnwise representation",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from harness.vocabulary.errors import FilterError
 
-__all__ = ["FilterError", "compile_expr", "names_in"]
+__all__ = ["FilterError", "compile_expr", "exact_ids", "names_in"]
 
 _NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
           ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In,
@@ -26,6 +26,35 @@ _NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
 def names_in(expr: str) -> set[str]:
     """The names an expression uses (axes and ``id``)."""
     return {n.id for n in ast.walk(ast.parse(expr.strip(), mode="eval")) if isinstance(n, ast.Name)}
+
+
+def exact_ids(expr: str) -> frozenset[str] | None:
+    """The cell ids outside which ``expr`` is false, where its form says so: ``id == "X"``,
+    ``id in (...)``, an ``or`` of those, or an ``and`` with one of them (``--cells`` with whole
+    ids makes these); None for any other form. Selecting from ``full`` then builds those
+    cells instead of the whole product (``harness.vocabulary.matrix.select``)."""
+    try:
+        return _ids_of(ast.parse(expr.strip(), mode="eval").body)
+    except SyntaxError:
+        return None
+
+
+def _ids_of(node: ast.expr) -> frozenset[str] | None:
+    if isinstance(node, ast.BoolOp):
+        parts = [_ids_of(v) for v in node.values]
+        if isinstance(node.op, ast.Or):
+            return None if any(p is None for p in parts) else frozenset().union(*parts)
+        known = [p for p in parts if p is not None]
+        return frozenset.intersection(*known) if known else None
+    if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, ast.Name)
+            and node.left.id == "id"):
+        op, rhs = node.ops[0], node.comparators[0]
+        if isinstance(op, ast.Eq) and isinstance(rhs, ast.Constant) and isinstance(rhs.value, str):
+            return frozenset((rhs.value,))
+        if isinstance(op, ast.In) and isinstance(rhs, (ast.Tuple, ast.List, ast.Set)) and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in rhs.elts):
+            return frozenset(e.value for e in rhs.elts)
+    return None
 
 
 def compile_expr(expr: str, axes: Sequence[str],

@@ -68,6 +68,7 @@ import functools
 import hashlib
 import heapq
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -611,60 +612,119 @@ def product(axes: Iterable[Axis] = AXES) -> list[Cell]:
 def _valid(domains: Domains) -> Iterator[Cell]:
     """The valid cells of the product of ``domains``, in the order of
     ``itertools.product`` over ``AXIS_NAMES`` (an ungrouped module's cells take num_gemms=1,
-    a module that is not a layer layers=1, once). Each constraint is checked as soon as both its axes have values, so a dead
-    prefix is never extended; the cells come out validated and are built without checking
-    again (``_trusted``): ``full`` is hundreds of thousands of them. They are made one valid
-    prefix of the first axes at a time, so a caller that keeps few of them (``select`` with a
-    sample) never holds them all."""
+    a module that is not a layer layers=1, once). Each constraint is checked as soon as both
+    its axes have values, so a dead prefix is never extended; the cells come out validated and
+    are built without checking again (``_trusted``): ``full`` is hundreds of thousands of them.
+    They are made one valid prefix of the first ``_PREFIX`` axes at a time, so a caller that
+    keeps few of them (``select`` with a sample) never holds them all.
+
+    Why a table per axis: the constraints are pairwise, so the values an axis may take after a
+    prefix depend only on the few earlier axes its constraints name. Those are worked out once
+    per combination of them (a few hundred at most) instead of once per prefix (``full`` has
+    hundreds of thousands), and a prefix is extended only by values already known to be valid."""
     position = {n: i for i, n in enumerate(AXIS_NAMES)}
     due: list[list[tuple[int, int, Callable[[Any, Any], bool]]]] = [[] for _ in AXIS_NAMES]
-    for a, b, ok, _ in _CONSTRAINTS:
-        due[max(position[a], position[b])].append((position[a], position[b], ok))
-    values = [domains[n] for n in AXIS_NAMES]
+    for a, b, ok in ((position[a], position[b], ok) for a, b, ok, _ in _CONSTRAINTS):
+        due[max(a, b)].append((a, b, ok))
+    values = [tuple(domains[n]) for n in AXIS_NAMES]
     ungrouped = {m for m in domains["module"] if not modules.KINDS[m].grouped}
     one_layer = {m for m in domains["module"] if not modules.KINDS[m].layer}
-    gemms, layers, module_at = position["num_gemms"], position["layers"], position["module"]
+    forced = {position["num_gemms"]: ungrouped, position["layers"]: one_layer}
+    module_at = position["module"]
+    # per axis: the earlier axes its constraints name, and the allowed ends per their values
+    keys = [sorted({a if b == i else b for a, b, _ in checks} | ({module_at} if i in forced else set()))
+            for i, checks in enumerate(due)]
+    key_of = [operator.itemgetter(*k) if k else None for k in keys]
+    tables: list[dict[Any, tuple[tuple[Any], ...]]] = [{} for _ in AXIS_NAMES]
 
     def grow(rows: list[tuple[Any, ...]], upto: int) -> list[tuple[Any, ...]]:
         """``rows`` extended to their first ``upto`` axes (breadth first: the order of depth first)."""
         for i in range(len(rows[0]) if rows else 0, upto):
-            grown: list[tuple[Any, ...]] = []
+            if key_of[i] is None:
+                ends = [(v,) for v in values[i]]
+                rows = [row + end for row in rows for end in ends]
+                continue
+            table, key_i, grown = tables[i], key_of[i], []
             for row in rows:
-                fixed_one = (i == gemms and row[module_at] in ungrouped) or (i == layers and row[module_at] in one_layer)
-                for v in (1,) if fixed_one else values[i]:
-                    cand = (*row, v)
-                    for a, b, ok in due[i]:
-                        if not ok(cand[a], cand[b]):
-                            break
-                    else:
-                        grown.append(cand)
+                ends = table.get(key := key_i(row))
+                if ends is None:
+                    ends = table[key] = tuple((v,) for v in _allowed(row, values[i], due[i], forced.get(i, ()), module_at))
+                for end in ends:
+                    grown.append(row + end)
             rows = grown
         return rows
 
     # one valid prefix of the first axes at a time: a caller that keeps few cells never holds all
     for prefix in grow([()], _PREFIX):
-        for row in grow([prefix], len(AXIS_NAMES)):
-            yield _trusted(row)
+        yield from _trusted(grow([prefix], len(AXIS_NAMES)))
 
 
 #: the axes ``_valid`` fixes before it makes the rest (the cells of one such prefix are few)
 _PREFIX = 3
 
 
-#: each axis' slot of ``Cell`` (a slotted class): ``_trusted`` fills them without ``Cell``'s checks
-_SLOTS = None
+def _allowed(row: tuple[Any, ...], domain: tuple[Any, ...],
+             checks: list[tuple[int, int, Callable[[Any, Any], bool]]], one_of: set[str],
+             module_at: int) -> tuple[Any, ...]:
+    """The values of the next axis (in ``domain`` order) that every constraint due there allows
+    after the prefix ``row``; ``(1,)`` where the prefix's module fixes the axis to 1."""
+    if row[module_at] in one_of:
+        return (1,)
+    out = []
+    for v in domain:
+        cand = (*row, v)
+        if all(ok(cand[a], cand[b]) for a, b, ok in checks):
+            out.append(v)
+    return tuple(out)
 
 
-def _trusted(values: Sequence[Any]) -> Cell:
-    """A cell from axis values in ``AXIS_NAMES`` order already known legal and valid (from
-    :func:`_valid`): ``Cell``'s own checks skipped."""
-    global _SLOTS
-    if _SLOTS is None:
-        _SLOTS = tuple(getattr(Cell, n).__set__ for n in AXIS_NAMES)
-    cell = object.__new__(Cell)
-    for put, v in zip(_SLOTS, values):
-        put(cell, v)
-    return cell
+def _full_of_ids(domains: Domains, ids: Iterable[str]) -> list[Cell]:
+    """The cells of the product of ``domains`` (``_valid``'s, in its order) whose ids are among
+    ``ids``, built from the ids: a valid, canonical id whose every axis value is in its domain
+    (an ungrouped module's ``num_gemms`` and a non-layer module's ``layers`` are 1 whatever
+    the domain, as ``_valid`` makes them)."""
+    rank = {n: {v: i for i, v in enumerate(domains[n])} for n in AXIS_NAMES}
+    found: list[tuple[tuple[int, ...], Cell]] = []
+    for text in ids:
+        try:
+            cell = Cell.from_id(text)
+        except MatrixError:
+            continue
+        if cell.id != text:
+            continue
+        forced = {"num_gemms": not modules.KINDS[cell.module].grouped, "layers": not modules.KINDS[cell.module].layer}
+        key = []
+        for n in AXIS_NAMES:
+            v = getattr(cell, n)
+            if forced.get(n):
+                key.append(0)
+            elif v in rank[n]:
+                key.append(rank[n][v])
+            else:
+                break
+        else:
+            found.append((tuple(key), cell))
+    return [c for _, c in sorted(found, key=lambda kc: kc[0])]
+
+
+def _trusted(rows: Iterable[Sequence[Any]]) -> list[Cell]:
+    """Cells from rows of axis values in ``AXIS_NAMES`` order already known legal and valid
+    (from :func:`_valid`): ``Cell``'s own checks skipped (one loop, no call per cell: ``full``
+    is hundreds of thousands of them). ``Cell`` is a slotted class: each axis' slot is filled
+    by its descriptor."""
+    new, slots, cells = object.__new__, _slot_setters(), []
+    for row in rows:
+        cell = new(Cell)
+        for put, v in zip(slots, row):
+            put(cell, v)
+        cells.append(cell)
+    return cells
+
+
+@functools.cache
+def _slot_setters() -> tuple[Callable[[Cell, Any], None], ...]:
+    """Each axis' slot setter of ``Cell``, in ``AXIS_NAMES`` order."""
+    return tuple(getattr(Cell, n).__set__ for n in AXIS_NAMES)
 
 
 def restricts(expr: str) -> bool:
@@ -1013,7 +1073,12 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     pred = compile_filter(filter_expr) if filter_expr is not None else None
     domains, judged_only = _preset_domains(preset, overrides)
     cells: Iterable[Cell]
-    if preset == "full":  # a stream: with a sample, only the sample is ever held
+    ids = filters.exact_ids(filter_expr) if filter_expr is not None else None
+    if preset == "full" and ids is not None:
+        cells = _full_of_ids(domains, ids)  # a repro, --cells: not the whole product
+        if judged_only:
+            cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
+    elif preset == "full":  # a stream: with a sample, only the sample is ever held
         cells = _valid(_domains({n: Axis(n, v) for n, v in domains.items()}))
         if judged_only:
             cells = (c for c in cells if recipes.judged(c.recipe, c.module))
@@ -1209,9 +1274,17 @@ def sample(cells: Sequence[Cell], count: int, seed: int = 0) -> list[Cell]:
 
 
 def _sampled(cells: Iterable[Cell], count: int, seed: int) -> list[Cell]:
-    """``sample`` of a stream of cells, holding ``count`` of them (and their digests), not all."""
-    ranked = heapq.nsmallest(count, enumerate(cells),
-                             key=lambda ic: hashlib.sha256(f"{seed}:{ic[1].id}".encode()).digest())
+    """``sample`` of a stream of cells, holding ``count`` of them (and their digests), not all.
+    Ranked by position, not by cell: hashing a few hundred thousand cells (every axis value)
+    cost as much as drawing the sample."""
+    salt = hashlib.sha256(f"{seed}:".encode())
+
+    def digest(position_cell: tuple[int, Cell]) -> bytes:
+        h = salt.copy()
+        h.update(position_cell[1].id.encode())
+        return h.digest()
+
+    ranked = heapq.nsmallest(count, enumerate(cells), key=digest)
     return [c for _, c in sorted(ranked, key=lambda ic: ic[0])]
 
 
