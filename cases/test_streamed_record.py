@@ -7,6 +7,8 @@ its cells, docs/performance.md): the same cells, the same record bytes, the same
 - ``assemble.write_judged`` (the sweep's fold: verdicts judged as they come) writes the bytes
   ``judge`` and ``write`` of the list write, under a ledger with known and stale entries;
 - every report written from the streamed record is the one written from the list;
+- the HTML report's summary blob, written a piece at a time, is ``encode`` of its object, and
+  its size is ``_size``'s;
 - ``matrix.select`` with a sample draws the cells ``sample`` of the whole selection draws.
 """
 
@@ -23,7 +25,7 @@ from harness.judging import ledger as ledgers
 from harness.records import recordfile
 from harness.records.record import CellResult, Check, RankResult, RunRecord
 from harness.vocabulary import matrix
-from harness_reports import write_all
+from harness_reports import _pack, write_all
 
 
 #: a part of ``full`` small enough to select in a moment
@@ -91,6 +93,19 @@ def test_reports_from_the_stream_are_the_reports_of_the_list(stored, tmp_path) -
     listed = {p.name: p.read_bytes() for p in (tmp_path / "list").iterdir()}
     write_all(recordfile.read_streamed(folder), tmp_path / "list")
     assert {p.name: p.read_bytes() for p in (tmp_path / "list").iterdir()} == listed
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_the_summary_blob_in_pieces_is_encode_of_its_object(chunk, monkeypatch) -> None:
+    monkeypatch.setattr(_pack, "_BLOB_CHUNK", chunk)  # 7: many pieces, base64 carrying bytes over
+    record = H.make_ledger_record()
+    record["cells"][0]["first_failure"] = "na\u00efve \U0001d6fc \u2028 </script>"  # sizes of 2, 4, 3 bytes
+    blob, _, _ = _pack.pack(record)
+    text = "".join(blob.encoded())
+    summary = _pack.decode(text)
+    assert text == _pack.encode(summary) and blob.size() == _pack._size(summary)
+    assert summary["n"] == len(record["cells"]) and summary["id"] == [c["id"] for c in record["cells"]]
+    assert _pack.decode(text)["S"][summary["ff"]["0"]] == record["cells"][0]["first_failure"]
 
 
 def test_a_sample_drawn_while_selecting_is_the_sample_of_the_selection() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from .diff import CellChange, RunDiff, diff_records, render_diff_html, render_diff_text
-from .html import render_html
+from .html import html_pieces, render_html
 from .junit import render_junit, write_junit
 from .markdown import render_markdown
 
@@ -23,6 +23,7 @@ __all__ = [
     "diff_records",
     "render_diff_html",
     "render_diff_text",
+    "html_pieces",
     "render_html",
     "render_junit",
     "render_markdown",
@@ -41,7 +42,7 @@ def write_all(record: dict[str, Any], run_dir: Path, *, selftest: dict[str, Any]
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"html": run_dir / "report.html", "junit": run_dir / "junit.xml", "markdown": run_dir / "summary.md"}
     writers: dict[str, Callable[[TextIO], Any]] = {
-        "html": lambda f: f.write(render_html(record, selftest=selftest)),
+        "html": lambda f: f.writelines(html_pieces(record, selftest=selftest)),  # the summary blob a piece at a time
         "junit": lambda f: write_junit(record, f),  # a testcase at a time: its tree would be O(cells)
         "markdown": lambda f: f.write(render_markdown(record, html_path=str(paths["html"]))),
     }

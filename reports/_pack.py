@@ -78,6 +78,8 @@ ID_MARK = "\u0001"  # stands for the cell id inside an interned repro template
 #: the ``type`` of the ``<script>`` elements holding the encoded blobs
 SCRIPT_TYPE = "application/gzip;base64"
 _SAMPLE = 256
+#: characters of a blob's JSON text compressed at a time
+_BLOB_CHUNK = 1 << 20
 _INF = math.inf
 
 
@@ -160,9 +162,9 @@ def _axis_key(v: Any) -> Any:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def _axes_table(cells: Iterable[dict[str, Any]]) -> tuple[list[list[Any]], list[int]]:
-    """``[[axis, [values...]], ...]`` and, per cell and axis (flat), the index of its value on
-    that axis (-1: absent).
+def _axes_index(cells: Iterable[dict[str, Any]]) -> tuple[list[list[Any]], dict[str, dict[Any, int]]]:
+    """``[[axis, [values...]], ...]`` (the summary's ``axes``) and, per axis, the index of each
+    value's key (``_axis_key``) in it.
 
     Values keep matrix order, except numeric axes, which are sorted ascending.
     """
@@ -185,59 +187,140 @@ def _axes_table(cells: Iterable[dict[str, Any]]) -> tuple[list[list[Any]], list[
             keys.sort(key=lambda k: values[a][k])
         index[a] = {k: i for i, k in enumerate(keys)}
         table.append([a, [_jsonable(values[a][k]) for k in keys]])
-    flat: list[int] = []  # per cell, one index per axis: no list per cell (a record may have 100,000s)
-    for c in cells:
-        ax = c.get("axes") or {}
-        flat.extend([index[a][_axis_key(ax[a])] if a in ax else -1 for a in names])
-    return table, flat
+    return table, index
 
 
-def _known(cells: list[dict[str, Any]], entries: list[dict[str, Any]]) -> tuple[list[list[Any]], dict[str, list[Any]]]:
-    """``le`` and ``kn`` of the summary (an id a cell names but the ledger lacks is kept too)."""
+def _axis_indices(c: dict[str, Any], names: list[str], index: dict[str, dict[Any, int]]) -> list[int]:
+    """A cell's part of the summary's flat ``ax``: per axis, its value's index (-1: absent)."""
+    ax = c.get("axes") or {}
+    return [index[a][_axis_key(ax[a])] if a in ax else -1 for a in names]
+
+
+def _ledger_rows(cells: Iterable[dict[str, Any]], entries: list[dict[str, Any]]) -> list[list[Any]]:
+    """``le`` of the summary: the ledger's entries, then each id a ``known`` cell names but the
+    ledger lacks (in the order the cells name them)."""
     le = [[str(e.get("id")), e.get("upstream"), e.get("title"), bool(e.get("stale"))] for e in entries]
-    pos = {e[0]: i for i, e in enumerate(le)}
-    kn: dict[str, list[Any]] = {}
-    for i, c in enumerate(cells):
+    have = {e[0] for e in le}
+    for c in cells:
         if c.get("status") != "known":
             continue
         for eid in c.get("known") or []:
-            if str(eid) not in pos:
-                pos[str(eid)] = len(le)
+            if str(eid) not in have:
+                have.add(str(eid))
                 le.append([str(eid), None, None, False])
-        kn[str(i)] = [c.get("raw_status")] + [pos[str(eid)] for eid in c.get("known") or []]
-    return le, kn
+    return le
 
 
-def _summary(cells: list[dict[str, Any]], statuses: list[str],
-             entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _dumps(x: Any) -> str:
+    """Compact JSON text, as :func:`encode` writes it."""
+    return json.dumps(x, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class _Blob:
+    """A JSON object written a piece at a time to an unnamed file: the text ``encode`` would
+    compress, and the size ``_size`` gives, without the object ever being held. Why: the
+    summary has a column per cell (ids, statuses, axes, ratios), and a record of hundreds of
+    thousands of cells would hold them all, several times over, to write one page."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n")
+        self._ascii = 0
+        self._keys = 0
+
+    def _put(self, text: str) -> None:
+        self._file.write(text)
+        self._ascii += _ascii_len(text)
+
+    def _key(self, name: str) -> None:
+        self._put(("," if self._keys else "{") + _dumps(name) + ":")
+        self._keys += 1
+
+    def value(self, name: str, value: Any) -> None:
+        """``"name":value``."""
+        self._key(name)
+        self._put(_dumps(value))
+
+    def items(self, name: str, values: Iterable[Any]) -> None:
+        """``"name":[values]``, a value at a time."""
+        self._key(name)
+        self._put("[")
+        for n, v in enumerate(values):
+            self._put("," + _dumps(v) if n else _dumps(v))
+        self._put("]")
+
+    def pairs(self, name: str, pairs: Iterable[tuple[str, Any]]) -> None:
+        """``"name":{key:value, ...}``, a pair at a time."""
+        self._key(name)
+        self._put("{")
+        for n, (k, v) in enumerate(pairs):
+            self._put(("," if n else "") + _dumps(k) + ":" + _dumps(v))
+        self._put("}")
+
+    def size(self) -> int:
+        """``_size`` of the object (closed: ``}`` counted)."""
+        return self._ascii + 1
+
+    def encoded(self) -> Iterator[str]:
+        """``encode`` of the object, in pieces (their concatenation is its text)."""
+        self._file.write("}")
+        self._file.seek(0)
+        zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # gzip.compress(..., mtime=0)'s stream
+        held = b""
+        while text := self._file.read(_BLOB_CHUNK):
+            held += zipper.compress(text.encode("utf-8"))
+            cut = len(held) - len(held) % 3  # base64 of whole 3-byte groups joins up
+            if cut:
+                yield base64.b64encode(held[:cut]).decode("ascii")
+                held = held[cut:]
+        yield base64.b64encode(held + zipper.flush()).decode("ascii")
+        self._file.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _summary(cells: Iterable[dict[str, Any]], statuses: list[str],
+             entries: list[dict[str, Any]] | None = None,
+             extra: Callable[[], dict[str, Any]] | None = None) -> _Blob:
+    """The summary blob, written as the cells are read (two passes for what the columns need
+    first: the axes' values, the repro templates, the ledger's rows; then the columns); its keys
+    and bytes are those of the dict this module once built, ``extra()``'s keys last."""
     st_index = {s: i for i, s in enumerate(statuses)}
-    le, kn = _known(cells, entries or [])
-    axes_table, flat = _axes_table(cells)
+    le = _ledger_rows(cells, entries or [])
+    pos = {e[0]: i for i, e in enumerate(le)}
+    axes_table, index = _axes_index(cells)
+    names = [a for a, _ in axes_table]
     S = _Strings()
-    templates = []
+    uses: Counter = Counter()
     for c in cells:
-        cid, repro = str(c.get("id", "")), str(c.get("repro") or "")
-        templates.append(S.add(repro.replace(cid, ID_MARK) if cid else repro))
-    common = Counter(templates).most_common(1)[0][0] if templates else None
-    return {
-        "v": 4,
-        "n": len(cells),
-        "statuses": statuses,
-        "vocab": vocabulary(),
-        "axes": axes_table,
-        "kinds": list(KINDS),
-        "levels": list(LEVELS),
-        "id": [str(c.get("id", "")) for c in cells],
-        "st": [st_index[c.get("status", "error")] for c in cells],
-        "ax": flat,
-        "r": [_ratio(c.get("worst_ratio")) for c in cells],
-        "ff": {str(i): S.add(c["first_failure"]) for i, c in enumerate(cells) if c.get("first_failure") is not None},
-        "rp": common,
-        "rpx": {str(i): t for i, t in enumerate(templates) if t != common},
-        "le": le,
-        "kn": kn,
-        "S": S.table,
-    }
+        uses[S.add(_template(c))] += 1
+    common = uses.most_common(1)[0][0] if uses else None
+    n = sum(uses.values())
+    blob = _Blob()
+    for key, value in (("v", 4), ("n", n), ("statuses", statuses), ("vocab", vocabulary()), ("axes", axes_table),
+                       ("kinds", list(KINDS)), ("levels", list(LEVELS))):
+        blob.value(key, value)
+    blob.items("id", (str(c.get("id", "")) for c in cells))
+    blob.items("st", (st_index[c.get("status", "error")] for c in cells))
+    blob.items("ax", (i for c in cells for i in _axis_indices(c, names, index)))
+    blob.items("r", (_ratio(c.get("worst_ratio")) for c in cells))
+    blob.pairs("ff", ((str(i), S.add(c["first_failure"])) for i, c in enumerate(cells)
+                      if c.get("first_failure") is not None))
+    blob.value("rp", common)
+    blob.pairs("rpx", ((str(i), t) for i, t in enumerate(S.add(_template(c)) for c in cells) if t != common))
+    blob.value("le", le)
+    blob.pairs("kn", ((str(i), [c.get("raw_status")] + [pos[str(eid)] for eid in c.get("known") or []])
+                      for i, c in enumerate(cells) if c.get("status") == "known"))
+    blob.value("S", S.table)
+    for key, value in (extra() if extra else {}).items():
+        blob.value(key, value)
+    return blob
+
+
+def _template(c: dict[str, Any]) -> str:
+    """A cell's repro command with its id as ``ID_MARK``."""
+    cid, repro = str(c.get("id", "")), str(c.get("repro") or "")
+    return repro.replace(cid, ID_MARK) if cid else repro
 
 
 # ----------------------------------------------------------------------------- detail
@@ -450,9 +533,10 @@ def _encode_detail(strings: list[str], cells: _Details) -> str:
 
 
 def pack(record: dict[str, Any], *, budget: int = 8_000_000,
-         extra: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], str, str]:
-    """Pack ``record``; returns (summary, the detail blob already encoded (``encode``'s text),
-    thinning level of passing/skipped cells).
+         extra: Callable[[], dict[str, Any]] | None = None) -> tuple[_Blob, str, str]:
+    """Pack ``record``; returns (the summary blob, on disk until its ``encoded()`` pieces are
+    read, the detail blob already encoded (``encode``'s text), thinning level of
+    passing/skipped cells).
 
     Args:
         record: the parsed ``results.json``; its ``cells`` are only iterated (a few passes), so
@@ -464,10 +548,17 @@ def pack(record: dict[str, Any], *, budget: int = 8_000_000,
     """
     cells = record.get("cells") or []
     statuses = list(STATUSES) + sorted({c.get("status", "error") for c in cells} - set(STATUSES))
-    summary = _summary(cells, statuses, list((record.get("ledger") or {}).get("entries") or []))
-    if extra:
-        summary.update(extra())
-    room = budget - _size(summary)
+    summary = _summary(cells, statuses, list((record.get("ledger") or {}).get("entries") or []), extra)
+    try:
+        return (summary, *_pack_detail(cells, budget - summary.size()))
+    except BaseException:
+        summary.close()
+        raise
+
+
+def _pack_detail(cells: Iterable[dict[str, Any]], room: int) -> tuple[str, str]:
+    """The detail blob, encoded, and its thinning level: the least lossy level whose blob takes
+    at most ``room`` bytes (``none`` whatever it takes)."""
     thin = [c.get("status") in THINNABLE for c in cells]
     n_thin = sum(thin)
     # the cells that are never thinned, once; their strings seed the detail string table
@@ -504,7 +595,7 @@ def pack(record: dict[str, Any], *, budget: int = 8_000_000,
             size = len('{"S":,"c":}') + _size(S.table) + per_cell.size()
             if li == len(LEVELS) - 1 or size <= room:
                 try:
-                    return summary, _encode_detail(S.table, per_cell), level
+                    return _encode_detail(S.table, per_cell), level
                 finally:
                     per_cell.close()
             per_cell.close()

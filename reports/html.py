@@ -27,14 +27,14 @@ import html
 import json
 import math
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from . import _assets
 from .review_section import html as review_html
 from .review_section import paths_not_taken
 from ._common import (BAD_STATUSES, STATUS_LABELS, STATUSES, backend_facts, counts_of, entry_state, fmt_duration,
                       fmt_ratio, ledger_entries, ratio_key, stale_entries, stale_line, verdict, worst_check)
-from ._pack import SCRIPT_TYPE, encode, pack
+from ._pack import SCRIPT_TYPE, pack
 
 #: log buckets of the near-miss histogram: (label, lower bound inclusive, upper bound exclusive).
 RATIO_BUCKETS: tuple[tuple[str, float, float], ...] = (
@@ -343,7 +343,17 @@ DEFAULT_COLS: tuple[str, ...] = ("dtype", "world_size")
 def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
                 cols: Sequence[str] = DEFAULT_COLS, selftest: dict[str, Any] | None = None,
                 budget: int = 8_000_000) -> str:
-    """Render ``record`` (the parsed ``results.json``) as one self-contained HTML page.
+    """Render ``record`` (the parsed ``results.json``) as one self-contained HTML page (the
+    pieces of :func:`html_pieces`, joined)."""
+    return "".join(html_pieces(record, rows=rows, cols=cols, selftest=selftest, budget=budget))
+
+
+def html_pieces(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
+                cols: Sequence[str] = DEFAULT_COLS, selftest: dict[str, Any] | None = None,
+                budget: int = 8_000_000) -> Iterator[str]:
+    """The text of the self-contained HTML page of ``record`` (the parsed ``results.json``), in
+    pieces: ``report.html`` is written a piece at a time, so the summary blob of a record of
+    hundreds of thousands of cells goes from its file to the page without being held whole.
 
     Args:
         record: ``RunRecord.serialize()`` output.
@@ -379,25 +389,29 @@ def render_html(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
     thin_note = ("" if level == "full" else
                  f'<p class="muted" style="font-size:12px;margin:6px 0 0">Large run: per-check detail of cells that met '
                  f'their expectation is thinned (level <code>{_e(level)}</code>); results.json has all of it.</p>')
-    return "".join([
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>dw-harness {v} · {sum(counts.values()):,} cells · {_e(record.get('backend'))}</title>"
-        f"<style>{_assets.css()}</style></head><body>",
-        top, "<main>", review_html(record), run_card,
-        '<section class="card" id="matrix"><h2>Matrix</h2><div class="filters" id="filters"></div>'
-        f'<div class="legend">{legend}<span>· chip text = worst error/bound ratio · click a chip for details</span></div>'
-        f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'
-        '<tbody><tr><td>building the grid… (needs JavaScript)</td></tr></tbody></table></div></section>',
-        _signatures(cells),
-        _not_taken(record),
-        _ledger(record),
-        _near_miss(cells),
-        _selftest(selftest) if selftest else "",
-        f'<p class="foot">dw-harness · schema {_e(record.get("schema"))} · rendered from results.json</p></main>',
-        '<aside id="detail" hidden></aside>',
-        f'<script type="{SCRIPT_TYPE}" id="dw-data">{encode(summary)}</script>',
-        f"<script>{_assets.js()}</script>",
+    try:
+        yield from [
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>dw-harness {v} · {sum(counts.values()):,} cells · {_e(record.get('backend'))}</title>"
+            f"<style>{_assets.css()}</style></head><body>",
+            top, "<main>", review_html(record), run_card,
+            '<section class="card" id="matrix"><h2>Matrix</h2><div class="filters" id="filters"></div>'
+            f'<div class="legend">{legend}<span>· chip text = worst error/bound ratio · click a chip for details</span></div>'
+            f'{thin_note}<div class="gridwrap" style="margin-top:10px"><table class="grid" id="grid">'
+            '<tbody><tr><td>building the grid… (needs JavaScript)</td></tr></tbody></table></div></section>',
+            _signatures(cells),
+            _not_taken(record),
+            _ledger(record),
+            _near_miss(cells),
+            _selftest(selftest) if selftest else "",
+            f'<p class="foot">dw-harness · schema {_e(record.get("schema"))} · rendered from results.json</p></main>',
+            '<aside id="detail" hidden></aside>',
+            f'<script type="{SCRIPT_TYPE}" id="dw-data">']
+        yield from summary.encoded()
+        yield "</script>"
+        yield f"<script>{_assets.js()}</script>"
         # after the program: the grid is built (and painted) while the parser is still here
-        f'<script type="{SCRIPT_TYPE}" id="dw-detail">{detail}</script></body></html>',
-    ])
+        yield f'<script type="{SCRIPT_TYPE}" id="dw-detail">{detail}</script></body></html>'
+    finally:
+        summary.close()
