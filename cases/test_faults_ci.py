@@ -1,10 +1,14 @@
-"""A backend's crash or hang in ``ci`` (recipe-free) is the backend's, never a harness error:
-one sweep per fault, side by side, of the whole ``sweep --preset ci --recipes none`` against
-``fixtures/faults.py``, whose forward faults in every fp16 cell at world size >= 2
-(``DW_FAULT_CELLS``), a hooked cell's hooks-off twin included: rank 1 raises, rank 1 is
-SIGKILLed, rank 0 hangs.
+"""A backend's crash or hang in ``ci`` is the backend's, never a harness error: one sweep per
+fault of the whole ``sweep --preset ci --recipes none``, and one per fault under one recipe
+(``RECIPE``), against ``fixtures/faults.py``, whose forward faults in every fp16 cell at world
+size >= 2 (``DW_FAULT_CELLS``), a hooked cell's hooks-off twin included: rank 1 raises, rank 1
+is SIGKILLed, rank 0 hangs.
 
-Each sweep runs every cell of the recipe-free ``ci`` the reference can run (those that need
+Under the recipe the sweep takes every cell the fault fires in and, of the others, the first of
+each consumer x weight x delayed-wgrad x first-microbatch combination (``--cells``): the
+quantized paths' twins and packing meet the faults, in a small part of the recipe's ``ci``.
+
+The recipe-free sweep runs every cell of the recipe-free ``ci`` the reference can run (those that need
 TE's or Megatron's code are left out, as a sweep leaves them out): the cells the fault fires
 in, the cells packed beside them, and every other cell, which must still pass after the
 faults ended the launches before them. A faulted cell ends its launch (its peers are stuck or
@@ -22,7 +26,7 @@ fault, and counts only that rank against the cell: each other rank met its expec
 failed by its peer (``RankResult.by_peer``).
 
 No wall-clock limit is asserted (the machine may be loaded). The sweeps run once per pytest
-run, shared by xdist workers (``run_once``).
+run, shared by xdist workers (``run_once``), three at a time.
 """
 
 from __future__ import annotations
@@ -50,11 +54,27 @@ ROOT = Path(__file__).resolve().parents[1]
 FAULTED = 'dtype == "fp16" and world_size >= 2'
 
 
+#: the recipe of the second sweep per fault: MXFP8, how MoE experts train on Blackwell (its
+#: ``ci`` holds the grouped-tensor path, ``grouped_linear_tensor``)
+RECIPE = "mxfp8"
+#: the combinations of which the recipe's sweep takes one cell each
+COMBINATION = ("consumer", "weight", "delay_wgrad", "first_mb")
+
+
 @functools.cache
-def _swept() -> list[str]:
-    """The cells each sweep runs (sorted ids): the recipe-free ci, less the cells that need TE
-    or Megatron; made once, for the three faults' tests."""
-    return sorted(c.id for c in matrix.select("ci", {"recipe": ("none",)}) if not selection.requires(c))
+def _swept(recipe: str) -> list[str]:
+    """The cells the sweeps of ``recipe`` run (sorted ids), made once for the three faults'
+    tests: the recipe-free ci, less the cells that need TE or Megatron; under a recipe, of its
+    ci, every cell the fault fires in and the first cell of each ``COMBINATION`` of the rest."""
+    cells = [c for c in matrix.select("ci", {"recipe": (recipe,)}) if not selection.requires(c)]
+    if recipe == "none":
+        return sorted(c.id for c in cells)
+    faulted = compile_filter(FAULTED)
+    first: dict[tuple, str] = {}
+    for c in cells:
+        if not faulted(c):
+            first.setdefault(tuple(getattr(c, a) for a in COMBINATION), c.id)
+    return sorted({c.id for c in cells if faulted(c)} | set(first.values()))
 
 
 @dataclass(frozen=True)
@@ -81,44 +101,56 @@ FAULTS = {
 }
 
 
-def _sweep(root: Path, fault: Fault) -> subprocess.Popen:
+#: each sweep: its name -> (the fault, the recipe)
+SWEEPS = {f"{mode}-{recipe}": (fault, recipe) for recipe in ("none", RECIPE) for mode, fault in FAULTS.items()}
+
+
+def _sweep(root: Path, name: str) -> subprocess.Popen:
+    fault, recipe = SWEEPS[name]
     env = {**os.environ, "DW_FAULT": fault.mode, "DW_FAULT_RANK": str(fault.rank), "DW_FAULT_CELLS": FAULTED,
            "DW_FAULT_DELAY": str(fault.delay), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", "none",
-           "--backend", "fixtures/faults.py", "--out", str(root / fault.mode), "--quiet"]
-    with open(root / f"{fault.mode}.stderr", "w") as err:
+    cmd = [sys.executable, "-m", "harness", "sweep", "--preset", "ci", "--recipes", recipe,
+           "--backend", "fixtures/faults.py", "--out", str(root / name), "--quiet"]
+    if recipe != "none":
+        cmd += ["--cells", ",".join(_swept(recipe))]
+    with open(root / f"{name}.stderr", "w") as err:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
 
 
 @pytest.fixture(scope="module")
 def ci_runs(tmp_path_factory) -> dict[str, dict]:
-    """The three fault sweeps, side by side, once (shared by xdist workers)."""
+    """The six fault sweeps, three at a time (the recipe's as the recipe-free ones end), once
+    (shared by xdist workers)."""
     def run_all(root: Path) -> None:
-        procs = {mode: (time.monotonic(), _sweep(root, fault)) for mode, fault in FAULTS.items()}
-        left = dict(procs)
-        deadline = time.monotonic() + 900  # a hang guard, not a speed limit
+        queue = list(SWEEPS)
+        procs: dict[str, tuple[float, subprocess.Popen]] = {}
+        left: dict[str, tuple[float, subprocess.Popen]] = {}
+        deadline = time.monotonic() + 1200  # a hang guard, not a speed limit
         try:
-            while left and time.monotonic() < deadline:
-                for mode, (t0, proc) in list(left.items()):
+            while (left or queue) and time.monotonic() < deadline:
+                while queue and len(left) < len(FAULTS):
+                    name = queue.pop(0)
+                    procs[name] = left[name] = (time.monotonic(), _sweep(root, name))
+                for name, (t0, proc) in list(left.items()):
                     if proc.poll() is not None:  # each sweep's own wall time, for the report
-                        (root / f"{mode}.json").write_text(json.dumps({"rc": proc.returncode,
+                        (root / f"{name}.json").write_text(json.dumps({"rc": proc.returncode,
                                                                        "wall_s": round(time.monotonic() - t0, 1)}))
-                        del left[mode]
+                        del left[name]
                 time.sleep(0.2)
-            assert not left, f"fault sweeps still running after 900 s: {sorted(left)}"
+            assert not left and not queue, f"fault sweeps not done after 1200 s: {sorted(left) + queue}"
         finally:
-            for mode, (_, proc) in procs.items():
+            for name, (_, proc) in procs.items():
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-                    end_survivors(root / mode)
+                    end_survivors(root / name)
 
     root = run_once(tmp_path_factory, "faults-ci", run_all)
-    yield {mode: {"dir": root / mode, **json.loads((root / f"{mode}.json").read_text()),
-                  "stderr": (root / f"{mode}.stderr").read_text()} for mode in FAULTS}
-    for mode in FAULTS:
-        end_survivors(root / mode)
+    yield {name: {"dir": root / name, **json.loads((root / f"{name}.json").read_text()),
+                  "stderr": (root / f"{name}.stderr").read_text()} for name in SWEEPS}
+    for name in SWEEPS:
+        end_survivors(root / name)
 
 
 def _lanes_of(run_dir: Path, record: dict) -> dict[str, tuple[int, int]]:
@@ -133,14 +165,14 @@ def _lanes_of(run_dir: Path, record: dict) -> dict[str, tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("mode", list(FAULTS))
-def test_backend_fault_over_ci_is_the_backends(ci_runs, mode):
-    run, fault = ci_runs[mode], FAULTS[mode]
+@pytest.mark.parametrize("name", list(SWEEPS))
+def test_backend_fault_over_ci_is_the_backends(ci_runs, name):
+    run, (fault, recipe) = ci_runs[name], SWEEPS[name]
     assert run["rc"] == 1, run["stderr"][-3000:]
     record = recordfile.read(run["dir"])
     assert record["status"] == "complete"
     cells = {c["id"]: c for c in record["cells"]}
-    assert sorted(cells) == _swept(), "the sweep did not run the whole recipe-free ci"
+    assert sorted(cells) == _swept(recipe), f"the sweep did not run the cells of recipe {recipe} it should"
     assert not [i for i, c in cells.items() if c["status"] == "harness_error"], \
         [(i, c["first_failure"]) for i, c in cells.items() if c["status"] == "harness_error"]
     selects = compile_filter(FAULTED)
