@@ -1072,25 +1072,33 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     """
     pred = compile_filter(filter_expr) if filter_expr is not None else None
     domains, judged_only = _preset_domains(preset, overrides)
-    cells: Iterable[Cell]
     ids = filters.exact_ids(filter_expr) if filter_expr is not None else None
-    if preset == "full" and ids is not None:
-        cells = _full_of_ids(domains, ids)  # a repro, --cells: not the whole product
-        if judged_only:
-            cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
-    elif preset == "full":  # a stream: with a sample, only the sample is ever held
-        cells = _valid(_domains({n: Axis(n, v) for n, v in domains.items()}))
-        if judged_only:
-            cells = (c for c in cells if recipes.judged(c.recipe, c.module))
-    elif preset == "ci":
-        cells = _ci(domains, judged_only)
+    streamed = preset == "full" and ids is None
+
+    def made() -> Iterable[Cell]:
+        cells: Iterable[Cell]
+        if preset == "full" and ids is not None:
+            cells = _full_of_ids(domains, ids)  # a repro, --cells: not the whole product
+            if judged_only:
+                cells = [c for c in cells if recipes.judged(c.recipe, c.module)]
+        elif streamed:  # a stream: with a sample, only the sample is ever held
+            cells = _valid(_domains({n: Axis(n, v) for n, v in domains.items()}))
+            if judged_only:
+                cells = (c for c in cells if recipes.judged(c.recipe, c.module))
+        elif preset == "ci":
+            cells = _ci(domains, judged_only)
+        else:
+            cells = {"smoke": _smoke, "seed": _seed}[preset](domains)
+        return cells if pred is None else (c for c in cells if pred(c))
+
+    if sample is None:
+        chosen = made()
+    elif streamed:  # made twice (``_sampled``): ranked, then kept
+        chosen = _sampled(made, *sample)
     else:
-        cells = {"smoke": _smoke, "seed": _seed}[preset](domains)
-    if pred is not None:
-        cells = (c for c in cells if pred(c))
-    if sample is not None:
-        cells = _sampled(cells, *sample)
-    return sorted(cells, key=lambda c: c.world_size)  # stable: keeps generation order
+        held = list(made())
+        chosen = _sampled(lambda: held, *sample)
+    return sorted(chosen, key=lambda c: c.world_size)  # stable: keeps generation order
 
 
 def _preset_domains(preset: str, overrides: Mapping[str, Sequence[Any] | Axis] | None) -> tuple[Domains, bool]:
@@ -1270,22 +1278,28 @@ def sample(cells: Sequence[Cell], count: int, seed: int = 0) -> list[Cell]:
     """A deterministic sample of ``count`` cells (all when there are no more), in selection
     order: the cells whose sha256 of ``"SEED:ID"`` is smallest - the same on every machine
     and Python, and a cell's membership depends only on its id, the seed and the ranking."""
-    return _sampled(cells, count, seed)
+    return _sampled(lambda: cells, count, seed)
 
 
-def _sampled(cells: Iterable[Cell], count: int, seed: int) -> list[Cell]:
-    """``sample`` of a stream of cells, holding ``count`` of them (and their digests), not all.
-    Ranked by position, not by cell: hashing a few hundred thousand cells (every axis value)
-    cost as much as drawing the sample."""
+def _sampled(cells: Callable[[], Iterable[Cell]], count: int, seed: int) -> list[Cell]:
+    """``sample`` of the cells ``cells()`` makes, in two passes over them: the positions of the
+    sample are ranked first (only their digests are held, a few dozen bytes each), then the
+    cells at those positions are kept from a second pass. Why two: a cell kept from the first
+    pass sits among the hundreds of thousands made and dropped around it, and the memory they
+    took stays with it; kept from the second, the sample's cells lie together. Ranked by
+    position, not by cell: hashing a few hundred thousand cells (every axis value) cost as
+    much as drawing the sample."""
     salt = hashlib.sha256(f"{seed}:".encode())
 
-    def digest(position_cell: tuple[int, Cell]) -> bytes:
-        h = salt.copy()
-        h.update(position_cell[1].id.encode())
-        return h.digest()
+    def ranked() -> Iterator[tuple[bytes, int]]:
+        for i, c in enumerate(cells()):
+            h = salt.copy()
+            h.update(c.id.encode())
+            yield h.digest(), i
 
-    ranked = heapq.nsmallest(count, enumerate(cells), key=digest)
-    return [c for _, c in sorted(ranked, key=lambda ic: ic[0])]
+    # (digest, position) pairs: no two cells share an id, so no two share a digest
+    keep = {i for _, i in heapq.nsmallest(count, ranked())}
+    return [c for i, c in enumerate(cells()) if i in keep]
 
 
 def describe(cells: Sequence[Cell]) -> str:
