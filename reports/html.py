@@ -383,13 +383,13 @@ def html_pieces(record: dict[str, Any], *, rows: Sequence[str] = DEFAULT_ROWS,
     top, run_card = _header(record, counts)
     summary, detail, level = pack(record, budget=budget,  # detail: already encoded, from disk
                                   extra=lambda: {"layout": {"rows": list(rows), "cols": list(cols)}})
-    v = verdict(record)
-    legend = "".join(f'<span><i class="{_status_class(s)}"></i>{_e(STATUS_LABELS[s])}</span>' for s in STATUSES)
-    legend += '<span><i style="background:var(--pass);box-shadow:inset 0 0 0 2px #f0b72f"></i>pass, ratio ≥ 0.5</span>'
-    thin_note = ("" if level == "full" else
-                 f'<p class="muted" style="font-size:12px;margin:6px 0 0">Large run: per-check detail of cells that met '
-                 f'their expectation is thinned (level <code>{_e(level)}</code>); results.json has all of it.</p>')
-    try:
+    try:  # the summary's file is closed however the page ends
+        v = verdict(record)
+        legend = "".join(f'<span><i class="{_status_class(s)}"></i>{_e(STATUS_LABELS[s])}</span>' for s in STATUSES)
+        legend += '<span><i style="background:var(--pass);box-shadow:inset 0 0 0 2px #f0b72f"></i>pass, ratio ≥ 0.5</span>'
+        thin_note = ("" if level == "full" else
+                     f'<p class="muted" style="font-size:12px;margin:6px 0 0">Large run: per-check detail of cells that met '
+                     f'their expectation is thinned (level <code>{_e(level)}</code>); results.json has all of it.</p>')
         yield from [
             '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width,initial-scale=1">'
