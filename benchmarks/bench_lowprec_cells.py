@@ -51,11 +51,12 @@ def sweep(cells: list[Any], run_dir: Path) -> dict[str, tuple[float, str]]:
     """One te-cpu sweep of ``cells``: cell id -> (duration_s, status)."""
     from harness.launcher.launch import LaunchOptions
     from harness.orchestration.sweep import SweepSpec, run_sweep
+    from harness.records import recordfile
 
     spec = SweepSpec(cells=cells, backend="te-cpu", run_dir=run_dir, selection={"benchmark": "lowprec-cells"},
                      argv=sys.argv, options=LaunchOptions(backend="te-cpu", run_dir=run_dir))
-    record = run_sweep(spec)
-    return {r.id: (r.duration_s, r.status) for r in record.cells}
+    run_sweep(spec)  # returns the record's head: its cells are on disk
+    return {c["id"]: (c["duration_s"], c["status"]) for c in recordfile.cells_of(run_dir)}
 
 
 def _ratios(pairs: list[tuple[str, str]], cost: dict[str, float]) -> dict[str, Any]:

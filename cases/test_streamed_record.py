@@ -7,6 +7,8 @@ its cells, docs/performance.md): the same cells, the same record bytes, the same
 - ``assemble.write_judged`` (the sweep's fold: verdicts judged as they come) writes the bytes
   ``judge`` and ``write`` of the list write, under a ledger with known and stale entries;
 - every report written from the streamed record is the one written from the list;
+- a stream line that is no verdict (a torn write, a foreign writer) hides no earlier verdict;
+- a report that fails to render leaves the earlier reports and no partial file;
 - the HTML report's summary blob, written a piece at a time, is ``encode`` of its object, and
   its size is ``_size``'s;
 - ``matrix.select`` with a sample draws the cells ``sample`` of the whole selection draws.
@@ -24,6 +26,8 @@ from harness.judging import assemble
 from harness.judging import ledger as ledgers
 from harness.records import recordfile
 from harness.records.record import CellResult, Check, RankResult, RunRecord
+from harness.records.stream import ResultStream
+from harness.records.verdicts import Verdicts
 from harness.vocabulary import matrix
 from harness_reports import _pack, write_all
 
@@ -95,11 +99,37 @@ def test_reports_from_the_stream_are_the_reports_of_the_list(stored, tmp_path) -
     assert {p.name: p.read_bytes() for p in (tmp_path / "list").iterdir()} == listed
 
 
+def test_a_stream_line_that_is_no_verdict_hides_no_verdict(tmp_path) -> None:
+    verdict = _verdicts()[1]
+    stream = ResultStream(tmp_path)
+    stream.append(verdict, "b")
+    with open(stream.path, "a") as f:  # an id, but not a verdict: no status, axes or expectation
+        f.write(json.dumps({"backend": "b", "result": {"id": verdict.id}}) + "\n")
+    found = Verdicts(tmp_path, "b")
+    assert verdict.id in found and found.get(verdict.id).serialize() == verdict.serialize()
+
+
+def test_a_report_that_fails_leaves_the_earlier_reports_and_no_partial_file(stored, tmp_path, monkeypatch) -> None:
+    whole, _ = stored
+    write_all(whole, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def broken(record, f):
+        f.write("<testsuites>")
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr("harness_reports.write_junit", broken)
+    with pytest.raises(RuntimeError, match="planted"):
+        write_all({**whole, "backend": "another"}, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 @pytest.mark.parametrize("chunk", [7, 1 << 20])
 def test_the_summary_blob_in_pieces_is_encode_of_its_object(chunk, monkeypatch) -> None:
     monkeypatch.setattr(_pack, "_BLOB_CHUNK", chunk)  # 7: many pieces, base64 carrying bytes over
     record = H.make_ledger_record()
-    record["cells"][0]["first_failure"] = "na\u00efve \U0001d6fc \u2028 </script>"  # sizes of 2, 4, 3 bytes
+    # UTF-8 sizes of 2, 4 and 3 bytes, and DEL, which only ``ensure_ascii`` escapes
+    record["cells"][0]["first_failure"] = "na\u00efve \U0001d6fc \u2028 \x7f </script>"
     blob, _, _ = _pack.pack(record)
     text = "".join(blob.encoded())
     summary = _pack.decode(text)

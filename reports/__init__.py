@@ -46,9 +46,17 @@ def write_all(record: dict[str, Any], run_dir: Path, *, selftest: dict[str, Any]
         "junit": lambda f: write_junit(record, f),  # a testcase at a time: its tree would be O(cells)
         "markdown": lambda f: f.write(render_markdown(record, html_path=str(paths["html"]))),
     }
-    for key, write in writers.items():
-        tmp = paths[key].with_name(paths[key].name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            write(f)
+    # all three written beside their places first, then put in place: a render that fails
+    # leaves the earlier reports as they were and no partial file behind
+    tmps = {key: path.with_name(path.name + ".tmp") for key, path in paths.items()}
+    try:
+        for key, write in writers.items():
+            with open(tmps[key], "w", encoding="utf-8") as f:
+                write(f)
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for key, tmp in tmps.items():
         tmp.replace(paths[key])
     return paths

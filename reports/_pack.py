@@ -264,7 +264,7 @@ class _Blob:
         """``encode`` of the object, in pieces (their concatenation is its text)."""
         self._file.write("}")
         self._file.seek(0)
-        zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # gzip.compress(..., mtime=0)'s stream
+        zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # encode's stream, fed in pieces
         held = b""
         while text := self._file.read(_BLOB_CHUNK):
             held += zipper.compress(text.encode("utf-8"))
@@ -470,7 +470,9 @@ def _trim_zeros(a: list[Any]) -> list[Any]:
 def encode(data: Any) -> str:
     """Compact JSON, gzip-compressed, in base64: the text of a ``<script type=SCRIPT_TYPE>``."""
     raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
-    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
+    # zlib's gzip stream, as the blobs written in pieces (``_Blob``, ``_encode_detail``): the same
+    # header on every Python (gzip.compress's OS byte differs between versions)
+    return base64.b64encode(zlib.compress(raw, 6, wbits=31)).decode("ascii")
 
 
 def decode(text: str) -> Any:
@@ -484,9 +486,10 @@ def _size(x: Any) -> int:
 
 def _ascii_len(text: str) -> int:
     """``len`` of ``text``'s JSON with ``ensure_ascii`` (``_size``), from its JSON without it."""
-    if text.isascii():
+    if text.isascii() and "\x7f" not in text:
         return len(text)
-    return len(text) + sum(5 if ord(ch) < 0x10000 else 11 for ch in text if ord(ch) > 0x7F)
+    # DEL is ASCII, but ``ensure_ascii`` escapes it too (``\u007f``)
+    return len(text) + sum(5 if ord(ch) < 0x10000 else 11 for ch in text if ord(ch) >= 0x7F)
 
 
 class _Details:
@@ -522,7 +525,7 @@ class _Details:
 
 def _encode_detail(strings: list[str], cells: _Details) -> str:
     """``encode({"S": strings, "c": [the cells]})``, the cells' JSON read from disk as it is compressed."""
-    zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # gzip.compress(..., mtime=0)'s stream, fed in pieces
+    zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # encode's stream, fed in pieces
     out = [zipper.compress(('{"S":' + json.dumps(strings, separators=(",", ":"), ensure_ascii=False,
                                                   allow_nan=False) + ',"c":[').encode("utf-8"))]
     for n, text in enumerate(cells.texts()):

@@ -118,10 +118,10 @@ def _open_text(path: str | Path) -> IO[str]:
     p = Path(path)
     if p.is_dir():
         p = path_in(p)
-    raw = open(p, "rb")
-    if raw.peek(2)[:2] == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
-    return io.TextIOWrapper(raw, encoding="utf-8")
+    with open(p, "rb") as raw:
+        zipped = raw.read(2) == b"\x1f\x8b"
+    # gzip.open owns the file it opens (a GzipFile given a file object never closes it)
+    return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8") if zipped else open(p, encoding="utf-8")
 
 
 class _Values:

@@ -134,8 +134,8 @@ class ResultStream:
                     d = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     d = None
-                ok = isinstance(d, dict) and isinstance(d.get("result"), dict) and "id" in d["result"]
-                yield offset, offset + len(line), d if ok else None
+                # the test ``at`` will make: a line it cannot read back is no verdict here either
+                yield offset, offset + len(line), d if _appended(d) is not None else None
                 offset += len(line)
 
     def at(self, offset: int, f: IO[bytes] | None = None) -> Appended:
@@ -211,6 +211,14 @@ def _lines_since(path: Path, offset: int) -> tuple[list[str], int]:
 def _parse(line: str) -> Appended | None:
     try:
         d = json.loads(line)
-        return Appended(d["backend"], CellResult.from_dict(d["result"]), d.get("launch"))
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except json.JSONDecodeError:
         return None  # a torn line of a crashed writer: that cell has no verdict
+    return _appended(d)
+
+
+def _appended(d: Any) -> Appended | None:
+    """The verdict a stream line's object holds (None: not a verdict)."""
+    try:
+        return Appended(d["backend"], CellResult.from_dict(d["result"]), d.get("launch"))
+    except (KeyError, TypeError, AttributeError):
+        return None
