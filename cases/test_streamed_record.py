@@ -9,6 +9,7 @@ its cells, docs/performance.md): the same cells, the same record bytes, the same
 - every report written from the streamed record is the one written from the list;
 - a stream line that is no verdict (a torn write, a foreign writer) hides no earlier verdict;
 - a report that fails to render leaves the earlier reports and no partial file;
+- ``report`` refuses a record of another schema, as ``load`` does;
 - the HTML report's summary blob, written a piece at a time, is ``encode`` of its object, and
   its size is ``_size``'s;
 - ``matrix.select`` with a sample draws the cells ``sample`` of the whole selection draws.
@@ -122,6 +123,17 @@ def test_a_report_that_fails_leaves_the_earlier_reports_and_no_partial_file(stor
     with pytest.raises(RuntimeError, match="planted"):
         write_all({**whole, "backend": "another"}, tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_report_refuses_a_record_of_another_schema(stored, tmp_path, capsys) -> None:
+    from harness.cli import main
+    from harness.vocabulary.errors import BAD_INPUT
+
+    whole, _ = stored
+    recordfile.write({k: v for k, v in whole.items() if k != "cells"} | {"schema": 99}, tmp_path, whole["cells"])
+    assert main(["report", str(tmp_path)]) == BAD_INPUT
+    assert "unsupported run record schema=99" in capsys.readouterr().err
+    assert not (tmp_path / "report.html").exists()
 
 
 @pytest.mark.parametrize("chunk", [7, 1 << 20])

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.vocabulary import errors as exitcodes
 from harness.records import recordfile
-from harness.records.record import load
+from harness.records.record import SCHEMA, load
 from harness.vocabulary.status import counts_text
 
 
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
             return _print_margins(load(args.run))
         # the cells read from the file one at a time, on each pass: never the whole list
         record = recordfile.read_streamed(args.run)
+        if record.get("schema") != SCHEMA:  # what ``load`` refuses, refused here too
+            raise ValueError(f"unsupported run record schema={record.get('schema')!r} (expected {SCHEMA})")
     except (OSError, ValueError) as exc:
         raise exitcodes.UsageError(f"cannot read run record {str(args.run)!r}: {exc}") from exc
     out = args.to or (args.run if args.run.is_dir() else args.run.parent)
