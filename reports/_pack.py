@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import itertools
 import json
 import math
 import tempfile
@@ -264,15 +265,7 @@ class _Blob:
         """``encode`` of the object, in pieces (their concatenation is its text)."""
         self._file.write("}")
         self._file.seek(0)
-        zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # encode's stream, fed in pieces
-        held = b""
-        while text := self._file.read(_BLOB_CHUNK):
-            held += zipper.compress(text.encode("utf-8"))
-            cut = len(held) - len(held) % 3  # base64 of whole 3-byte groups joins up
-            if cut:
-                yield base64.b64encode(held[:cut]).decode("ascii")
-                held = held[cut:]
-        yield base64.b64encode(held + zipper.flush()).decode("ascii")
+        yield from _gzip_base64(iter(lambda: self._file.read(_BLOB_CHUNK), ""))
         self._file.close()
 
     def close(self) -> None:
@@ -523,16 +516,25 @@ class _Details:
         self._file.close()
 
 
+def _gzip_base64(texts: Iterable[str]) -> Iterator[str]:
+    """``encode``'s text of the concatenation of ``texts``, in pieces: compressed as they come,
+    in base64 a whole number of 3-byte groups at a time (so the pieces join up)."""
+    zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # encode's stream, fed in pieces
+    held = b""
+    for text in texts:
+        held += zipper.compress(text.encode("utf-8"))
+        cut = len(held) - len(held) % 3
+        if cut:
+            yield base64.b64encode(held[:cut]).decode("ascii")
+            held = held[cut:]
+    yield base64.b64encode(held + zipper.flush()).decode("ascii")
+
+
 def _encode_detail(strings: list[str], cells: _Details) -> str:
     """``encode({"S": strings, "c": [the cells]})``, the cells' JSON read from disk as it is compressed."""
-    zipper = zlib.compressobj(6, zlib.DEFLATED, 31)  # encode's stream, fed in pieces
-    out = [zipper.compress(('{"S":' + json.dumps(strings, separators=(",", ":"), ensure_ascii=False,
-                                                  allow_nan=False) + ',"c":[').encode("utf-8"))]
-    for n, text in enumerate(cells.texts()):
-        out.append(zipper.compress(("," + text if n else text).encode("utf-8")))
-    out.append(zipper.compress(b"]}"))
-    out.append(zipper.flush())
-    return base64.b64encode(b"".join(out)).decode("ascii")
+    head = '{"S":' + json.dumps(strings, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + ',"c":['
+    body = ("," + text if n else text for n, text in enumerate(cells.texts()))
+    return "".join(_gzip_base64(itertools.chain([head], body, ["]}"])))
 
 
 def pack(record: dict[str, Any], *, budget: int = 8_000_000,
