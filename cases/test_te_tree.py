@@ -240,6 +240,32 @@ def test_pytest_plugin_has_te_tree(tmp_path: Path) -> None:
 
 
 # ---- the extension stand-in follows a tree's headers and bindings ------------------------------
+def test_referenced_names_are_parsed_from_the_files_that_import_the_extension(tmp_path: Path) -> None:
+    """The names a tree takes from the extension: ``<alias>.<name>`` under any alias (an
+    import anywhere in the file, even after the use), ``from ... import`` names; not
+    ``torch.ops.tex.<op>``, not another module's ``tex`` in a file that never imports the
+    extension, not a file that does not parse; only ``pytorch/``, ``debug/``, ``common/``."""
+    from harness.te_tree.scan import referenced_names
+
+    te = tmp_path / "transformer_engine"
+    files = {
+        "pytorch/a.py": "def f():\n    return tex.late_use(torch.ops.tex.not_this)\n"
+                        "import transformer_engine_torch as tex\nx = tex.gemm\n",
+        "pytorch/sub/b.py": "from transformer_engine_torch import DType, quantize as q\nimport transformer_engine_torch\n"
+                            "transformer_engine_torch.full_name()\n",
+        "pytorch/c.py": "from .cpp_extensions import tex\ntex.not_imported_here()\n",
+        "pytorch/broken.py": "import transformer_engine_torch as tex\ntex.in_a_broken_file(\n",
+        "debug/d.py": "import transformer_engine_torch as T\nT.debug_name\n",
+        "common/e.py": "import transformer_engine_torch as tex\ntex.common_name\n",
+        "jax/f.py": "import transformer_engine_torch as tex\ntex.not_scanned\n",
+    }
+    for rel, text in files.items():
+        (te / rel).parent.mkdir(parents=True, exist_ok=True)
+        (te / rel).write_text(text)
+    assert referenced_names(te) == {"late_use", "gemm", "DType", "quantize", "full_name", "debug_name",
+                                    "common_name"}
+
+
 def test_extension_enums_follow_the_tree(tmp_path: Path) -> None:
     """Bound members with the header's values; an enum without a binding keeps te-cpu's
     members (values from the header); an enum the tree neither declares nor binds stays

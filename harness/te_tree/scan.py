@@ -51,20 +51,23 @@ def referenced_names(te_root: Path) -> set[str]:
     names: set[str] = set()
     for sub in ("pytorch", "debug", "common"):
         for path in sorted((te_root / sub).rglob("*.py")):
+            text = path.read_text(errors="replace")
+            if MODULE_NAME not in text:  # no import of the extension: no name taken from it
+                continue
             try:
-                tree = ast.parse(path.read_text(errors="replace"), filename=str(path))
+                tree = ast.parse(text, filename=str(path))
             except SyntaxError:  # a file that does not parse fails TE's import, if TE imports it
                 continue
-            aliases = set()
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
+            aliases, attributes = set(), []
+            for node in ast.walk(tree):  # one walk: the aliases, and every ``<name>.<attr>``
+                if isinstance(node, ast.Attribute):
+                    if isinstance(node.value, ast.Name):
+                        attributes.append((node.value.id, node.attr))
+                elif isinstance(node, ast.Import):
                     aliases.update(a.asname or a.name for a in node.names if a.name == MODULE_NAME)
                 elif isinstance(node, ast.ImportFrom) and node.module == MODULE_NAME:
                     names.update(a.name for a in node.names)
-            for node in ast.walk(tree):
-                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                        and node.value.id in aliases):
-                    names.add(node.attr)
+            names.update(attr for alias, attr in attributes if alias in aliases)
     return names
 
 
