@@ -300,3 +300,27 @@ def test_a_rank_whose_dump_was_cut_short_beside_one_seen_hung_in_the_backend_is_
     # without a peer seen hung, a rank with no frame is its own hang, as before
     alone = forensics.silent_rank(1, where[1], "no progress", named=False, after_peer=False, peer_in_backend=True)
     assert (alone.status, alone.by_peer) == ("timeout", False)
+
+
+def test_a_dump_cut_before_the_lane_still_names_where_the_cell_hung(tmp_path):
+    # as a loaded rank's log showed it: the SIGKILL after the SIGTERM's grace cut the dump in
+    # the runner's frames, before the worker's _run_lane; the innermost frame was written first
+    cut = ('[rank0] 1.0 start 41/41 some-cell [fixtures/faults.py] lane [0, 1, 2, 3]\n'
+           'Current thread 0x00007fcc51a6bb80 (most recent call first):\n'
+           '  File "/x/fixtures/faults.py", line 103 in _fire\n'
+           '  File "/x/fixtures/faults.py", line 160 in forward\n'
+           '  File "/v/site-packages/torch/nn/modules/module.py", line 1789 in _call_impl\n'
+           '  File "/x/harness/cell/runner.py", line 439 in _run_microbatches\n'
+           '  File "/x/harness/cell/runner.py", line 200 in run_cell')
+    (tmp_path / "rank0.log").write_text(cut)
+    (tmp_path / "board").write_text("backend\tforward".ljust(PhaseBoard.SIZE))
+    where = forensics.SilentRank(tmp_path, 0, 40, 41, tmp_path / "board")
+    assert forensics.seen_hung_in_backend(where)
+    got = forensics.silent_rank(0, where, "no progress", named=False, after_peer=False)
+    assert (got.status, got.by_peer) == ("timeout", False)
+    assert got.error["message"].startswith('this rank hung in the backend\'s forward phase, at "/x/fixtures/faults.py", '
+                                           'line 103 in _fire'), got.error
+    # another thread's dump (no runner, no lane) names nothing
+    (tmp_path / "rank0.log").write_text(cut.split("Current thread")[0] + 'Thread 0x1 (most recent call first):\n'
+                                        '  File "/usr/lib/python3.11/threading.py", line 327 in wait\n')
+    assert forensics.innermost_frame((tmp_path / "rank0.log").read_text()) is None

@@ -107,17 +107,24 @@ class SilentRank:
 
 
 def innermost_frame(log: str) -> str | None:
-    """The innermost frame of the cell's thread - the one running the worker's lanes - in the
-    last stack dump a rank's faulthandler wrote into ``log`` (on the SIGTERM that ended its
-    launch); None without such a dump."""
+    """The innermost frame of the cell's thread - the one running the worker's lanes and the
+    cell's runner - in the last stack dump a rank's faulthandler wrote into ``log`` (on the
+    SIGTERM that ended its launch); None without such a dump.
+
+    A dump is written innermost frame first, and under load the SIGKILL that follows the
+    SIGTERM's grace can cut it anywhere: a thread is the cell's by a frame of the runner
+    (``harness/cell/runner.py``) as well as by the worker's ``_run_lane`` further out, so a dump
+    cut between the two still names where the cell hung."""
     found = None
     for block in _THREAD.findall(log):
-        if "in _run_lane" in block:
+        if "in _run_lane" in block or _RUNNER.search(block):
             found = block.splitlines()[0].strip()
     return found
 
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):\n((?:  File .*\n?)+)", re.M)
+#: the cell's runner, which runs in the cell's thread only
+_RUNNER = re.compile(r"[/\\]harness[/\\]cell[/\\]runner\.py\"")
 #: where torch's collectives live (``torch/distributed``; its launcher, ``elastic``, is no collective)
 _COLLECTIVE = re.compile(r"[/\\]torch[/\\]distributed[/\\](?!elastic)")
 
