@@ -50,6 +50,11 @@ def _given(config: pytest.Config, *flags: str) -> bool:
 #: ``launch_memo.CACHE_ENV``, spelled out: importing that module here would run
 #: ``harness.backends.te_cpu.backend``'s package import (TE on CPU, torch patched) in pytest's own process.
 _LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
+#: the float64 oracles of this pytest run (``harness/cell/oracle_store.py``, ``ENV`` spelled out
+#: for the same reason): the same ``ci`` cells are judged by many of the suite's sweeps (the
+#: reference's, the self-test's rounds, te-cpu's of the wheel and of each patched tree, the
+#: fault sweeps), and their oracle was about half of a reference rank's time
+_ORACLE_CACHE = "DW_ORACLE_CACHE"
 #: an agent server for this pytest run (``harness/rank/agent_server.py``, named by
 #: ``harness.launcher.served.SERVER_ENV``, spelled out for the same reason): the suite's few
 #: hundred launches fork their torchrun agents from one process that imported torch and TE's
@@ -85,11 +90,12 @@ def _start_agent_server(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``-n``, ``harness.pytest_plugin.plugin`` has every test of a module run on one worker
     (``--dist loadscope``); the modules then go out in collection order (``FIRST`` leading),
-    not xdist's order by number of tests. The controller makes the run's launch cache."""
-    if not hasattr(config, "workerinput") and _LAUNCH_CACHE not in os.environ:
-        folder = tempfile.mkdtemp(prefix="dw-launches-")
-        os.environ[_LAUNCH_CACHE] = folder
-        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    not xdist's order by number of tests. The controller makes the run's launch and oracle caches."""
+    for variable, prefix in ((_LAUNCH_CACHE, "dw-launches-"), (_ORACLE_CACHE, "dw-oracles-")):
+        if not hasattr(config, "workerinput") and variable not in os.environ:
+            folder = tempfile.mkdtemp(prefix=prefix)
+            os.environ[variable] = folder
+            config.add_cleanup(lambda folder=folder: shutil.rmtree(folder, ignore_errors=True))
     if not hasattr(config, "workerinput") and _AGENT_SERVER not in os.environ:
         _start_agent_server(config)
     if getattr(config.option, "dist", "no") == "loadscope" and not _given(

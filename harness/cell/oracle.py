@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from harness.cell import quantized
+from harness.cell import oracle_store, quantized
 from harness.cell.inputs import CellInputs, Norm, group_rows
 
 F64 = torch.float64
@@ -466,10 +466,12 @@ class Memo:
     third of a reference rank's time, is computed once for them, not once per cell. Both are
     read, never written, by the checks (:func:`record_of` makes new tensors)."""
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, size: int = 64, store: oracle_store.Store | None = None) -> None:
         self.size = size
         self._kept: OrderedDict[tuple, Any] = OrderedDict()
         self.hits = 0
+        #: oracles shared with other processes (``oracle_store``: ``DW_ORACLE_CACHE``)
+        self.store = store
 
     def get(self, key: tuple, make: Callable[[], T]) -> T:
         """The value kept under ``key``, or ``make()``'s, kept (the oldest goes once ``size``
@@ -487,4 +489,8 @@ class Memo:
                 recipe: str = "none", cached: bool = False, digest: bytes | None = None) -> RankOracle:
         """:func:`compute` of these arguments, kept (``digest``: the inputs' fingerprint, if known)."""
         key = ("oracle", digest or fingerprint(inputs), rank, tuple(tags), recipe, cached)
-        return self.get(key, lambda: compute(inputs, rank, tags, recipe, cached=cached))
+
+        def make() -> RankOracle:
+            return compute(inputs, rank, tags, recipe, cached=cached)
+
+        return self.get(key, make if self.store is None else lambda: self.store.get(key, make))

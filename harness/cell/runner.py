@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from harness.vocabulary import hook_modes, modules, recipes, shape, weights
-from harness.cell import compare, faults, lowp, mlp, oracle, predict, quantized, rejection, te_path, twin
+from harness.cell import compare, faults, lowp, mlp, oracle, oracle_store, predict, quantized, rejection, te_path, twin
 from harness.cell.consumer import Consumer
 from harness.cell.faults import BackendFault, error_info, peer_lost
 from harness.cell.attach import attach_weight
@@ -505,7 +505,7 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 
 
 #: this process's recent oracles and defect models (a hooked cell's are its twin's: ``oracle.Memo``)
-_ORACLES = oracle.Memo()
+_ORACLES = oracle.Memo(store=oracle_store.from_env())
 
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,

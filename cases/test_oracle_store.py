@@ -1,0 +1,107 @@
+"""The oracles kept on disk (``harness/cell/oracle_store.py``, ``DW_ORACLE_CACHE``): what a
+second process reads back is the oracle it would have computed, bit for bit; another
+argument or another code is another file; a file cut short is computed again."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cell import oracle, oracle_store
+from harness.cell.inputs import make_inputs
+from harness.vocabulary.shape import Example
+
+
+def _equal(a: object, b: object) -> bool:
+    """Field by field, tensors bit for bit (NaNs included)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+            a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if hasattr(a, "__dict__") and not isinstance(a, type):
+        return type(a) is type(b) and _equal(vars(a), vars(b))
+    return a == b
+
+
+def _never() -> oracle.RankOracle:
+    raise AssertionError("computed again: the kept oracle was not read")
+
+
+@pytest.mark.parametrize("recipe, norm, groups", [("none", None, 1), ("delayed", None, 1), ("mxfp8", "LayerNorm", 1),
+                                                  ("blockwise", None, 4), ("nvfp4", "RMSNorm", 1)])
+def test_a_kept_oracle_is_the_computed_one_in_another_process(tmp_path: Path, recipe: str, norm: str | None,
+                                                               groups: int) -> None:
+    inputs = make_inputs(7, Example(32, 32, 32), "bf16", 2, 2, groups, True, norm=norm)
+    writer = oracle.Memo(store=oracle_store.Store(tmp_path))
+    fresh = oracle.compute(inputs, 1, recipe=recipe)
+    kept = writer.compute(inputs, 1, recipe=recipe)
+    assert writer.store.written == 1 and _equal(kept, fresh)
+    # a new memo (another rank process) on the same folder reads it back
+    reader = oracle_store.Store(tmp_path)
+    key = ("oracle", oracle.fingerprint(inputs), 1, (1.0, 1.0), recipe, False)
+    assert _equal(reader.get(key, _never), fresh) and reader.read == 1
+    assert _equal(oracle.Memo(store=oracle_store.Store(tmp_path)).compute(inputs, 1, recipe=recipe), fresh)
+
+
+def test_other_arguments_or_other_code_are_other_files_and_a_cut_file_is_computed_again(tmp_path: Path) -> None:
+    inputs = make_inputs(3, Example(16, 16, 16), "fp32", 2, 1, 1, False)
+    store = oracle_store.Store(tmp_path)
+    memo = oracle.Memo(store=store)
+    memo.compute(inputs, 0)
+    memo.compute(inputs, 1)  # another rank
+    memo.compute(inputs, 0, recipe="current")  # another recipe
+    memo.compute(make_inputs(4, Example(16, 16, 16), "fp32", 2, 1, 1, False), 0)  # other values
+    assert store.written == 4 and len(list(tmp_path.glob("*.pkl"))) == 4
+    key = ("oracle", oracle.fingerprint(inputs), 0, (1.0, 1.0), "none", False)
+    other_code = oracle_store.Store(tmp_path, code=b"another harness")
+    assert other_code._path(key) != store._path(key)
+    assert not other_code._path(key).exists()
+    # a file cut short reads as absent: computed and replaced whole
+    path = store._path(key)
+    path.write_bytes(path.read_bytes()[:100])
+    again = oracle_store.Store(tmp_path)
+    assert _equal(again.get(key, lambda: oracle.compute(inputs, 0)), oracle.compute(inputs, 0))
+    assert again.read == 0 and again.written == 1
+    assert _equal(oracle_store.Store(tmp_path).get(key, _never), oracle.compute(inputs, 0))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_code_digest_follows_every_source_file_of_the_oracles_packages(tmp_path: Path) -> None:
+    root = tmp_path / "harness"
+    for package in oracle_store.PACKAGES:
+        (root / package).mkdir(parents=True)
+        (root / package / "a.py").write_text("x = 1\n")
+    before = oracle_store.code_digest(root)
+    assert oracle_store.code_digest(root) == before
+    (root / oracle_store.PACKAGES[-1] / "a.py").write_text("x = 2\n")
+    assert oracle_store.code_digest(root) != before
+
+
+def test_tensors_are_kept_as_their_own_elements_and_a_foreign_class_is_never_imported(tmp_path: Path) -> None:
+    import pickle
+    import sys
+
+    store = oracle_store.Store(tmp_path)
+    whole = torch.arange(1 << 16, dtype=torch.float64)
+    kept = {"view": whole[10:20], "scalar": torch.tensor(2.5), "empty": torch.empty(0, 3, dtype=torch.bfloat16),
+            "flags": torch.tensor([True, False]), "strided": whole[:64].reshape(8, 8).t()}
+    got = store.get(("parts",), lambda: kept)
+    assert _equal(got, kept)
+    # the view's file holds its ten elements, not its storage's 65,536
+    assert store._path(("parts",)).stat().st_size < 4096
+    assert _equal(oracle_store.Store(tmp_path).get(("parts",), _never), kept)
+    # a file that names a class outside the oracle's modules is not followed: computed again
+    assert "xml.dom.minidom" not in sys.modules
+    store._path(("foreign",)).write_bytes(b"\x80\x04\x8c\x0fxml.dom.minidom\x8c\x08Document\x93)\x81.")
+    with pytest.raises(pickle.UnpicklingError):
+        with open(store._path(("foreign",)), "rb") as fh:
+            oracle_store._Unpickler(fh).load()
+    assert store.get(("foreign",), lambda: 7) == 7 and "xml.dom.minidom" not in sys.modules
