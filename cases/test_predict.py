@@ -199,3 +199,35 @@ def test_the_oracle_memo_is_the_oracle_and_sees_inputs_changed_in_place():
     b.x[1][0][0, 0] += 1.0   # another rank's row: it enters the weight gradient
     assert memo.compute(b, 1, recipe="mxfp8") is not first and memo.hits == 1
     assert len(memo._kept) == 2   # bounded: the oldest went
+
+
+@pytest.mark.parametrize("recipe, norm", [("none", None), ("delayed", "LayerNorm"), ("mxfp8", "RMSNorm"),
+                                          ("blockwise", None)])
+def test_a_models_view_without_weight_gradients_is_the_full_oracle_but_those(recipe, norm):
+    """``Predictor``'s views are computed without the weight gradients (``weight_grads=False``):
+    everything they are read for - outputs, input gradients, the normalization's and the bias's
+    gradients, the recipe's scales after the step - is the full oracle's, bit for bit."""
+    inputs = make_inputs(5, Example(32, 32, 32), "bf16", 2, 2, 1, True, norm=norm)
+    view = {"distributed": True, "unquantized_dgrad_weight": recipe != "none"}
+    full = oracle.compute(inputs, 1, recipe=recipe, **view)
+    part = oracle.compute(inputs, 1, recipe=recipe, weight_grads=False, **view)
+    assert full.wgrad_sums and part.wgrad_sums == []
+    for field in ("outputs", "dgrads", "bgrad_sums", "norm_sums"):
+        a, b = getattr(full, field), getattr(part, field)
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert torch.equal(x.value, y.value) and torch.equal(x.magnitude, y.magnitude), field
+            assert (x.reduction, x.roundings, x.operand_u) == (y.reduction, y.roundings, y.operand_u)
+
+    def state(q: object) -> object:  # the quantizer's state: its scales, its delegate's, ...
+        if isinstance(q, torch.Tensor):
+            return q.tolist()
+        if isinstance(q, dict):
+            return {k: state(v) for k, v in q.items()}
+        if isinstance(q, (list, tuple)):
+            return [state(v) for v in q]
+        if hasattr(q, "__dict__") and type(q).__module__ == "harness.cell.quantized":
+            return (type(q).__name__, state({k: v for k, v in vars(q).items() if k != "inputs"}))
+        return q
+
+    assert state(full.quant) == state(part.quant)

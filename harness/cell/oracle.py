@@ -279,8 +279,12 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
             recipe: str = "none", distributed: bool = False,
             unquantized_dgrad_weight: bool = False, fp8_bias_in_bf16: bool = True,
-            shard_scaled: int | None = None, cached: bool = False) -> RankOracle:
+            shard_scaled: int | None = None, cached: bool = False, weight_grads: bool = True) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
+
+    ``weight_grads=False``: without the weight gradients (``wgrad_sums`` empty), the larger
+    part of the work - every rank's wgrad GEMMs - for a caller that reads the rest only (a
+    defect model's view: ``harness.cell.predict``).
 
     ``tags``: the factors of the weight's forward and backward copies (a tagged weight,
     ``harness.vocabulary.weights.Behaviour``): outputs use the forward copy, input gradients the
@@ -353,10 +357,11 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
                                 roundings=2 if normed is not None else 1,
                                 operand_u=quant.scale_u))
 
-    terms = wgrad_terms(inputs, gemm_input)
-    wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(len(W))]
-    wabs = [sum(t[i].magnitude for per_rank in terms for t in per_rank) for i in range(len(W))]
-    wslack = [sum(t[i].slack for per_rank in terms for t in per_rank) for i in range(len(W))]
+    terms = wgrad_terms(inputs, gemm_input) if weight_grads else []
+    members = len(W) if weight_grads else 0
+    wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(members)]
+    wabs = [sum(t[i].magnitude for per_rank in terms for t in per_rank) for i in range(members)]
+    wslack = [sum(t[i].slack for per_rank in terms for t in per_rank) for i in range(members)]
     bsum = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     babs = [torch.zeros(out_f, dtype=F64) for _ in range(len(B))]
     nparams = len(norm.params) if norm is not None else 0

@@ -305,11 +305,14 @@ class Predictor:
 
     def _view(self, name: str, view: dict[str, Any]) -> oracle.RankOracle:
         """The oracle under model ``name`` (computed once per cell: every microbatch's input
-        gradient and each normalization parameter read the same one)."""
+        gradient and each normalization parameter read the same one), without its weight
+        gradients: a view is read for the outputs, the input gradients, the normalization's
+        gradients and the recipe's scales (set before any GEMM), never for a weight gradient
+        (those have models of their own: :meth:`weight`)."""
         if name not in self._views:
             args = {"tags": self.tags, **view}
             self._views[name] = oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe,
-                                               cached=self.cached, **args)
+                                               cached=self.cached, weight_grads=False, **args)
         return self._views[name]
 
     def norm_param(self, j: int, actual: Any, precision: str, start: torch.Tensor | None) -> dict[str, float]:
