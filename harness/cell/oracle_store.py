@@ -6,7 +6,9 @@ the self-test's clean run, its mutants' later rounds and the sensitivity search'
 te-cpu's sweeps of the wheel and of a patched tree, the fault sweeps). The oracle is a function
 of the cell's inputs and the rank, not of the backend, and it was the larger part of a reference
 rank's time (the self-test's ranks: about half of their samples). With ``DW_ORACLE_CACHE``
-naming a folder, an oracle any process computed is read back instead of computed again.
+naming a folder, an oracle any rank computed is read back instead of computed again (a rank's
+worker asks for it: ``runner.share_oracles``; a process that runs cells itself, as a test that
+patches the oracle does, keeps its own memory only).
 
 What keys it: everything ``oracle.Memo.compute`` keys on (the inputs' fingerprint - every
 value they hold -, the rank, the weight's tags, the recipe, the first-microbatch flag) and the

@@ -505,7 +505,15 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 
 
 #: this process's recent oracles and defect models (a hooked cell's are its twin's: ``oracle.Memo``)
-_ORACLES = oracle.Memo(store=oracle_store.from_env())
+_ORACLES = oracle.Memo()
+
+
+def share_oracles(store: oracle_store.Store | None) -> None:
+    """Read and keep this process's oracles in ``store`` too (a rank: the folder
+    ``DW_ORACLE_CACHE`` names, ``oracle_store.from_env``; None: memory only). The rank's
+    worker asks for it, not an import of this module: a process that runs cells itself (a
+    test patching the oracle) keeps its own memory only."""
+    _ORACLES.store = store
 
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,

@@ -49,7 +49,8 @@ from harness.vocabulary.plan import LaunchPlan
 from harness.records.record import CellResult, RankResult, kind_ratios
 from harness.cell import faults, twin
 from harness.cell.faults import peer_lost
-from harness.cell.runner import RankContext, error_info, run_cell
+from harness.cell import oracle_store
+from harness.cell.runner import RankContext, error_info, run_cell, share_oracles
 from harness.vocabulary.status import HARNESS_ERROR
 from harness.records.stream import ResultStream
 from harness.records.fold import merge
@@ -186,6 +187,7 @@ def _start(plan: LaunchPlan, rank: int, world: int, local_rank: int, log: TextIO
     if len(set(digests)) != 1:
         raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
+    share_oracles(oracle_store.from_env())
     _te_platform(c for _, c in tasks)
     # the trees whose TE every cell must keep importing from (load_backend proved the load's)
     trees = {spec: te_tree.inspect(path) for spec in backends if (path := split_tree(spec)[1]) is not None}
