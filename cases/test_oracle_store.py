@@ -46,7 +46,7 @@ def test_a_kept_oracle_is_the_computed_one_in_another_process(tmp_path: Path, re
     assert writer.store.written == 1 and _equal(kept, fresh)
     # a new memo (another rank process) on the same folder reads it back
     reader = oracle_store.Store(tmp_path)
-    key = ("oracle", oracle.fingerprint(inputs), 1, (1.0, 1.0), recipe, False)
+    key = ("oracle", oracle.fingerprint(inputs), 1, (1.0, 1.0), recipe, False, oracle._code_of(oracle.compute))
     assert _equal(reader.get(key, _never), fresh) and reader.read == 1
     assert _equal(oracle.Memo(store=oracle_store.Store(tmp_path)).compute(inputs, 1, recipe=recipe), fresh)
 
@@ -60,7 +60,7 @@ def test_other_arguments_or_other_code_are_other_files_and_a_cut_file_is_compute
     memo.compute(inputs, 0, recipe="current")  # another recipe
     memo.compute(make_inputs(4, Example(16, 16, 16), "fp32", 2, 1, 1, False), 0)  # other values
     assert store.written == 4 and len(list(tmp_path.glob("*.pkl"))) == 4
-    key = ("oracle", oracle.fingerprint(inputs), 0, (1.0, 1.0), "none", False)
+    key = ("oracle", oracle.fingerprint(inputs), 0, (1.0, 1.0), "none", False, oracle._code_of(oracle.compute))
     other_code = oracle_store.Store(tmp_path, code=b"another harness")
     assert other_code._path(key) != store._path(key)
     assert not other_code._path(key).exists()
@@ -105,3 +105,28 @@ def test_tensors_are_kept_as_their_own_elements_and_a_foreign_class_is_never_imp
         with open(store._path(("foreign",)), "rb") as fh:
             oracle_store._Unpickler(fh).load()
     assert store.get(("foreign",), lambda: 7) == 7 and "xml.dom.minidom" not in sys.modules
+
+
+def test_a_process_that_replaced_the_oracle_reads_none_of_the_kept_ones(tmp_path: Path, monkeypatch) -> None:
+    """A planted harness bug (``fixtures/harness_bug.py`` replaces ``oracle.compute`` in its
+    ranks) must still fail every cell: the kept oracles are keyed by the function's code too,
+    which is the same in every process that did not replace it."""
+    import subprocess
+    import sys
+
+    inputs = make_inputs(3, Example(16, 16, 16), "fp32", 2, 1, 1, False)
+    oracle.Memo(store=oracle_store.Store(tmp_path)).compute(inputs, 0)
+
+    def planted(*args, **kwargs):
+        raise ZeroDivisionError("planted harness bug")
+
+    monkeypatch.setattr(oracle, "compute", planted)
+    with pytest.raises(ZeroDivisionError):
+        oracle.Memo(store=oracle_store.Store(tmp_path)).compute(inputs, 0)
+    monkeypatch.undo()
+    again = oracle_store.Store(tmp_path)
+    assert _equal(oracle.Memo(store=again).compute(inputs, 0), oracle.compute(inputs, 0)) and again.read == 1
+    # the function's digest is the same in another process (no addresses, no string hashes)
+    code = "from harness.cell import oracle; print(oracle._code_of(oracle.compute))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert other == oracle._code_of(oracle.compute)

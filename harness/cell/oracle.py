@@ -9,6 +9,7 @@ reduction length and with cancellation instead of being fixed ``atol``/``rtol`` 
 from __future__ import annotations
 
 import hashlib
+import types
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
@@ -461,6 +462,28 @@ def fingerprint(inputs: CellInputs) -> bytes:
     return h.digest()
 
 
+def _code_of(fn: Callable[..., Any]) -> str:
+    """A function's name and a digest of its code: bytecode, names and constants, nested code
+    objects (its comprehensions, lambdas) by theirs - the same in every process."""
+    h = hashlib.blake2b(digest_size=8)
+
+    def add(item: Any) -> None:
+        if isinstance(item, types.CodeType):
+            h.update(item.co_code + repr(item.co_names).encode())
+            for const in item.co_consts:
+                add(const)
+        elif isinstance(item, tuple):
+            for part in item:
+                add(part)
+        elif isinstance(item, frozenset):  # its order follows the process's string hashes
+            h.update(repr(sorted(map(repr, item))).encode())
+        else:
+            h.update(repr(item).encode())
+
+    add(getattr(fn, "__code__", None) or repr(fn))
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{h.hexdigest()}"
+
+
 class Memo:
     """What a rank computed lately from a cell's inputs - its oracles and its defect models
     (``harness.cell.predict.Predictor``, whose lazy parts then fill once) - by what they are a
@@ -492,10 +515,16 @@ class Memo:
 
     def compute(self, inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
                 recipe: str = "none", cached: bool = False, digest: bytes | None = None) -> RankOracle:
-        """:func:`compute` of these arguments, kept (``digest``: the inputs' fingerprint, if known)."""
-        key = ("oracle", digest or fingerprint(inputs), rank, tuple(tags), recipe, cached)
+        """:func:`compute` of these arguments, kept (``digest``: the inputs' fingerprint, if known).
+
+        The key also names the function this process computes oracles with, by its code: a
+        process that replaced it (a planted harness bug, ``fixtures/harness_bug.py``) neither
+        reads the oracles the module's own function computed elsewhere nor keeps its own as
+        theirs."""
+        fn = compute  # this module's, as this process has it now
+        key = ("oracle", digest or fingerprint(inputs), rank, tuple(tags), recipe, cached, _code_of(fn))
 
         def make() -> RankOracle:
-            return compute(inputs, rank, tags, recipe, cached=cached)
+            return fn(inputs, rank, tags, recipe, cached=cached)
 
         return self.get(key, make if self.store is None else lambda: self.store.get(key, make))
