@@ -105,6 +105,25 @@ def test_tensors_are_kept_as_their_own_elements_and_a_foreign_class_is_never_imp
         with open(store._path(("foreign",)), "rb") as fh:
             oracle_store._Unpickler(fh).load()
     assert store.get(("foreign",), lambda: 7) == 7 and "xml.dom.minidom" not in sys.modules
+    # nor a builtin, nor torch's own loaders (torch.load of arbitrary pickles), nor a function of
+    # the oracle's modules: only its classes and the two rebuilders
+    for module, name in (("builtins", "eval"), ("torch.storage", "_load_from_bytes"), ("torch", "load"),
+                         ("harness.cell.oracle", "compute"), ("harness.cell.oracle_store", "Store")):
+        path = store._path((module, name))
+        path.write_bytes(pickle.dumps(_Named(module, name), protocol=4))
+        assert store.get((module, name), lambda: "computed") == "computed", (module, name)
+
+
+class _Named:
+    """Pickles as a call of ``module.name("1")`` (what a hostile file could hold)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def __reduce__(self):
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.name), ("1",)
 
 
 def test_a_process_that_replaced_the_oracle_reads_none_of_the_kept_ones(tmp_path: Path, monkeypatch) -> None:
@@ -130,3 +149,25 @@ def test_a_process_that_replaced_the_oracle_reads_none_of_the_kept_ones(tmp_path
     code = "from harness.cell import oracle; print(oracle._code_of(oracle.compute))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert other == oracle._code_of(oracle.compute)
+
+
+def test_a_backend_that_changed_the_oracles_modules_shares_no_oracle(monkeypatch, tmp_path: Path) -> None:
+    """``runner.share_oracles`` compares the oracle's modules with their state at import: a
+    replaced function (the planted bug's ``oracle.compute``), a helper's changed default or a
+    table changed in place turns the folder off for the process, naming what changed."""
+    from harness.cell import quantized, runner
+    from harness.vocabulary import recipes
+
+    store = oracle_store.Store(tmp_path)
+    assert runner.share_oracles(store) is None and runner._ORACLES.store is store
+    for change in (lambda m: m.setattr(oracle, "wgrad_terms", lambda *a, **k: []),
+                   lambda m: m.setattr(oracle.gemm_inputs, "__defaults__", ("mxfp8", (1.0, 1.0), False, None, False)),
+                   lambda m: m.setitem(vars(quantized), "SCALE_U", 0.0),
+                   lambda m: m.setitem(recipes.KINDS, "none", recipes.KINDS["mxfp8"])):
+        with monkeypatch.context() as m:
+            change(m)
+            why = runner.share_oracles(store)
+            assert why is not None and why.startswith("oracles not shared: the backend changed harness.")
+            assert runner._ORACLES.store is None
+    assert runner.share_oracles(store) is None and runner._ORACLES.store is store
+    runner.share_oracles(None)

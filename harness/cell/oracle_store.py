@@ -7,8 +7,10 @@ te-cpu's sweeps of the wheel and of a patched tree, the fault sweeps). The oracl
 of the cell's inputs and the rank, not of the backend, and it was the larger part of a reference
 rank's time (the self-test's ranks: about half of their samples). With ``DW_ORACLE_CACHE``
 naming a folder, an oracle any rank computed is read back instead of computed again (a rank's
-worker asks for it: ``runner.share_oracles``; a process that runs cells itself, as a test that
-patches the oracle does, keeps its own memory only).
+worker asks for it once its backends are loaded: ``runner.share_oracles``; a process that runs
+cells itself, as a test that patches the oracle does, keeps its own memory only, and so does a
+rank whose backend changed the oracle's modules since they were imported - a planted harness
+bug - which its log says).
 
 What keys it: everything ``oracle.Memo.compute`` keys on (the inputs' fingerprint - every
 value they hold -, the rank, the weight's tags, the recipe, the first-microbatch flag) and the
@@ -28,7 +30,9 @@ import hashlib
 import os
 import pickle
 import platform
+import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -41,39 +45,55 @@ PACKAGES = ("cell", "vocabulary")
 T = TypeVar("T")
 
 
-#: the modules a kept oracle's classes may come from: a file naming anything else (a class
-#: of another package, or a reducer a package installed for tensors - Megatron-Core's) reads
-#: as absent, so reading one never imports anything
-_MODULES = ("harness", "torch", "builtins", "collections", "copyreg", "_codecs")
+#: the modules whose classes a kept oracle is made of: a file naming anything else - another
+#: module's class or function, a reducer a package installed for tensors (Megatron-Core's), a
+#: builtin - reads as absent; nothing is imported to read one
+_CLASSES_FROM = ("harness.cell.oracle", "harness.cell.quantized", "harness.cell.inputs")
 
 
 def _tensor(dtype: str, shape: tuple[int, ...], data: bytes, requires_grad: bool) -> torch.Tensor:
     """A tensor from :class:`_Pickler`'s parts."""
-    kind = getattr(torch, dtype)
+    kind = _dtype(dtype)
     if not data:
         return torch.empty(shape, dtype=kind).requires_grad_(requires_grad)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(kind).reshape(shape).requires_grad_(requires_grad)
+
+
+def _dtype(name: str) -> torch.dtype:
+    """torch's dtype of this name (and nothing else of torch's)."""
+    kind = getattr(torch, name, None)
+    if not isinstance(kind, torch.dtype):
+        raise pickle.UnpicklingError(f"torch.{name} is no dtype")
+    return kind
 
 
 class _Pickler(pickle.Pickler):
     """Pickles a plain tensor as its dtype, shape and the bytes of its elements: not torch's
     reduction, which keeps a view's whole storage (an oracle's per-rank slices of the whole
     world's tensors), nor one another package installed (Megatron-Core's, which a reader
-    could only follow by importing Megatron)."""
+    could only follow by importing Megatron); a dtype by its name."""
 
     def reducer_override(self, obj: object) -> object:
         if type(obj) is torch.Tensor:
             t = obj.detach().contiguous()
             data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
             return _tensor, (str(t.dtype).removeprefix("torch."), tuple(t.shape), data, obj.requires_grad)
+        if isinstance(obj, torch.dtype):
+            return _dtype, (str(obj).removeprefix("torch."),)
         return NotImplemented
 
 
 class _Unpickler(pickle.Unpickler):
+    """Follows :class:`_Pickler`'s two rebuilders and the classes the oracle's own modules
+    define - modules a rank has imported already - and nothing else."""
+
     def find_class(self, module: str, name: str) -> object:
-        if module.partition(".")[0] not in _MODULES:
-            raise pickle.UnpicklingError(f"{module}.{name} is not among the modules an oracle is made of")
-        return super().find_class(module, name)
+        if module == __name__ and name in ("_tensor", "_dtype"):
+            return globals()[name]
+        found = getattr(sys.modules.get(module), name, None) if module in _CLASSES_FROM else None
+        if isinstance(found, type) and found.__module__ == module:
+            return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not among what an oracle is made of")
 
 
 def code_digest(root: Path = Path(__file__).resolve().parents[1]) -> bytes:
@@ -128,6 +148,44 @@ class Store:
             self.written += 1
         except Exception:
             Path(tmp).unlink(missing_ok=True)
+
+
+#: the modules an oracle is computed by, whose state :func:`state` describes
+WATCHED = ("harness.cell.oracle", "harness.cell.quantized", "harness.cell.inputs", "harness.vocabulary.recipes",
+           "harness.vocabulary.shape")
+
+
+def _described(value: object, depth: int = 0) -> object:
+    if isinstance(value, types.FunctionType):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(id(cell.cell_contents))
+            except ValueError:  # an empty cell
+                cells.append(None)
+        return id(value), id(value.__code__), repr(value.__defaults__), repr(value.__kwdefaults__), tuple(cells)
+    if isinstance(value, type) and depth == 0:  # its methods; not the dunder data pickling caches
+        return id(value), tuple((k, _described(v, 1)) for k, v in vars(value).items()
+                                if not k.startswith("__") or isinstance(v, types.FunctionType))
+    if isinstance(value, (dict, list, set, frozenset, tuple)):
+        return id(value), repr(value)
+    return id(value)
+
+
+def state() -> dict[str, object]:
+    """What the oracle's modules (:data:`WATCHED`) hold in this process now, name by name: each
+    object by identity, a function's code, defaults and closure, a class's attributes, a
+    container's contents. Compared with itself later in the same process only (identities
+    differ between processes): a backend that replaced or changed any of it since
+    (``fixtures/harness_bug.py`` replaces ``oracle.compute``) computes oracles the kept ones
+    are not, and must neither read nor keep them (``runner.share_oracles``)."""
+    return {f"{m}.{name}": _described(value) for m in WATCHED if m in sys.modules
+            for name, value in vars(sys.modules[m]).items() if not name.startswith("__")}
+
+
+def changed(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """The names whose state differs between two :func:`state` of one process."""
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
 def from_env() -> Store | None:

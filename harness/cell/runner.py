@@ -508,12 +508,22 @@ def _scales_check(actual: Any, model: quantized.DelayedScaling) -> Check:
 _ORACLES = oracle.Memo()
 
 
-def share_oracles(store: oracle_store.Store | None) -> None:
+#: the oracle's modules as this process imported them (``oracle_store.state``)
+_ORACLE_STATE = oracle_store.state()
+
+
+def share_oracles(store: oracle_store.Store | None) -> str | None:
     """Read and keep this process's oracles in ``store`` too (a rank: the folder
     ``DW_ORACLE_CACHE`` names, ``oracle_store.from_env``; None: memory only). The rank's
-    worker asks for it, not an import of this module: a process that runs cells itself (a
-    test patching the oracle) keeps its own memory only."""
-    _ORACLES.store = store
+    worker asks for it once its backends are loaded, not an import of this module: a process
+    that runs cells itself (a test patching the oracle) keeps its own memory only, and so does
+    one whose backend changed the oracle's modules since they were imported (a planted harness
+    bug) - returned as one line naming what changed (None: shared as asked)."""
+    moved = oracle_store.changed(_ORACLE_STATE, oracle_store.state()) if store is not None else []
+    _ORACLES.store = None if moved else store
+    if moved:
+        return f"oracles not shared: the backend changed {', '.join(moved[:5])}" + (" ..." if len(moved) > 5 else "")
+    return None
 
 
 def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.Module,

@@ -187,7 +187,8 @@ def _start(plan: LaunchPlan, rank: int, world: int, local_rank: int, log: TextIO
     if len(set(digests)) != 1:
         raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
-    share_oracles(oracle_store.from_env())
+    if (why := share_oracles(oracle_store.from_env())) is not None:
+        print(f"{tag} {why}", flush=True)
     _te_platform(c for _, c in tasks)
     # the trees whose TE every cell must keep importing from (load_backend proved the load's)
     trees = {spec: te_tree.inspect(path) for spec in backends if (path := split_tree(spec)[1]) is not None}
