@@ -61,6 +61,12 @@ def test_other_arguments_or_other_code_are_other_files_and_a_cut_file_is_compute
     memo.compute(make_inputs(4, Example(16, 16, 16), "fp32", 2, 1, 1, False), 0)  # other values
     assert store.written == 4 and len(list(tmp_path.glob("*.pkl"))) == 4
     key = ("oracle", oracle.fingerprint(inputs), 0, (1.0, 1.0), "none", False, oracle._code_of(oracle.compute))
+    threads, before = torch.get_num_threads(), store._path(key)
+    try:
+        torch.set_num_threads(threads + 1)  # another thread count: another file
+        assert store._path(key) != before and not store._path(key).exists()
+    finally:
+        torch.set_num_threads(threads)
     other_code = oracle_store.Store(tmp_path, code=b"another harness")
     assert other_code._path(key) != store._path(key)
     assert not other_code._path(key).exists()

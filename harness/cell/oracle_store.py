@@ -13,10 +13,10 @@ rank whose backend changed the oracle's modules since they were imported - a pla
 bug - which its log says).
 
 What keys it: everything ``oracle.Memo.compute`` keys on (the inputs' fingerprint - every
-value they hold -, the rank, the weight's tags, the recipe, the first-microbatch flag) and the
-code that computes it: the bytes of every source file of ``harness/cell/`` and
-``harness/vocabulary/`` (the oracle's modules and everything they import from the harness, and
-more), torch's and Python's versions. A changed harness is a new key, never a stale value.
+value they hold -, the rank, the weight's tags, the recipe, the first-microbatch flag), torch's
+thread count (a float64 GEMM's summation order may follow it) and the code that computes it:
+the bytes of every source file of ``harness/cell/`` and ``harness/vocabulary/`` (the oracle's
+modules and everything they import from the harness, and more), torch's and Python's versions. A changed harness is a new key, never a stale value.
 
 A value is written whole to a file of its own and renamed into place, so a reader sees a
 complete file or none; a file that does not read back (cut short, another format) is computed
@@ -119,7 +119,8 @@ class Store:
         self.written = 0
 
     def _path(self, key: tuple) -> Path:
-        name = hashlib.blake2b(self.code + repr(key).encode(), digest_size=20).hexdigest()
+        # torch's thread count too: a float64 GEMM's summation order may follow it
+        name = hashlib.blake2b(self.code + repr((key, torch.get_num_threads())).encode(), digest_size=20).hexdigest()
         return self.folder / f"{name}.pkl"
 
     def get(self, key: tuple, make: Callable[[], T]) -> T:
