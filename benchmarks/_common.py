@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,12 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "loadavg_at_start": os.getloadavg(),
     }
+
+
+def children_cpu() -> float:
+    """CPU seconds (user and system) of every child process this one has waited for."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def results_path() -> Path:

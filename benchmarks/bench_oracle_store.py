@@ -26,30 +26,24 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, machine, save, table
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+from _common import ROOT, children_cpu, machine, save, table
 
 
 def _run(args: list[str], out: Path, cache: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DW_ORACLE_CACHE", "DW_AGENT_SERVER")}
     if cache is not None:
         env["DW_ORACLE_CACHE"] = str(cache)
-    before, t0 = _children_cpu(), time.monotonic()
+    before, t0 = children_cpu(), time.monotonic()
     quiet = ["--quiet"] if args[0] == "sweep" else []
     proc = subprocess.run([sys.executable, "-m", "harness", *args, "--out", str(out), *quiet], cwd=ROOT, env=env,
                           capture_output=True, text=True)
-    wall, cpu = time.monotonic() - t0, _children_cpu() - before
+    wall, cpu = time.monotonic() - t0, children_cpu() - before
     with gzip.open(out / "results.json.gz", "rt") as fh:
         record = json.load(fh)
     statuses = {c["id"]: c["status"] for c in record["cells"]}

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, machine, save, table
+from _common import ROOT, children_cpu, machine, save, table
 
 sys.path.insert(0, str(ROOT))
 
@@ -43,14 +42,9 @@ from harness.vocabulary.backend_specs import resolve  # noqa: E402
 from harness.vocabulary.plan import LaunchPlan, PlanTask  # noqa: E402
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def _run(argv: list[str], env: dict[str, str], stdin: bytes | None) -> float:
     """CPU seconds of one agent run, new process or served (``env`` says which)."""
-    before = _children_cpu()
+    before = children_cpu()
     os.environ.pop(served.SERVER_ENV, None)
     if served.SERVER_ENV in env:
         os.environ[served.SERVER_ENV] = env[served.SERVER_ENV]
@@ -67,7 +61,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: bytes | None) -> float:
     if isinstance(agent, served.ServedAgent):
         assert agent.cpu_s is not None
         return agent.cpu_s
-    return _children_cpu() - before
+    return children_cpu() - before
 
 
 def main() -> int:
