@@ -5,6 +5,7 @@ argument or another code is another file; a file cut short is computed again."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -43,12 +44,24 @@ def test_a_kept_oracle_is_the_computed_one_in_another_process(tmp_path: Path, re
     writer = oracle.Memo(store=oracle_store.Store(tmp_path))
     fresh = oracle.compute(inputs, 1, recipe=recipe)
     kept = writer.compute(inputs, 1, recipe=recipe)
-    assert writer.store.written == 1 and _equal(kept, fresh)
-    # a new memo (another rank process) on the same folder reads it back
+    # three files: the part every rank shares (the gradients of record) and each rank's own,
+    # all computed in one pass: each rank's oracle bit for bit
+    assert writer.store.written == 3 and _equal(kept, fresh)
+    oracles, sums = oracle.world_oracles(inputs, recipe=recipe)
+    assert all(_equal(o, oracle.compute(inputs, r, recipe=recipe)) for r, o in enumerate(oracles))
+    assert _equal(sums.wgrad_sums, fresh.wgrad_sums)
+    # a new memo (another rank process) on the same folder reads both back, computing nothing
     reader = oracle_store.Store(tmp_path)
-    key = ("oracle", oracle.fingerprint(inputs), 1, (1.0, 1.0), recipe, False, oracle._code_of(oracle.compute))
-    assert _equal(reader.get(key, _never), fresh) and reader.read == 1
-    assert _equal(oracle.Memo(store=oracle_store.Store(tmp_path)).compute(inputs, 1, recipe=recipe), fresh)
+    key = ("own", oracle.fingerprint(inputs), 1, (1.0, 1.0), recipe, False, oracle._code_of(oracle.compute))
+    own = reader.get(key, _never)
+    assert own.wgrad_sums == [] and _equal(own.outputs, fresh.outputs) and reader.read == 1
+    again = oracle_store.Store(tmp_path)
+    assert _equal(oracle.Memo(store=again).compute(inputs, 1, recipe=recipe), fresh)
+    assert again.read == 2 and again.written == 0
+    # another rank reads the part the first computed for it
+    other = oracle_store.Store(tmp_path)
+    assert _equal(oracle.Memo(store=other).compute(inputs, 0, recipe=recipe), oracle.compute(inputs, 0, recipe=recipe))
+    assert other.read == 2 and other.written == 0
 
 
 def test_other_arguments_or_other_code_are_other_files_and_a_cut_file_is_computed_again(tmp_path: Path) -> None:
@@ -59,8 +72,9 @@ def test_other_arguments_or_other_code_are_other_files_and_a_cut_file_is_compute
     memo.compute(inputs, 1)  # another rank
     memo.compute(inputs, 0, recipe="current")  # another recipe
     memo.compute(make_inputs(4, Example(16, 16, 16), "fp32", 2, 1, 1, False), 0)  # other values
-    assert store.written == 4 and len(list(tmp_path.glob("*.pkl"))) == 4
-    key = ("oracle", oracle.fingerprint(inputs), 0, (1.0, 1.0), "none", False, oracle._code_of(oracle.compute))
+    # per inputs and arguments, the shared part and each of the two ranks' own, once
+    assert store.written == 3 * 3 and len(list(tmp_path.glob("*.pkl"))) == 9
+    key = ("own", oracle.fingerprint(inputs), 0, (1.0, 1.0), "none", False, oracle._code_of(oracle.compute))
     threads, before = torch.get_num_threads(), store._path(key)
     try:
         torch.set_num_threads(threads + 1)  # another thread count: another file
@@ -146,11 +160,14 @@ def test_a_process_that_replaced_the_oracle_reads_none_of_the_kept_ones(tmp_path
         raise ZeroDivisionError("planted harness bug")
 
     monkeypatch.setattr(oracle, "compute", planted)
+    planted_store = oracle_store.Store(tmp_path)
     with pytest.raises(ZeroDivisionError):
-        oracle.Memo(store=oracle_store.Store(tmp_path)).compute(inputs, 0)
+        oracle.Memo(store=planted_store).compute(inputs, 0)
+    # nothing read or kept: the replaced function computes alone
+    assert planted_store.read == planted_store.written == 0
     monkeypatch.undo()
     again = oracle_store.Store(tmp_path)
-    assert _equal(oracle.Memo(store=again).compute(inputs, 0), oracle.compute(inputs, 0)) and again.read == 1
+    assert _equal(oracle.Memo(store=again).compute(inputs, 0), oracle.compute(inputs, 0)) and again.read == 2
     # the function's digest is the same in another process (no addresses, no string hashes)
     code = "from harness.cell import oracle; print(oracle._code_of(oracle.compute))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -177,3 +194,58 @@ def test_a_backend_that_changed_the_oracles_modules_shares_no_oracle(monkeypatch
             assert runner._ORACLES.store is None
     assert runner.share_oracles(store) is None and runner._ORACLES.store is store
     runner.share_oracles(None)
+
+
+_RACE = """
+import sys, time
+from pathlib import Path
+from harness.cell import oracle_store
+folder = Path(sys.argv[1])
+def make():
+    with open(folder / "computed", "a") as fh:
+        fh.write("x\\n")
+    time.sleep(0.5)
+    return {"value": 42}
+store = oracle_store.Store(folder, code=b"race")
+print(store.get(("k",), make), store.waited)
+"""
+
+
+def test_one_process_computes_a_value_the_others_wait_for(tmp_path: Path) -> None:
+    """Ranks meet the same cell together: the first claims its shared oracle, the others read
+    the file it writes instead of computing it too."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert (tmp_path / "computed").read_text() == "x\n", "more than one process computed the value"
+    assert sorted(o[-1] for o in outs) == ["0", "1", "1"]
+    assert not list(tmp_path.glob("*.claim")) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_claim_whose_process_ended_is_not_waited_for(tmp_path: Path, monkeypatch) -> None:
+    """A claimer killed before it wrote its value leaves its claim: the next process computes
+    the value itself (not after ``CLAIM_WAIT_S``), and so does one whose claimer's pid now
+    names another process."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(oracle_store, "CLAIM_WAIT_S", 3600.0)
+    store = oracle_store.Store(tmp_path, code=b"stale")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for n, held in enumerate((f"{ended.stdout.strip()} 1", f"{os.getpid()} 1")):
+        claim = store._path(("k", n)).with_suffix(".claim")
+        claim.write_text(held)
+        assert store.get(("k", n), lambda: n) == n and store.waited == 0
+    # a live claimer: its value is read once written, nothing computed
+    import threading
+
+    claim = store._path(("live",)).with_suffix(".claim")
+    assert store._claim(claim)
+    writer = threading.Timer(0.3, lambda: (store._write(store._path(("live",)), "theirs"), claim.unlink()))
+    writer.start()
+    assert oracle_store.Store(tmp_path, code=b"stale").get(("live",), _never) == "theirs"
+    writer.join()

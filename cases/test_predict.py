@@ -157,6 +157,29 @@ def test_the_activation_dtype_wgrad_is_what_its_model_predicts_and_nothing_more(
     assert worse["wgrad_in_activation_dtype"] > 100, worse
 
 
+def test_a_model_every_rank_shares_is_computed_once_and_read_by_the_others(tmp_path):
+    """``wgrad_in_activation_dtype`` and ``grad_assigned_last_microbatch`` are functions of the
+    inputs, the recipe and the dtype: with a store, one rank computes each, the others read it,
+    bit for bit what they would have computed."""
+    from harness.cell import oracle_store
+
+    inputs = _inputs(2, microbatches=3)
+    digest = oracle.fingerprint(inputs)
+    alone = predict.Predictor(inputs, 1, (1.0, 1.0), "bf16")
+    first = predict.Predictor(inputs, 0, (1.0, 1.0), "bf16", store=oracle_store.Store(tmp_path), digest=digest)
+    first.wgrad_in_activation_dtype(0), first.grad_assigned_last_microbatch(0)
+    assert first.store.written == 2
+    other = oracle_store.Store(tmp_path)
+    second = predict.Predictor(inputs, 1, (1.0, 1.0), "bf16", store=other, digest=digest)
+    for model in ("wgrad_in_activation_dtype", "grad_assigned_last_microbatch"):
+        kept, fresh = getattr(second, model)(0), getattr(alone, model)(0)
+        assert torch.equal(kept.lo, fresh.lo) and torch.equal(kept.hi, fresh.hi)
+    assert other.read == 2 and other.written == 0 and second._terms is None  # nothing computed
+    # another dtype is another model
+    assert predict.Predictor(inputs, 1, (1.0, 1.0), "fp16", store=other, digest=digest).wgrad_in_activation_dtype(0) \
+        is not None and other.written == 1
+
+
 def test_nothing_reaching_main_grad_is_no_gradient_and_a_rebound_buffer_is_judged_by_the_kept_one():
     inputs = _inputs(2)
     start = main_grad_start((15, 24), 7, "weight", 0)

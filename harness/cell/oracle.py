@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import types
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -51,6 +51,15 @@ class RankOracle:
     #: the quantization the GEMMs' operands went through (delayed scaling: its scales after
     #: the step, which the runner's ``fp8_scales`` check reads)
     quant: quantized.Quantizer
+
+
+@dataclass
+class Sums:
+    """The gradients of record every rank shares (:func:`world_oracles`)."""
+
+    wgrad_sums: list[Reference]
+    bgrad_sums: list[Reference]
+    norm_sums: list[Reference]
 
 
 @dataclass
@@ -280,7 +289,8 @@ def bgrad_terms(inputs: CellInputs) -> list[list[list[WgradTerm]]]:
 def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0),
             recipe: str = "none", distributed: bool = False,
             unquantized_dgrad_weight: bool = False, fp8_bias_in_bf16: bool = True,
-            shard_scaled: int | None = None, cached: bool = False, weight_grads: bool = True) -> RankOracle:
+            shard_scaled: int | None = None, cached: bool = False, weight_grads: bool = True,
+            sums: Sums | None = None) -> RankOracle:
     """The oracle as seen from ``rank`` (outputs and dgrads are per rank; grads global).
 
     ``weight_grads=False``: without the weight gradients (``wgrad_sums`` empty), the larger
@@ -320,44 +330,86 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     """
     gemm_input = gemm_inputs(inputs, recipe, tags, distributed,
                              None if shard_scaled is None else (shard_scaled, rank), cached)
-    quant = gemm_input.quant
-    if unquantized_dgrad_weight and quant.quantized:
-        quant = gemm_input.quant = quantized.UnquantizedDgradWeight(quant)
+    if unquantized_dgrad_weight and gemm_input.quant.quantized:
+        gemm_input.quant = quantized.UnquantizedDgradWeight(gemm_input.quant)
+    gemms = _Gemms(inputs, gemm_input, tags, recipe, fp8_bias_in_bf16)
+    outputs, dgrads = gemms.own(rank)
+    if sums is None:
+        sums = _sums(inputs, gemm_input, gemm_input.quant, gemms.Wb, tags, gemms.op_u, weight_grads)
+    return RankOracle(outputs, dgrads, sums.wgrad_sums, sums.bgrad_sums, sums.norm_sums, gemm_input.quant)
+
+
+def world_oracles(inputs: CellInputs, tags: tuple[float, float] = (1.0, 1.0), recipe: str = "none",
+                  cached: bool = False) -> tuple[list[RankOracle], Sums]:
+    """:func:`compute`'s oracle of every rank, bit for bit, computed in one pass: what the
+    ranks share - the quantized weights and GEMM inputs, the gradients of record (every rank's
+    wgrad GEMMs, the larger part of the work) - once, not once per rank (``Memo.compute``
+    with a store: one of a launch's ranks computes them all). Returns the oracles, rank by
+    rank, and the shared gradients."""
+    gemm_input = gemm_inputs(inputs, recipe, tags, cached=cached)
+    gemms = _Gemms(inputs, gemm_input, tags, recipe, True)
+    sums = _sums(inputs, gemm_input, gemm_input.quant, gemms.Wb, tags, gemms.op_u, True)
+    return [RankOracle(*gemms.own(r), sums.wgrad_sums, sums.bgrad_sums, sums.norm_sums, gemm_input.quant)
+            for r in range(len(inputs.x))], sums
+
+
+class _Gemms:
+    """The forward and dgrad GEMMs of one oracle's arguments, the weights quantized once for
+    every rank's."""
+
+    def __init__(self, inputs: CellInputs, gemm_input: _GemmInputs, tags: tuple[float, float], recipe: str,
+                 fp8_bias_in_bf16: bool) -> None:
+        self.inputs, self.gemm_input = inputs, gemm_input
+        quant = gemm_input.quant
+        W = [w.to(F64) for w in inputs.weights]
+        mbs = len(inputs.x[0])
+        # [microbatch][member]: under delayed scaling each microbatch's weight has its own scale
+        self.Wf = [[quant.weight(m, i, w * tags[0], backward=False) for i, w in enumerate(W)] for m in range(mbs)]
+        self.Wb = [[quant.weight(m, i, w * tags[1], backward=True) for i, w in enumerate(W)] for m in range(mbs)]
+        self.B = [b.to(F64) for b in inputs.biases]
+        to_bf16 = quant.quantized and inputs.dtype == torch.float32 and fp8_bias_in_bf16
+        self.Bf = [b.to(torch.bfloat16).to(F64) for b in self.B] if to_bf16 else self.B
+        self.op_u = operand_u(inputs, recipe)
+
+    def own(self, rank: int) -> tuple[list[Reference], list[Reference]]:
+        """``rank``'s outputs and input gradients, per microbatch."""
+        inputs, gemm_input, quant = self.inputs, self.gemm_input, self.gemm_input.quant
+        Wf, Wb, B, Bf, op_u = self.Wf, self.Wb, self.B, self.Bf, self.op_u
+        out_f, in_f = inputs.weights[0].shape
+        norm = inputs.norm
+        outputs, dgrads = [], []
+        for m in range(len(inputs.x[0])):
+            x, x_mag, normed = gemm_input(rank, m)
+            dy, x_slack = gemm_input.dy(rank, m), gemm_input.slack(rank, m)
+            y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
+            ys = torch.zeros_like(y) if x_slack is not None else None
+            dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
+            for i, rows in enumerate(group_rows(inputs.splits[rank][m])):
+                y[rows] = x[rows] @ Wf[m][i].t() + (Bf[i] if B else 0.0)
+                ya[rows] = x_mag[rows] @ Wf[m][i].abs().t() + (Bf[i].abs() if B else 0.0)
+                if ys is not None:
+                    ys[rows] = x_slack[rows] @ Wf[m][i].abs().t()
+                dx[rows] = dy[rows] @ Wb[m][i]
+                dxa[rows] = dy[rows].abs() @ Wb[m][i].abs()
+            outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u, slack=ys))
+            if normed is not None:
+                dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
+            # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
+            dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
+                                    roundings=2 if normed is not None else 1,
+                                    operand_u=quant.scale_u))
+        return outputs, dgrads
+
+
+def _sums(inputs: CellInputs, gemm_input: _GemmInputs, quant: quantized.Quantizer, Wb: list[list[torch.Tensor]],
+          tags: tuple[float, float], op_u: float, weight_grads: bool) -> Sums:
+    """:func:`compute`'s gradients of record, summed over every rank (``Wb``: the backward
+    weight per microbatch and member, as the dgrad GEMMs multiply it)."""
     W = [w.to(F64) for w in inputs.weights]
-    mbs = len(inputs.x[0])
-    # [microbatch][member]: under delayed scaling each microbatch's weight has its own scale
-    Wf = [[quant.weight(m, i, w * tags[0], backward=False) for i, w in enumerate(W)] for m in range(mbs)]
-    Wb = [[quant.weight(m, i, w * tags[1], backward=True) for i, w in enumerate(W)] for m in range(mbs)]
     B = [b.to(F64) for b in inputs.biases]
-    to_bf16 = quant.quantized and inputs.dtype == torch.float32 and fp8_bias_in_bf16
-    Bf = [b.to(torch.bfloat16).to(F64) for b in B] if to_bf16 else B
     norm = inputs.norm
-    world = len(inputs.x)
+    world, mbs = len(inputs.x), len(inputs.x[0])
     out_f, in_f = W[0].shape
-    op_u = operand_u(inputs, recipe)
-
-    outputs, dgrads = [], []
-    for m in range(mbs):
-        x, x_mag, normed = gemm_input(rank, m)
-        dy, x_slack = gemm_input.dy(rank, m), gemm_input.slack(rank, m)
-        y, ya = torch.zeros(x.shape[0], out_f, dtype=F64), torch.zeros(x.shape[0], out_f, dtype=F64)
-        ys = torch.zeros_like(y) if x_slack is not None else None
-        dx, dxa = torch.zeros_like(x), torch.zeros_like(x)
-        for i, rows in enumerate(group_rows(inputs.splits[rank][m])):
-            y[rows] = x[rows] @ Wf[m][i].t() + (Bf[i] if B else 0.0)
-            ya[rows] = x_mag[rows] @ Wf[m][i].abs().t() + (Bf[i].abs() if B else 0.0)
-            if ys is not None:
-                ys[rows] = x_slack[rows] @ Wf[m][i].abs().t()
-            dx[rows] = dy[rows] @ Wb[m][i]
-            dxa[rows] = dy[rows].abs() @ Wb[m][i].abs()
-        outputs.append(Reference(y, ya, reduction=in_f, roundings=2 if B else 1, operand_u=op_u, slack=ys))
-        if normed is not None:
-            dx, dxa = _normalize_backward(normed, dx, dxa, norm.kind == "LayerNorm")
-        # with a normalization: dh's rounding (to the cell's dtype, as dx) before its backward
-        dgrads.append(Reference(dx, dxa, reduction=max(out_f, in_f),
-                                roundings=2 if normed is not None else 1,
-                                operand_u=quant.scale_u))
-
     terms = wgrad_terms(inputs, gemm_input) if weight_grads else []
     members = len(W) if weight_grads else 0
     wsum = [sum(t[i].value for per_rank in terms for t in per_rank) for i in range(members)]
@@ -398,7 +450,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     # dh is rounded once before the reduction: one more rounding than a bias gradient
     ngrads = [Reference(s / world, a / world, max(rows_total * mbs, out_f), roundings + 1)
               for s, a in zip(nsum, nabs)]
-    return RankOracle(outputs, dgrads, wgrads, bgrads, ngrads, quant)
+    return Sums(wgrads, bgrads, ngrads)
 
 
 def increment_roundings(microbatches: int, world: int) -> int:
@@ -484,6 +536,15 @@ def _code_of(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{h.hexdigest()}"
 
 
+#: the module's own :func:`compute`, as imported: the one whose oracles a store shares
+_COMPUTE = compute
+
+
+def _without_sums(o: RankOracle) -> RankOracle:
+    """A rank's own part of its oracle (the shared gradients are kept once, beside)."""
+    return replace(o, wgrad_sums=[], bgrad_sums=[], norm_sums=[])
+
+
 class Memo:
     """What a rank computed lately from a cell's inputs - its oracles and its defect models
     (``harness.cell.predict.Predictor``, whose lazy parts then fill once) - by what they are a
@@ -522,9 +583,31 @@ class Memo:
         reads the oracles the module's own function computed elsewhere nor keeps its own as
         theirs."""
         fn = compute  # this module's, as this process has it now
-        key = ("oracle", digest or fingerprint(inputs), rank, tuple(tags), recipe, cached, _code_of(fn))
+        code = _code_of(fn)
+        digest = digest or fingerprint(inputs)
+        key = ("oracle", digest, rank, tuple(tags), recipe, cached, code)
+        if self.store is None or fn is not _COMPUTE:  # a replaced oracle computes alone, keeps nothing
+            def make() -> RankOracle:
+                return fn(inputs, rank, tags, recipe, cached=cached)
 
-        def make() -> RankOracle:
-            return fn(inputs, rank, tags, recipe, cached=cached)
+            return self.get(key, make)
+        store = self.store
 
-        return self.get(key, make if self.store is None else lambda: self.store.get(key, make))
+        def shared() -> RankOracle:
+            # one of a launch's ranks (the store's claim) computes every rank's oracle at once
+            # and keeps each rank's own part, then the part they share; the others read both
+            def own_key(r: int) -> tuple:
+                return ("own", digest, r, tuple(tags), recipe, cached, code)
+
+            def every_rank() -> Sums:
+                oracles, sums = world_oracles(inputs, tags, recipe, cached)
+                for r, o in enumerate(oracles):
+                    store.put(own_key(r), _without_sums(o))
+                return sums
+
+            sums = store.get(("sums", digest, tuple(tags), recipe, cached, code, _code_of(world_oracles)), every_rank)
+            own = store.get(own_key(rank), lambda: _without_sums(fn(inputs, rank, tags, recipe, cached=cached,
+                                                                       sums=sums)))
+            return replace(own, wgrad_sums=sums.wgrad_sums, bgrad_sums=sums.bgrad_sums, norm_sums=sums.norm_sums)
+
+        return self.get(key, shared)

@@ -32,6 +32,7 @@ import pickle
 import platform
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -48,7 +49,7 @@ T = TypeVar("T")
 #: the modules whose classes a kept oracle is made of: a file naming anything else - another
 #: module's class or function, a reducer a package installed for tensors (Megatron-Core's), a
 #: builtin - reads as absent; nothing is imported to read one
-_CLASSES_FROM = ("harness.cell.oracle", "harness.cell.quantized", "harness.cell.inputs")
+_CLASSES_FROM = ("harness.cell.oracle", "harness.cell.quantized", "harness.cell.inputs", "harness.cell.predict")
 
 
 def _tensor(dtype: str, shape: tuple[int, ...], data: bytes, requires_grad: bool) -> torch.Tensor:
@@ -108,6 +109,41 @@ def code_digest(root: Path = Path(__file__).resolve().parents[1]) -> bytes:
     return h.digest()
 
 
+#: how long a process waits for a value another one claimed before computing it itself
+CLAIM_WAIT_S = 120.0
+_ABSENT = object()
+
+
+def _identity(pid: int) -> str:
+    """``pid`` and its process's start time (``/proc``; Linux): a pid used again by a later
+    process is another identity. Empty when the process is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return ""
+    return "" if fields[0] in ("Z", "X") else f"{pid} {fields[19]}"
+
+
+def _claimer_alive(claim: Path) -> bool:
+    """Whether the process a claim file names still runs (not ended, not a zombie, its pid not
+    another process's since)."""
+    try:
+        held = claim.read_text()
+        pid = int(held.split()[0])
+    except (OSError, ValueError, IndexError):  # gone (its value written, or it failed)
+        return False
+    if os.path.isdir("/proc"):
+        return _identity(pid) == held
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 class Store:
     """Oracles kept as files in ``folder``, keyed by their arguments and ``code`` (the digest
     of the code that computes them: :func:`code_digest`)."""
@@ -117,6 +153,8 @@ class Store:
         self.code = code if code is not None else code_digest()
         self.read = 0
         self.written = 0
+        #: values read after waiting for another process's claim
+        self.waited = 0
 
     def _path(self, key: tuple) -> Path:
         # torch's thread count too: a float64 GEMM's summation order may follow it
@@ -124,18 +162,77 @@ class Store:
         return self.folder / f"{name}.pkl"
 
     def get(self, key: tuple, make: Callable[[], T]) -> T:
-        """The value kept under ``key``, or ``make()``'s, kept."""
+        """The value kept under ``key``, or ``make()``'s, kept.
+
+        One process computes a value at a time: the first to miss it claims it (a claim file
+        naming its pid) and the others wait for its file instead of computing it too - the
+        ranks of a launch, which meet the same cell together, and sweeps running side by side
+        over the same cells. A waiter computes it itself once the claim is gone without a
+        file, its process has ended, or ``CLAIM_WAIT_S`` passed (a claimer that is slow, not
+        one that hangs: the oracle's code waits on nothing)."""
         path = self._path(key)
+        found = self._read(path)
+        if found is not _ABSENT:
+            return found
+        claim = path.with_suffix(".claim")
+        if not self._claim(claim):
+            found = self._wait(path, claim)
+            if found is not _ABSENT:
+                self.waited += 1
+                return found
+            value = make()
+            self._write(path, value)
+            return value
+        try:
+            value = make()
+            self._write(path, value)
+        finally:
+            claim.unlink(missing_ok=True)
+        return value
+
+    def put(self, key: tuple, value: object) -> None:
+        """Keep ``value`` under ``key`` (a value computed beside the one asked for)."""
+        self._write(self._path(key), value)
+
+    def _read(self, path: Path) -> object:
         try:
             with open(path, "rb") as fh:
                 value = _Unpickler(fh).load()
-            self.read += 1
-            return value
         except Exception:  # absent, cut short or unreadable: computed, and written whole
-            pass
-        value = make()
-        self._write(path, value)
+            return _ABSENT
+        self.read += 1
         return value
+
+    def _claim(self, claim: Path) -> bool:
+        """Whether this process now holds ``claim`` (created whole, with its pid, or not at all)."""
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=claim.stem, suffix=".tmp")
+        except OSError:  # the folder is gone or not writable: compute, keep nothing
+            return True
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(_identity(os.getpid()) if os.path.isdir("/proc") else str(os.getpid()))
+            os.link(tmp, claim)  # fails if another process holds it
+            return True
+        except FileExistsError:
+            return False
+        except OSError:
+            return True
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def _wait(self, path: Path, claim: Path) -> object:
+        """The value another process claimed, once its file is there (``_ABSENT``: the claim
+        ended without one, its process is gone, or ``CLAIM_WAIT_S`` passed)."""
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        pause = 0.002
+        while time.monotonic() < deadline:
+            found = self._read(path)
+            if found is not _ABSENT or not _claimer_alive(claim):
+                return found if found is not _ABSENT else self._read(path)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.05)
+        return _ABSENT
 
     def _write(self, path: Path, value: object) -> None:
         try:
@@ -152,8 +249,8 @@ class Store:
 
 
 #: the modules an oracle is computed by, whose state :func:`state` describes
-WATCHED = ("harness.cell.oracle", "harness.cell.quantized", "harness.cell.inputs", "harness.vocabulary.recipes",
-           "harness.vocabulary.shape")
+WATCHED = ("harness.cell.oracle", "harness.cell.quantized", "harness.cell.inputs", "harness.cell.predict",
+           "harness.vocabulary.recipes", "harness.vocabulary.shape")
 
 
 def _described(value: object, depth: int = 0) -> object:

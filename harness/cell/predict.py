@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
 from harness.vocabulary import defects
-from harness.cell import compare, oracle
+from harness.cell import compare, oracle, oracle_store
 from harness.cell.inputs import CellInputs
 from harness.vocabulary.tolerance import UNIT_ROUNDOFF
+
+T = TypeVar("T")
 
 F64 = torch.float64
 #: (precision bits including the implicit one, smallest normal exponent, largest finite value)
@@ -155,8 +157,11 @@ class Predictor:
 
     def __init__(self, inputs: CellInputs, rank: int, tags: tuple[float, float], dtype: str,
                  recipe: str = "none", distributed: bool = False, native_rows: int | None = None,
-                 cached: bool = False) -> None:
+                 cached: bool = False, store: oracle_store.Store | None = None, digest: bytes | None = None) -> None:
         self.inputs = inputs
+        #: the folder the models every rank shares are kept in (``oracle_store``; the inputs'
+        #: fingerprint keys them), or None
+        self.store, self.digest = (store, digest) if digest is not None else (None, None)
         self.cached = cached  #: the forward passes is_first_microbatch (the first FP8 weight reused)
         self.native_rows = native_rows  #: a native weight's shard rows (weight megatron_fp8), or None
         self.recipe = recipe        #: the models apply to the operands as the recipe quantized them
@@ -191,19 +196,31 @@ class Predictor:
         the dtype, scaled by 1/W, summed over ranks in the dtype; the microbatches added."""
         if i in self._activation:  # a kept Predictor (``oracle.Memo``) serves the twins of its cell
             return self._activation[i]
-        total = None
-        for m in range(len(self.inputs.x[0])):
-            per_rank = [scaled(self._rounded(r, m, i), self.world, self.dtype) for r in range(self.world)]
-            part = summed(per_rank, self.dtype)
-            total = part if total is None else total + part
-        self._activation[i] = total
-        return total
+
+        def make() -> Interval:
+            total = None
+            for m in range(len(self.inputs.x[0])):
+                per_rank = [scaled(self._rounded(r, m, i), self.world, self.dtype) for r in range(self.world)]
+                part = summed(per_rank, self.dtype)
+                total = part if total is None else total + part
+            return total
+
+        self._activation[i] = self._shared("wgrad_in_activation_dtype", i, make)
+        return self._activation[i]
+
+    def _shared(self, model: str, i: int, make: Callable[[], T]) -> T:
+        """A model the same on every rank (a function of the inputs, the recipe and the dtype),
+        computed by one of a launch's ranks and read by the others (``oracle_store``)."""
+        if self.store is None:
+            return make()
+        return self.store.get(("model", model, i, self.digest, self.recipe, self.dtype), make)
 
     def grad_assigned_last_microbatch(self, i: int) -> Interval:
         """Member ``i``'s ``.grad``: each rank's last microbatch's wgrad in the dtype, summed over
         the ranks in the dtype (the consumer's all-reduce), then divided by W."""
         last = len(self.inputs.x[0]) - 1
-        return self._averaged([self._rounded(r, last, i) for r in range(self.world)])
+        return self._shared("grad_assigned_last_microbatch", i,
+                            lambda: self._averaged([self._rounded(r, last, i) for r in range(self.world)]))
 
     def bias_grad_first_microbatch(self, i: int) -> Interval:
         """Bias ``i``'s ``.grad``: each rank's first microbatch's bias gradient in the dtype

@@ -541,7 +541,7 @@ def _checks(cell: Cell, inputs: CellInputs, ctx: RankContext, module: torch.nn.M
     models = _ORACLES.get(("models", digest, ctx.rank, tuple(tags), cell.dtype, cell.recipe, cell.distributed,
                            native_rows, cached),
                           lambda: predict.Predictor(inputs, ctx.rank, tags, cell.dtype, cell.recipe, cell.distributed,
-                                                    native_rows, cached))
+                                                    native_rows, cached, _ORACLES.store, digest))
     checks: list[Check] = []
     for mb in range(cell.microbatches):
         check = compare.compare_tensor(f"mb{mb}.output", step.outputs[mb], orc.outputs[mb], dtype)
