@@ -175,9 +175,18 @@ def test_a_model_every_rank_shares_is_computed_once_and_read_by_the_others(tmp_p
         kept, fresh = getattr(second, model)(0), getattr(alone, model)(0)
         assert torch.equal(kept.lo, fresh.lo) and torch.equal(kept.hi, fresh.hi)
     assert other.read == 2 and other.written == 0 and second._terms is None  # nothing computed
+    # a dgrad model's view of the oracle is this rank's: kept, read back by the same rank
+    view = {"tags": (1.0, 0.5)}
+    mine = predict.Predictor(inputs, 1, (1.0, 1.0), "bf16", store=other, digest=digest)._view("v", view)
+    again = oracle_store.Store(tmp_path)
+    kept = predict.Predictor(inputs, 1, (1.0, 1.0), "bf16", store=again, digest=digest)._view("v", view)
+    fresh = alone._view("v", view)
+    assert again.read == 1 and again.written == 0
+    for a, b, c in zip(kept.dgrads, mine.dgrads, fresh.dgrads):
+        assert torch.equal(a.value, c.value) and torch.equal(b.value, c.value)
     # another dtype is another model
     assert predict.Predictor(inputs, 1, (1.0, 1.0), "fp16", store=other, digest=digest).wgrad_in_activation_dtype(0) \
-        is not None and other.written == 1
+        is not None and other.written == 2
 
 
 def test_nothing_reaching_main_grad_is_no_gradient_and_a_rebound_buffer_is_judged_by_the_kept_one():

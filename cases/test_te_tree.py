@@ -264,6 +264,18 @@ def test_referenced_names_are_parsed_from_the_files_that_import_the_extension(tm
         (te / rel).write_text(text)
     assert referenced_names(te) == {"late_use", "gemm", "DType", "quantize", "full_name", "debug_name",
                                     "common_name"}
+    # kept in a memo folder: read back while the sources are the same, parsed again once one changed
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    assert referenced_names(te, memo) == referenced_names(te)
+    kept = list(memo.glob("te-tree-names-*.json"))
+    assert len(kept) == 1
+    kept[0].write_text('["only_from_the_memo"]')
+    assert referenced_names(te, memo) == {"only_from_the_memo"}
+    (te / "debug/d.py").write_text("import transformer_engine_torch as T\nT.another_name\n")
+    assert "another_name" in referenced_names(te, memo) and len(list(memo.glob("te-tree-names-*.json"))) == 2
+    (te / "pytorch/unrelated.py").write_text("x = 1\n")  # no import of the extension: the same key
+    assert referenced_names(te, memo) == referenced_names(te) and len(list(memo.glob("*.json"))) == 2
 
 
 def test_extension_enums_follow_the_tree(tmp_path: Path) -> None:

@@ -328,8 +328,15 @@ class Predictor:
         (those have models of their own: :meth:`weight`)."""
         if name not in self._views:
             args = {"tags": self.tags, **view}
-            self._views[name] = oracle.compute(self.inputs, self.rank, args.pop("tags"), self.recipe,
-                                               cached=self.cached, weight_grads=False, **args)
+
+            def make() -> oracle.RankOracle:
+                rest = dict(args)
+                return oracle.compute(self.inputs, self.rank, rest.pop("tags"), self.recipe, cached=self.cached,
+                                      weight_grads=False, **rest)
+
+            # the same view of the same cell fails again under another mutant, round or sweep
+            self._views[name] = make() if self.store is None else self.store.get(
+                ("view", name, repr(sorted(args.items())), self.rank, self.digest, self.recipe, self.cached), make)
         return self._views[name]
 
     def norm_param(self, j: int, actual: Any, precision: str, start: torch.Tensor | None) -> dict[str, float]:

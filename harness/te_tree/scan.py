@@ -19,7 +19,11 @@ built-in enums) comes in as an argument, so nothing here depends on the stand-in
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,34 +45,71 @@ _BOUND_VALUE = re.compile(r"\.value\(\s*\"(\w+)\"\s*,\s*([\w:\s]+?)\s*\)", re.S)
 
 
 # ---- the Python sources: the names taken from the extension ------------------------------------
-def referenced_names(te_root: Path) -> set[str]:
+def referenced_names(te_root: Path, memo: Path | None = None) -> set[str]:
     """Every name TE's PyTorch sources under ``te_root`` take from the extension.
 
     Finds ``<alias>.<name>`` for every ``import transformer_engine_torch as <alias>`` and
     every ``from transformer_engine_torch import <name>`` (parsed, not grepped, so
     ``torch.ops.tex.<op>`` is not mistaken for an extension name).
+
+    ``memo``: a folder where the answer is kept, keyed by the sources that import the extension
+    (path and text) and this module's own source: every rank of a ``--te-tree`` launch asks,
+    and parsing them is most of a rank's start-up (0.7 CPU-s); a tree whose sources changed
+    is another key. None: parsed every time.
     """
-    names: set[str] = set()
+    sources = []
     for sub in ("pytorch", "debug", "common"):
         for path in sorted((te_root / sub).rglob("*.py")):
             text = path.read_text(errors="replace")
-            if MODULE_NAME not in text:  # no import of the extension: no name taken from it
-                continue
-            try:
-                tree = ast.parse(text, filename=str(path))
-            except SyntaxError:  # a file that does not parse fails TE's import, if TE imports it
-                continue
-            aliases, attributes = set(), []
-            for node in ast.walk(tree):  # one walk: the aliases, and every ``<name>.<attr>``
-                if isinstance(node, ast.Attribute):
-                    if isinstance(node.value, ast.Name):
-                        attributes.append((node.value.id, node.attr))
-                elif isinstance(node, ast.Import):
-                    aliases.update(a.asname or a.name for a in node.names if a.name == MODULE_NAME)
-                elif isinstance(node, ast.ImportFrom) and node.module == MODULE_NAME:
-                    names.update(a.name for a in node.names)
-            names.update(attr for alias, attr in attributes if alias in aliases)
+            if MODULE_NAME in text:  # else no import of the extension: no name taken from it
+                sources.append((path, text))
+    kept = _memo_file(memo, te_root, sources) if memo is not None else None
+    if kept is not None:
+        try:
+            return set(json.loads(kept.read_text()))
+        except (OSError, ValueError):
+            pass
+    names: set[str] = set()
+    for path, text in sources:
+        try:
+            tree = ast.parse(text, filename=str(path))
+        except SyntaxError:  # a file that does not parse fails TE's import, if TE imports it
+            continue
+        aliases, attributes = set(), []
+        for node in ast.walk(tree):  # one walk: the aliases, and every ``<name>.<attr>``
+            if isinstance(node, ast.Attribute):
+                if isinstance(node.value, ast.Name):
+                    attributes.append((node.value.id, node.attr))
+            elif isinstance(node, ast.Import):
+                aliases.update(a.asname or a.name for a in node.names if a.name == MODULE_NAME)
+            elif isinstance(node, ast.ImportFrom) and node.module == MODULE_NAME:
+                names.update(a.name for a in node.names)
+        names.update(attr for alias, attr in attributes if alias in aliases)
+    if kept is not None:
+        _keep(kept, json.dumps(sorted(names)))
     return names
+
+
+def _memo_file(memo: Path, te_root: Path, sources: list[tuple[Path, str]]) -> Path:
+    h = hashlib.blake2b(Path(__file__).read_bytes(), digest_size=20)
+    for path, text in sources:
+        h.update(str(path.relative_to(te_root)).encode() + b"\0" + text.encode(errors="replace") + b"\0")
+    return Path(memo) / f"te-tree-names-{h.hexdigest()}.json"
+
+
+def _keep(path: Path, text: str) -> None:
+    """Written whole and renamed into place (a reader sees all of it or nothing); a folder
+    that cannot take it keeps nothing."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
 
 
 # ---- the C sources: the enums' members and values ---------------------------------------------

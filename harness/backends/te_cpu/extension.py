@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -45,7 +46,7 @@ from harness.cell.faults import MissingCpuKernel, MissingExtensionAttribute
 from harness.backends.te_cpu.refusal import missing
 from harness.backends.te_cpu import gemm as _gemm
 from harness.te_tree import scan as _scan
-from harness.backends.te_cpu import cuda_surface
+from harness.backends.te_cpu import cuda_surface, launch_memo
 from harness.backends.te_cpu import grouped as _grouped
 from harness.backends.te_cpu import norm as _norm
 
@@ -675,7 +676,9 @@ def build(te_root: Path | None = None) -> ModuleType:
         return _assemble(ENUMS, STUBBED)
     te_root = Path(te_root)
     found = _scan.tree_enums(te_root, {cls.__name__: {m.name: int(m.value) for m in cls} for cls in ENUMS})
-    referenced = _scan.referenced_names(te_root) - {"*"}
+    # kept beside te-cpu's Triton launches when that folder is shared (the test suite's)
+    memo = os.environ.get(launch_memo.CACHE_ENV)
+    referenced = _scan.referenced_names(te_root, Path(memo) if memo else None) - {"*"}
     builtin = [cls.__name__ for cls in ENUMS]
     # te-cpu's enums, then those the tree references and binds that te-cpu does not know
     names = builtin + sorted(n for n in referenced & set(found) if n not in builtin)
