@@ -76,7 +76,9 @@ def main() -> int:
     for sub in ("plans", "ranks", "logs/zero"):
         (work / sub).mkdir(parents=True, exist_ok=True)
     plan_path = work / "plans" / "zero.json"
-    LaunchPlan(work, "zero", [PlanTask(resolve(args.backend), cell.id)], [], exit_when_done=True).write(plan_path)
+    # the device a sweep's plan names on this machine (a CPU-only backend's, or no GPU): "cpu"
+    LaunchPlan(work, "zero", [PlanTask(resolve(args.backend), cell.id)], [], exit_when_done=True,
+               device="cpu").write(plan_path)
     launch_argv = ["--monitor-interval", "0.1", "--nproc-per-node", str(args.world_size),
                    "-m", "harness.rank.worker", "--plan", str(plan_path)]
     base = {k: v for k, v in agent_env().items() if k != served.SERVER_ENV}

@@ -95,3 +95,40 @@ def test_an_agent_nobody_takes_ends_when_its_parent_is_killed(tmp_path):
     while (left := _processes_naming(str(backend))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left
+
+
+_PRELOAD = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from harness.rank import worker
+    from harness.vocabulary import matrix
+    from harness.vocabulary.plan import LaunchPlan, PlanTask
+    folder, out = Path(sys.argv[1]), []
+    cell = matrix.select("smoke")[0]
+    for spec, device in [tuple(a.split("=")) for a in sys.argv[2:]]:
+        plan = folder / f"{len(out)}.json"
+        LaunchPlan(folder, "p", [PlanTask(spec, cell.id)], [], device=device).write(plan)
+        out.append([worker.preload(["--plan", str(plan)]), "transformer_engine.pytorch" in sys.modules])
+    print(json.dumps(out))
+""")
+
+
+def _preloaded(tmp_path: Path, *plans: str) -> list[list[bool]]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _PRELOAD, str(tmp_path), *plans], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_agent_imports_te_cpu_for_its_ranks_only_on_a_cpu_plan(tmp_path):
+    """``worker.preload`` in torchrun's agent: te-cpu's own import (the same in every rank) is
+    done once before the ranks are forked, on a plan for the CPU only - te-cpu answers
+    ``torch.cuda`` as a GPU would, so a rank of an ``auto`` plan chooses its device first and
+    imports te-cpu itself; an import that fails here says so (False), and the agent then starts
+    its ranks as new processes, which fail as they would have."""
+    not_a_tree = tmp_path / "not-a-tree"
+    not_a_tree.mkdir()
+    # a backend whose import may depend on the rank is never imported here
+    assert _preloaded(tmp_path, "reference=cpu", f"te-cpu@{not_a_tree}=cpu", "te-cpu=auto", "te-cpu=cpu") == [
+        [True, False], [False, False], [True, False], [True, True]]

@@ -254,7 +254,9 @@ def _run(argv: list[str]) -> None:
 
     config, _, _ = config_from_args(args)
     script_args = list(args.training_script_args)
-    worker.preload(script_args)
+    if not worker.preload(script_args):  # a backend failed to import here: ranks start anew
+        run(args)
+        return
     config.start_method = "fork"
     elastic_launch(config=config, entrypoint=worker.forked)(*script_args)
 

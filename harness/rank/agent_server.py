@@ -7,7 +7,7 @@ Why: every launch starts torchrun's agent as a new Python process, which imports
 (about 2.5 s more) before it forks the ranks; a sweep's backend probe starts one more. A
 suite that runs a few hundred launches pays that a few hundred times. An agent forked from
 this server inherits those modules and pays nothing for them; what the agent does next -
-probe, rendezvous, fork the ranks, each rank import its backend - is unchanged.
+probe, rendezvous, fork the ranks, import the backends (``harness.rank.worker.preload``) - is unchanged.
 
 What a forked agent sees is what a fresh ``python -m harness.rank.agent ARGS`` process would
 see: the caller's arguments, environment, working directory, standard streams (passed as

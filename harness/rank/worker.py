@@ -337,14 +337,34 @@ def _refreeze_after_imports(known: int) -> int:
     return len(sys.modules)
 
 
-def preload(argv: list[str]) -> None:
+def preload(argv: list[str]) -> bool:
     """In torchrun's agent, before it forks the ranks of ``argv``'s plan: import what each
     plan backend's import would load anyway whatever the rank, after the environment that
     import sets first (``harness.vocabulary.backend_specs.RANK_PRELOAD``), once instead of once per rank. A
     module that fails to import here is left to the ranks, which then fail or not as they
-    would have; the backends themselves are always imported by the ranks."""
+    would have.
+
+    A backend whose own import is the same in every rank (``Preload.backend``: te-cpu, whose
+    import reads the launch's environment only) is imported here too, after the launch's
+    environment is in place, on a plan for the CPU only (te-cpu answers ``torch.cuda`` as a GPU
+    would: a rank of an ``auto`` plan must choose its device before it imports te-cpu, as it
+    does): each rank then skips TE's import (about 0.6 CPU-s). Returns
+    False when such an import failed here: whatever it did before failing is in this process,
+    so the ranks must start as new processes (``harness.rank.agent``), which import the
+    backend themselves and fail as they would have."""
     plan = LaunchPlan.read(Path(argv[argv.index("--plan") + 1]))
-    preload_backends(t.backend for t in plan.tasks)
+    specs = list(dict.fromkeys(t.backend for t in plan.tasks))
+    preload_backends(specs)
+    if plan.device != "cpu":  # te-cpu answers torch.cuda: a rank must choose its device first
+        return True
+    for spec in specs:
+        entry = RANK_PRELOAD.get(resolve(spec))
+        if entry is not None and entry.backend:
+            try:
+                load_backend(spec)
+            except BaseException:  # noqa: BLE001 (the ranks import it anew and say why)
+                return False
+    return True
 
 
 def preload_backends(specs: Iterable[str]) -> None:

@@ -53,24 +53,28 @@ class Preload:
 
     modules: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    #: the backend's own import is the same in every rank (it reads the launch's environment,
+    #: never the rank's): imported once in the agent too (``harness.rank.worker.preload``)
+    backend: bool = False
 
 
 #: TE's import spends ~2.9 s of its ~3.7 s of CPU in ``torch._dynamo`` and ``onnxscript``; of the
 #: rest, about 0.2 s goes to ``pydantic`` (its recipes), ``einops`` and the parts of
 #: ``torch.distributed`` it loads (DTensor, distributed checkpointing) - what is left (about
-#: 0.5 s) is TE's own modules, which each rank imports (``benchmarks/bench_startup.py``).
+#: 0.5 s) is TE's own modules, which the agent imports once for a CPU plan's ranks
+#: (``Preload.backend``; ``benchmarks/bench_startup.py``).
 #: Megatron-Core's import (its weight, its offloading, its expert layer: cells of a te-cpu run)
 #: wraps its fused functions in ``torch.compile``, which imports ``torch._inductor.compile_fx``:
 #: about 1.2 of its 1.45 CPU-s in each rank that imports it, 0.9 s once in the agent
 _TE_DEPENDENCIES = ("torch._dynamo", "onnxscript", "pydantic", "einops", "torch.distributed._tensor",
                     "torch.distributed.checkpoint", "torch._inductor.compile_fx")
-#: per backend module (``resolve``); never the backend itself, whose import may depend on the
-#: rank. te-cpu sets ``TRITON_INTERPRET=1`` before TE is imported (``harness/backends/te_cpu/loader.py``):
+#: per backend module (``resolve``); the backend itself only where ``backend`` says its import
+#: is the same in every rank (another backend's may depend on the rank). te-cpu sets ``TRITON_INTERPRET=1`` before TE is imported (``harness/backends/te_cpu/loader.py``):
 #: ``torch._dynamo`` imports triton, whose standard library is made interpreted or compiled
 #: when it is first imported, so the agent must set it first too.
 RANK_PRELOAD: dict[str, Preload] = {
-    "harness.backends.te_cpu.backend": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),)),
-    "harness.backends.te_cpu.tf32": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),)),
+    "harness.backends.te_cpu.backend": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),), backend=True),
+    "harness.backends.te_cpu.tf32": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),), backend=True),
     "transformer_engine.pytorch": Preload(_TE_DEPENDENCIES),
 }
 #: how fp32 GEMMs compute: IEEE fp32, or TF32 (TE on CUDA; CONTRACTS §5)
