@@ -76,6 +76,9 @@ RANK_PRELOAD: dict[str, Preload] = {
     "harness.backends.te_cpu.backend": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),), backend=True),
     "harness.backends.te_cpu.tf32": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),), backend=True),
     "transformer_engine.pytorch": Preload(_TE_DEPENDENCIES),
+    # torch.utils.checkpoint imports torch._dynamo at its first call (2.4 CPU-s): a rank's first
+    # checkpoint cell paid it, in every rank
+    "harness.backends.reference": Preload(("torch._dynamo",)),
 }
 #: how fp32 GEMMs compute: IEEE fp32, or TF32 (TE on CUDA; CONTRACTS §5)
 FP32_GEMM_MODES = ("ieee", "tf32")
