@@ -335,7 +335,7 @@ def compute(inputs: CellInputs, rank: int, tags: tuple[float, float] = (1.0, 1.0
     gemms = _Gemms(inputs, gemm_input, tags, recipe, fp8_bias_in_bf16)
     outputs, dgrads = gemms.own(rank)
     if sums is None:
-        sums = _sums(inputs, gemm_input, gemm_input.quant, gemms.Wb, tags, gemms.op_u, weight_grads)
+        sums = _sums(gemms, tags, weight_grads)
     return RankOracle(outputs, dgrads, sums.wgrad_sums, sums.bgrad_sums, sums.norm_sums, gemm_input.quant)
 
 
@@ -348,7 +348,7 @@ def world_oracles(inputs: CellInputs, tags: tuple[float, float] = (1.0, 1.0), re
     rank, and the shared gradients."""
     gemm_input = gemm_inputs(inputs, recipe, tags, cached=cached)
     gemms = _Gemms(inputs, gemm_input, tags, recipe, True)
-    sums = _sums(inputs, gemm_input, gemm_input.quant, gemms.Wb, tags, gemms.op_u, True)
+    sums = _sums(gemms, tags, True)
     return [RankOracle(*gemms.own(r), sums.wgrad_sums, sums.bgrad_sums, sums.norm_sums, gemm_input.quant)
             for r in range(len(inputs.x))], sums
 
@@ -401,12 +401,12 @@ class _Gemms:
         return outputs, dgrads
 
 
-def _sums(inputs: CellInputs, gemm_input: _GemmInputs, quant: quantized.Quantizer, Wb: list[list[torch.Tensor]],
-          tags: tuple[float, float], op_u: float, weight_grads: bool) -> Sums:
-    """:func:`compute`'s gradients of record, summed over every rank (``Wb``: the backward
-    weight per microbatch and member, as the dgrad GEMMs multiply it)."""
+def _sums(gemms: _Gemms, tags: tuple[float, float], weight_grads: bool) -> Sums:
+    """:func:`compute`'s gradients of record, summed over every rank, from the GEMM inputs and
+    backward weights ``gemms`` holds (the dgrad GEMMs' ``Wb``)."""
+    inputs, gemm_input, quant = gemms.inputs, gemms.gemm_input, gemms.gemm_input.quant
+    Wb, B, op_u = gemms.Wb, gemms.B, gemms.op_u
     W = [w.to(F64) for w in inputs.weights]
-    B = [b.to(F64) for b in inputs.biases]
     norm = inputs.norm
     world, mbs = len(inputs.x), len(inputs.x[0])
     out_f, in_f = W[0].shape
@@ -599,13 +599,18 @@ class Memo:
             def own_key(r: int) -> tuple:
                 return ("own", digest, r, tuple(tags), recipe, cached, code)
 
+            mine: list[RankOracle] = []  # this rank's, when this process computed every rank's
+
             def every_rank() -> Sums:
                 oracles, sums = world_oracles(inputs, tags, recipe, cached)
                 for r, o in enumerate(oracles):
                     store.put(own_key(r), _without_sums(o))
+                mine.append(oracles[rank])
                 return sums
 
             sums = store.get(("sums", digest, tuple(tags), recipe, cached, code, _code_of(world_oracles)), every_rank)
+            if mine:
+                return mine[0]
             own = store.get(own_key(rank), lambda: _without_sums(fn(inputs, rank, tags, recipe, cached=cached,
                                                                        sums=sums)))
             return replace(own, wgrad_sums=sums.wgrad_sums, bgrad_sums=sums.bgrad_sums, norm_sums=sums.norm_sums)

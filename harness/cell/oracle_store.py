@@ -174,20 +174,19 @@ class Store:
         found = self._read(path)
         if found is not _ABSENT:
             return found
-        claim = path.with_suffix(".claim")
+        claim: Path | None = path.with_suffix(".claim")
         if not self._claim(claim):
             found = self._wait(path, claim)
             if found is not _ABSENT:
                 self.waited += 1
                 return found
-            value = make()
-            self._write(path, value)
-            return value
+            claim = None  # another process's: not ours to remove
         try:
             value = make()
             self._write(path, value)
         finally:
-            claim.unlink(missing_ok=True)
+            if claim is not None:
+                claim.unlink(missing_ok=True)
         return value
 
     def put(self, key: tuple, value: object) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -677,8 +676,7 @@ def build(te_root: Path | None = None) -> ModuleType:
     te_root = Path(te_root)
     found = _scan.tree_enums(te_root, {cls.__name__: {m.name: int(m.value) for m in cls} for cls in ENUMS})
     # kept beside te-cpu's Triton launches when that folder is shared (the test suite's)
-    memo = os.environ.get(launch_memo.CACHE_ENV)
-    referenced = _scan.referenced_names(te_root, Path(memo) if memo else None) - {"*"}
+    referenced = _scan.referenced_names(te_root, launch_memo.folder()) - {"*"}
     builtin = [cls.__name__ for cls in ENUMS]
     # te-cpu's enums, then those the tree references and binds that te-cpu does not know
     names = builtin + sorted(n for n in referenced & set(found) if n not in builtin)

@@ -140,9 +140,15 @@ def _storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, torch.
     return {ptr: torch.empty(0, dtype=torch.uint8).set_(storage)[lo:hi] for ptr, (storage, lo, hi) in spans.items()}
 
 
+def folder() -> Path | None:
+    """The folder ``DW_TE_CPU_LAUNCH_CACHE`` names (None: unset or empty): shared between processes."""
+    named = os.environ.get(CACHE_ENV)
+    return Path(named) if named else None
+
+
 def _cache_path(key: str) -> Path | None:
-    folder = os.environ.get(CACHE_ENV)
-    return Path(folder, key[:2], f"{key}.pt") if folder else None
+    kept = folder()
+    return kept / key[:2] / f"{key}.pt" if kept is not None else None
 
 
 def _read(key: str, storages: dict[int, torch.Tensor]) -> list[torch.Tensor] | None:
