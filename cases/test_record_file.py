@@ -74,14 +74,17 @@ def test_gz_record_round_trips_and_legacy_json_loads(tmp_path):
         recordfile.read(tmp_path / "broken")
 
 
-@pytest.mark.parametrize("count", [0, 1, 2 * recordfile._BATCH + 3])
+@pytest.mark.parametrize("count", [0, 1, 400])
 def test_a_record_streams_its_cells_into_the_same_json(tmp_path, count, monkeypatch):
     """``RunRecord.write`` encodes the cells a few at a time, never the whole record at once,
     and writes exactly the bytes of the record's JSON in one piece: with no cell, one, and
-    more than two batches; gzipped or plain. And the whole record is never encoded at once."""
+    more than two pieces of cells; gzipped or plain. And the whole record is never encoded at
+    once."""
     cells = [_verdict(CELLS[i % len(CELLS)], ("pass", "fail")[i % 2]) for i in range(count)]
     record = RunRecord("complete", "t0", "t1", 1.0, "cmd", [], BACKEND, {}, {}, {}, [1], cells=cells)
     whole = json.dumps(record.serialize(), separators=(",", ":")).encode()
+    if count > 1:
+        assert len(whole) > 2 * recordfile._PIECE
     real_dumps = json.dumps
 
     def dumps(value, *args, **kwargs):
@@ -91,6 +94,22 @@ def test_a_record_streams_its_cells_into_the_same_json(tmp_path, count, monkeypa
     monkeypatch.setattr(recordfile.json, "dumps", dumps)
     assert record.write(tmp_path / "r.json").read_bytes() == whole
     assert gzip.decompress(record.write(tmp_path).read_bytes()) == whole
+
+
+def test_a_record_head_that_names_many_cells_is_written_in_pieces(tmp_path):
+    """A record's head names every cell of its launches, so it grows with the cells: it is
+    encoded a piece at a time (no piece much over ``_PIECE`` characters), and the bytes are
+    ``json.dumps``'s."""
+    ids = [f"{CELLS[i % len(CELLS)].id}-{i}" for i in range(5000)]
+    head = {"status": "complete", "launches": [{"world_size": 2, "cells": ids[:3000]},
+                                               {"world_size": 4, "cells": ids[3000:]}], "after": [1.5, None]}
+    cells = [{"id": i} for i in ids[:3]]
+    pieces = list(recordfile._encoded(head, cells))
+    whole = json.dumps({**head, "cells": cells}, separators=(",", ":")).encode()
+    assert b"".join(pieces) == whole
+    assert len(pieces) > 4 and max(map(len, pieces)) < 2 * recordfile._PIECE
+    assert b"".join(recordfile._encoded(head, None)) == json.dumps(head, separators=(",", ":")).encode()
+    assert recordfile.read(recordfile.write(head, tmp_path / "h.json.gz", cells)) == {**head, "cells": cells}
 
 
 def test_interrupted_record_keeps_failing_verdicts(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ machine: it ranks by sha256), in selection order, and another seed draws others;
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,15 @@ def test_a_sample_is_deterministic_ordered_and_seeded():
     assert set(matrix.sample(full, 50, 8)) != set(a)
     assert matrix.sample(full[:10], 50) == full[:10]
     assert matrix.parse_sample("2000") == (2000, 0) and matrix.parse_sample("60@37") == (60, 37)
+
+
+@pytest.mark.parametrize("count,seed", [(1, 0), (50, 7), (806, 2), (807, 0)])
+def test_a_sample_is_the_cells_of_smallest_digest(count, seed):
+    """The definition, by brute force: the ``count`` cells whose sha256 of ``"SEED:ID"`` is
+    smallest, in selection order."""
+    ci = matrix.select("ci")
+    smallest = set(sorted(ci, key=lambda c: hashlib.sha256(f"{seed}:{c.id}".encode()).digest())[:count])
+    assert matrix.sample(ci, count, seed) == [c for c in ci if c in smallest]
 
 
 @pytest.mark.parametrize("text", ["0", "x", "5@", "5@-1", "-3"])

@@ -37,8 +37,11 @@ def path_in(run_dir: str | Path) -> Path:
     return d / FILENAME
 
 
-#: cells encoded per write when a record's cells are streamed
-_BATCH = 512
+#: characters encoded per piece of a record: its head (``_pieces``), then its cells, a few at
+#: a time (a cell with every rank's checks is tens of kilobytes of JSON)
+_PIECE = 1 << 16
+#: ``json.dumps``'s compact text, a piece at a time
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def write(data: dict[str, Any], path: str | Path, cells: Iterable[Any] | None = None, *,
@@ -69,23 +72,48 @@ def write(data: dict[str, Any], path: str | Path, cells: Iterable[Any] | None = 
 
 def _encoded(data: dict[str, Any], cells: Iterable[Any] | None, encoded: bool = False) -> Iterator[bytes]:
     """The record's JSON in pieces: ``data``, then ``"cells": [...]`` as its last key."""
-    head = json.dumps(data, separators=(",", ":"))
+    pieces = _pieces(data)
     if cells is None:
-        yield head.encode()
+        yield from (piece.encode() for piece in pieces)
         return
     if "cells" in data:
         raise ValueError("streamed cells go after the other keys: leave 'cells' out of data")
-    yield (head[:-1] + ("," if len(head) > 2 else "") + '"cells":[').encode()
+    last = next(pieces)
+    for piece in pieces:
+        yield last.encode()
+        last = piece
+    # ``last`` ends with the object's closing brace: the cells go before it
+    yield (last[:-1] + ("," if data else "") + '"cells":[').encode()
     batch: list[str] = []
+    size = 0
     first = True
     for cell in cells:
-        batch.append(cell if encoded else json.dumps(cell, separators=(",", ":")))
-        if len(batch) == _BATCH:
+        text = cell if encoded else json.dumps(cell, separators=(",", ":"))
+        batch.append(text)
+        size += len(text)
+        if size >= _PIECE:
             yield (("" if first else ",") + ",".join(batch)).encode()
-            batch, first = [], False
+            batch, size, first = [], 0, False
     if batch:
         yield (("" if first else ",") + ",".join(batch)).encode()
     yield b"]}"
+
+
+def _pieces(value: Any) -> Iterator[str]:
+    """``json.dumps(value, separators=(",", ":"))`` in pieces of about ``_PIECE`` characters,
+    none empty. Why not the one string: a record's head names every cell of its launches, so
+    it grows with the cells; held whole - and copied to add the cells, then to bytes - it was
+    the largest thing a large sweep's parent held (docs/performance.md, "the parent's memory")."""
+    buf: list[str] = []
+    size = 0
+    for chunk in _ENCODER.iterencode(value):
+        buf.append(chunk)
+        size += len(chunk)
+        if size >= _PIECE:
+            yield "".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield "".join(buf)
 
 
 def read(path: str | Path) -> dict[str, Any]:

@@ -1283,23 +1283,34 @@ def sample(cells: Sequence[Cell], count: int, seed: int = 0) -> list[Cell]:
 
 def _sampled(cells: Callable[[], Iterable[Cell]], count: int, seed: int) -> list[Cell]:
     """``sample`` of the cells ``cells()`` makes, in two passes over them: the positions of the
-    sample are ranked first (only their digests are held, a few dozen bytes each), then the
-    cells at those positions are kept from a second pass. Why two: a cell kept from the first
-    pass sits among the hundreds of thousands made and dropped around it, and the memory they
-    took stays with it; kept from the second, the sample's cells lie together. Ranked by
-    position, not by cell: hashing a few hundred thousand cells (every axis value) cost as
-    much as drawing the sample."""
+    sample are ranked first, then the cells at those positions are kept from a second pass.
+
+    Why two passes: a cell kept from the first pass sits among the hundreds of thousands made
+    and dropped around it, and the memory they took stays with it; kept from the second, the
+    sample's cells lie together. Why ranked by position, not by cell: hashing a few hundred
+    thousand cells (every axis value) cost as much as drawing the sample. Why each rank is one
+    integer (the digest, then the position) and the positions end as a bitmap: a (digest,
+    position) tuple per cell, and a set of positions made among the first pass's cells, held
+    their memory - the pages of the cells dropped around them - until the sweep ended
+    (docs/performance.md, "the parent's memory"). Digests of distinct ids differ, so the
+    integer ranks exactly as the digest does.
+    """
     salt = hashlib.sha256(f"{seed}:".encode())
-
-    def ranked() -> Iterator[tuple[bytes, int]]:
-        for i, c in enumerate(cells()):
-            h = salt.copy()
-            h.update(c.id.encode())
-            yield h.digest(), i
-
-    # (digest, position) pairs: no two cells share an id, so no two share a digest
-    keep = {i for _, i in heapq.nsmallest(count, ranked())}
-    return [c for i, c in enumerate(cells()) if i in keep]
+    # a max-heap of the ``count`` smallest ranks so far (negated: heapq keeps a min-heap)
+    heap: list[int] = []
+    for i, c in enumerate(cells()):
+        h = salt.copy()
+        h.update(c.id.encode())
+        rank = -((int.from_bytes(h.digest(), "big") << 32) | i)
+        if len(heap) < count:
+            heapq.heappush(heap, rank)
+        elif rank > heap[0]:
+            heapq.heapreplace(heap, rank)
+    keep = bytearray(max(((-r) & 0xFFFFFFFF for r in heap), default=-1) + 1)
+    for r in heap:
+        keep[(-r) & 0xFFFFFFFF] = 1
+    del heap
+    return [c for i, c in enumerate(cells()) if i < len(keep) and keep[i]]
 
 
 def describe(cells: Sequence[Cell]) -> str:
