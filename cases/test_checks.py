@@ -414,3 +414,13 @@ def test_fp8_scales_name_a_model_only_when_they_are_its_scales(monkeypatch):
                         lambda m: {**true_scales(m), "weight": [2 * s for s in true_scales(m)["weight"]]})
     off = scales(reference)
     assert not off.ok and off.models == {"dgrad_weight_requantized": math.inf}
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 4), (2, 1, 5), (4, 3, 2, 3)])
+def test_unravel_is_torchs_unravel_index(shape):
+    """The index a check reports (its worst element) is ``torch.unravel_index``'s, for every
+    element of scalars, vectors and tensors of up to four dimensions."""
+    numel = math.prod(shape)
+    for flat in range(numel):
+        assert compare.unravel(flat, torch.Size(shape)) == tuple(
+            int(i) for i in torch.unravel_index(torch.tensor(flat), shape)), (flat, shape)

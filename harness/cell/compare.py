@@ -83,6 +83,17 @@ def _fmt_index(idx: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(i) for i in idx) + (",)" if len(idx) == 1 else ")")
 
 
+def unravel(flat: int, shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+    """The index of element ``flat`` of a row-major tensor of ``shape`` (``()`` for a scalar):
+    what ``torch.unravel_index`` gives, in plain integers - it built tensors to do this, a few
+    percent of a sweep's samples where every check reports where its worst element is."""
+    index = []
+    for size in reversed(tuple(shape)):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
 def compare_tensor(name: str, actual: torch.Tensor | None, ref: Reference, dtype: str,
                    margin: float = MARGIN) -> Check:
     """Compare one tensor with its oracle; the message follows ``assert_close``'s shape."""
@@ -110,7 +121,7 @@ def compare_tensor(name: str, actual: torch.Tensor | None, ref: Reference, dtype
     else:
         ratio_t = torch.where(limit > 0, err / limit, torch.where(err > 0, math.inf, 0.0))
     worst = int(ratio_t.argmax())
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), err.shape))
+    idx = unravel(worst, err.shape)
     rel = err / ref.value.abs().clamp_min_(torch.finfo(torch.float64).tiny)
     check = Check(
         name, "tensor", mismatched == 0, numel=numel, mismatched=mismatched,
@@ -119,7 +130,7 @@ def compare_tensor(name: str, actual: torch.Tensor | None, ref: Reference, dtype
     )
     if mismatched:
         abs_i = int(err.argmax())
-        abs_idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(abs_i), err.shape))
+        abs_idx = unravel(abs_i, err.shape)
         check.message = (
             f"Tensors are not close! Mismatched elements: {mismatched} / {numel} "
             f"({100.0 * mismatched / numel:.1f}%) · greatest abs diff {float(err.flatten()[abs_i]):.6g} "

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from harness.cell.compare import unravel
 from harness.cell.hooks import forward_executions
 from harness.records.record import Check, RankResult
 
@@ -103,7 +104,7 @@ def _bitwise(name: str, hooked: torch.Tensor | None, twin: torch.Tensor | None) 
         return Check(name, KIND, True, numel=a.numel(), mismatched=0, max_abs=0.0)
     diff = (a.to(torch.float64) - b.to(torch.float64)).abs().nan_to_num(float("inf"))
     worst = int(diff.argmax())
-    index = list(torch.unravel_index(torch.tensor(worst), a.shape)) if a.dim() else []
+    index = list(unravel(worst, a.shape))
     mism = int((~same).sum())
     msg = (f"Hooked and hooks-off runs differ! Mismatched elements: {mism} / {a.numel()} "
            f"({100 * mism / max(a.numel(), 1):.1f}%) · greatest abs diff {float(diff.flatten()[worst]):.6g} "

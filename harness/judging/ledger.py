@@ -389,8 +389,11 @@ class Entry:
             raise LedgerError(f"{where}: cells = {self.cells!r} selects every cell of the full matrix: "
                               "name the cells the defect affects")
 
-    def selects(self, axes: dict[str, Any]) -> bool:
-        return self._select(matrix.Cell.from_dict(axes))  # type: ignore[attr-defined]
+    def selects(self, axes: dict[str, Any] | matrix.Cell) -> bool:
+        """Whether the entry's ``cells`` filter selects the cell (its axis values, or the cell:
+        what a caller testing every entry builds once)."""
+        cell = axes if isinstance(axes, matrix.Cell) else matrix.Cell.from_dict(axes)
+        return self._select(cell)  # type: ignore[attr-defined]
 
     def symptom(self, item: Item, cell: matrix.Cell) -> Symptom | None:
         """The first of this entry's symptoms ``item`` (a failure of ``cell``) matches, if any."""
@@ -585,12 +588,15 @@ def _raised_at(where: str | None, at: str) -> bool:
 def unexplained(cell: CellResult, entries: Sequence[Entry]) -> list[Item]:
     """The failures of ``cell`` that no entry reproducing in it explains (all of them when no
     entry reproduces): in a cell the ledger knows, these are the regressions."""
-    return _explain(cell, [e for e in entries if e.selects(cell.axes)])[1]
+    axes = matrix.Cell.from_dict(cell.axes) if entries else None
+    return _explain(cell, [e for e in entries if e.selects(axes)], axes)[1]
 
 
-def _explain(cell: CellResult, selecting: Sequence[Entry]) -> tuple[set[str], list[Item]]:
-    """The entries reproducing in ``cell`` and its failing items none of them explains."""
-    axes = matrix.Cell.from_dict(cell.axes)
+def _explain(cell: CellResult, selecting: Sequence[Entry],
+             axes: matrix.Cell | None = None) -> tuple[set[str], list[Item]]:
+    """The entries reproducing in ``cell`` and its failing items none of them explains
+    (``axes``: the cell's, where the caller has built them)."""
+    axes = axes or matrix.Cell.from_dict(cell.axes)
     items = failing_items(cell)
     matched = [{e.id: s for e in selecting if (s := e.symptom(item, axes)) is not None} for item in items]
     reproduced = {i for m in matched for i, s in m.items() if not s.also}
@@ -642,10 +648,11 @@ def judge(cell: CellResult, entries: Sequence[Entry]) -> tuple[CellResult, list[
     ledgered = (cell.first_failure or "").startswith(_LEDGER_LINES) and cell.ranks
     raw = replace(cell, status=base, raw_status=None, known=None,
                   first_failure=first_failure(cell.ranks) if ledgered else cell.first_failure)
-    selecting = [e for e in entries if e.selects(cell.axes)]
+    axes = matrix.Cell.from_dict(cell.axes) if entries else None
+    selecting = [e for e in entries if e.selects(axes)]
     if base not in EXPLAINABLE or not selecting:
         return raw, selecting, set()
-    reproduced, left = _explain(raw, selecting)
+    reproduced, left = _explain(raw, selecting, axes)
     if left or not reproduced:
         # a cell that ran (not one whose launch hung: its line says which rank and why)
         ran = raw.ranks and not any((r.error or {}).get("type") in ("Timeout", "NoReport") for r in raw.ranks)

@@ -27,6 +27,14 @@ from harness.records.stream import ResultStream
 from harness.records.verdicts import Verdicts
 
 
+#: seconds between two refreshes of a running sweep's record, at least: a refresh judges every
+#: verdict so far under the ledger and writes the record again, so it costs more the further
+#: the sweep is (every 5 s, it was a tenth of a te-cpu ``ci`` sweep's parent). The stream holds
+#: every verdict whatever the interval; the record is written again at the end, interrupted
+#: or not (docs/cli.md, "While it runs").
+REFRESH_S = 30.0
+
+
 @dataclass
 class SweepSpec:
     cells: list[matrix.Cell]
@@ -111,7 +119,7 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         finally:
             verdicts.rewind()
 
-    next_write = [time.monotonic() + 5.0]
+    next_write = [time.monotonic() + REFRESH_S]
 
     entries = spec.ledger.entries if spec.ledger else ()
 
@@ -119,11 +127,11 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
         done[0] += 1
         spec.on_result(ledgers.judge(res, entries)[0], done[0], total)
         # the stream holds every verdict; refresh the record now and then so a reader sees
-        # progress - at most 10% of the time, however large the record grows
+        # progress - at most 5% of the time, however large the record grows
         if time.monotonic() > next_write[0]:
             started = time.monotonic()
             fold(final=False)
-            next_write[0] = time.monotonic() + max(5.0, 10 * (time.monotonic() - started))
+            next_write[0] = time.monotonic() + max(REFRESH_S, 20 * (time.monotonic() - started))
 
     # on resume: the statuses (judged) of the verdicts the folder keeps, counted by the first
     # write (it sees only cells with a verdict; those that missed rerun with rerun_failed)

@@ -5,9 +5,12 @@ merged verdict of a cell), the launcher (a cell whose launch crashed or hung, wi
 rank's evidence), the worker (a harness error). ``sweep``, the pytest plugin, ``--resume``,
 the external-launcher mode and the run record read only this stream.
 
-Each append is one JSON line written under a file lock (``filelock``: rank 0 and the
-launcher may append at the same moment and must never interleave a line) and fsync'ed
-before the lock is released, so a crash loses nothing that was appended. A torn last line
+Each append is one JSON line written under a file lock (``flock`` on ``cells.jsonl.lock``:
+rank 0 of every lane and the launcher may append at the same moment and must never interleave
+a line) and fsync'ed before the lock is released, so a crash loses nothing that was appended.
+A blocking ``flock`` sleeps in the kernel until the lock is free; a polling lock
+(``filelock``'s, before) spent about 5% of a te-cpu ``ci`` sweep's samples retrying while the
+lanes' rank 0s waited on each other's fsync (docs/performance.md). A torn last line
 (a machine that died mid-write) is skipped by the readers.
 
 The on-disk format is private to this module (today ``cells.jsonl``, one
@@ -26,13 +29,13 @@ record's verdict of every cell - one per cell - then whatever was appended since
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from filelock import FileLock
 
 from harness.records import recordfile, runfolder
 from harness.records.record import CellResult
@@ -61,13 +64,14 @@ class ResultStream:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / FILENAME
-        self._lock = FileLock(str(self.run_dir / f"{FILENAME}.lock"))
+        self._lock = self.run_dir / f"{FILENAME}.lock"
 
     def append(self, result: CellResult, backend: str, launch: str | None = None) -> None:
         """Append one verdict durably (fsync'ed before this returns)."""
         line = json.dumps({"backend": backend, "launch": launch, "result": result.serialize()}) + "\n"
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with self._lock:
+        with open(self._lock, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()

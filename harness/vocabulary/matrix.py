@@ -1028,6 +1028,21 @@ def _seed(domains: Domains) -> list[Cell]:
     return list(cells)
 
 
+#: the last cell a filter read and its axis values (``_axes_of``)
+_LAST_AXES: tuple[Cell | None, dict[str, Any]] = (None, {})
+
+
+def _axes_of(cell: Cell) -> dict[str, Any]:
+    """``cell.serialize()``, kept for the next filter that reads the same cell: a ledger tests
+    every entry's filter on each verdict, and serializing the cell again for each was a third
+    of judging it. One (cell, values) pair, replaced whole, so a thread never reads another's."""
+    last_cell, axes = _LAST_AXES
+    if last_cell is not cell:
+        axes = cell.serialize()
+        globals()["_LAST_AXES"] = (cell, axes)
+    return axes
+
+
 def compile_filter(expr: str) -> Callable[[Cell], bool]:
     """A filter over the matrix's axes (``harness.vocabulary.filters``), as a predicate on cells.
 
@@ -1043,7 +1058,7 @@ def compile_filter(expr: str) -> Callable[[Cell], bool]:
 
     def on_cell(cell: Cell) -> bool:
         try:
-            return pred({**cell.serialize(), "id": cell.id} if with_id else cell.serialize())
+            return pred({**_axes_of(cell), "id": cell.id} if with_id else _axes_of(cell))
         except filters.FilterError as exc:
             raise MatrixError(str(exc)) from None
     return on_cell
