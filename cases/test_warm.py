@@ -7,6 +7,7 @@ takes ends with the process that started it, whatever ended that process.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -132,3 +133,34 @@ def test_the_agent_imports_te_cpu_for_its_ranks_only_on_a_cpu_plan(tmp_path):
     # a backend whose import may depend on the rank is never imported here
     assert _preloaded(tmp_path, "reference=cpu", f"te-cpu@{not_a_tree}=cpu", "te-cpu=auto", "te-cpu=cpu") == [
         [True, False], [False, False], [True, False], [True, True]]
+
+
+_PRELOAD_MODES = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from harness.rank import worker
+    from harness.vocabulary import matrix
+    from harness.vocabulary.plan import LaunchPlan, PlanTask
+    folder, hooks = Path(sys.argv[1]), sys.argv[2]
+    cell = next(c for c in matrix.select("ci") if c.hooks == hooks)
+    plan = folder / "plan.json"
+    LaunchPlan(folder, "p", [PlanTask("fixtures.faults", cell.id), PlanTask("fixtures.faults", "not-a-cell")], [],
+               device="cpu").write(plan)
+    assert "torch._dynamo" not in sys.modules
+    ok = worker.preload(["--plan", str(plan)])
+    print(json.dumps([ok, "torch._dynamo" in sys.modules]))
+""")
+
+
+@pytest.mark.parametrize("hooks,imported", [("checkpoint", True), ("save_on_cpu", False)])
+def test_the_agent_imports_what_a_hook_mode_imports_whatever_the_backend(tmp_path, hooks, imported):
+    """A plan with a ``checkpoint`` cell has the agent import ``torch._dynamo`` once before it
+    forks the ranks (``torch.utils.checkpoint`` imports it at its first call, in every rank),
+    for any backend - a backend of the user's (here the suite's fault backend) as well as the
+    reference; a plan without one does not pay it, and an id that names no cell is left to
+    the ranks."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _PRELOAD_MODES, str(tmp_path), hooks], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, imported]

@@ -133,6 +133,13 @@ def _offload_unpack(packed: Any) -> torch.Tensor:
     return packed
 
 
+#: what a hook mode's first use imports in a rank, whatever the backend: the agent imports it
+#: once before it forks the ranks (``harness.rank.worker.preload``). ``torch.utils.checkpoint``
+#: imports ``torch._dynamo`` at its first call (2.4 CPU-s a rank), and with it the symbolic
+#: shapes a rank's first backward imports otherwise.
+FIRST_USE_IMPORTS: dict[str, tuple[str, ...]] = {"checkpoint": ("torch._dynamo",)}
+
+
 class _Checkpoint(Installer):
     def layer(self, fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Any:
         return checkpoint(fn, x, use_reentrant=False)

@@ -23,14 +23,13 @@ import json
 import os
 import selectors
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
-from harness.vocabulary.backend_specs import RANK_PRELOAD, BackendError, BackendInfo, resolve
+from harness.vocabulary.backend_specs import BackendError, BackendInfo, preload_of
 from harness.launcher import served
 from harness.vocabulary.plan import WARM_MARKER, ranks_forked
 
@@ -45,7 +44,7 @@ def supported() -> bool:
 def preload_key(specs: Iterable[str]) -> tuple[str, ...]:
     """What an agent preloads for ranks of ``specs``: two launches with the same key can use
     the same agent."""
-    return tuple(sorted({resolve(s) for s in specs} & set(RANK_PRELOAD)))
+    return tuple(sorted({p[0] for s in specs if (p := preload_of(s)) is not None}))
 
 
 def agent_env(threads_per_rank: int = 1, extra: Mapping[str, str] | None = None) -> dict[str, str]:

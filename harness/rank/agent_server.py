@@ -55,13 +55,13 @@ _STREAMS = 3
 def preload(specs: list[str]) -> None:
     """Import torch, torchrun's agent and what ``specs``' ranks preload, after the
     environment their preload sets (a module that fails is left to the agent)."""
-    from harness.vocabulary.backend_specs import RANK_PRELOAD, resolve
+    from harness.vocabulary.backend_specs import EVERY_RANK, preload_of
 
-    preloads = [p for s in specs if (p := RANK_PRELOAD.get(resolve(s))) is not None]
+    preloads = [p[1] for s in specs if (p := preload_of(s)) is not None]
     for p in preloads:
         for name, value in p.env:
             os.environ.setdefault(name, value)
-    for name in dict.fromkeys([*_ALWAYS, *(m for p in preloads for m in p.modules)]):
+    for name in dict.fromkeys([*_ALWAYS, *EVERY_RANK, *(m for p in preloads for m in p.modules)]):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 (the agent imports it itself and says why)

@@ -41,13 +41,13 @@ import torch.distributed as dist
 
 from harness.vocabulary import matrix, weights
 from harness.te_tree import tree as te_tree
-from harness.vocabulary.backend_specs import RANK_PRELOAD, resolve, split_tree
+from harness.vocabulary.backend_specs import EVERY_RANK, preload_of, split_tree
 from harness.rank.loading import foreign_te_modules, load_backend
 from harness.vocabulary.shape import Example
 from harness.vocabulary.plan import Lane
 from harness.vocabulary.plan import LaunchPlan
 from harness.records.record import CellResult, RankResult, kind_ratios
-from harness.cell import faults, twin
+from harness.cell import faults, hooks, twin
 from harness.cell.faults import peer_lost
 from harness.cell import oracle_store
 from harness.cell.runner import RankContext, error_info, run_cell, share_oracles
@@ -355,11 +355,12 @@ def preload(argv: list[str]) -> bool:
     plan = LaunchPlan.read(Path(argv[argv.index("--plan") + 1]))
     specs = list(dict.fromkeys(t.backend for t in plan.tasks))
     preload_backends(specs)
+    _import_quietly(m for mode in _hook_modes(plan) for m in hooks.FIRST_USE_IMPORTS.get(mode, ()))
     if plan.device != "cpu":  # te-cpu answers torch.cuda: a rank must choose its device first
         return True
     for spec in specs:
-        entry = RANK_PRELOAD.get(resolve(spec))
-        if entry is not None and entry.backend:
+        entry = preload_of(spec)
+        if entry is not None and entry[1].backend:
             try:
                 load_backend(spec)
             except BaseException:  # noqa: BLE001 (the ranks import it anew and say why)
@@ -369,14 +370,32 @@ def preload(argv: list[str]) -> bool:
 
 def preload_backends(specs: Iterable[str]) -> None:
     """``preload`` for the backends ``specs`` (the warm agent knows them before any plan)."""
-    preloads = [p for spec in dict.fromkeys(specs) if (p := RANK_PRELOAD.get(resolve(spec))) is not None]
+    preloads = [p[1] for spec in dict.fromkeys(specs) if (p := preload_of(spec)) is not None]
     for p in preloads:
         for name, value in p.env:
             os.environ.setdefault(name, value)
-    for name in dict.fromkeys(m for p in preloads for m in p.modules):
+    _import_quietly([*EVERY_RANK, *(m for p in preloads for m in p.modules)])
+
+
+def _hook_modes(plan: LaunchPlan) -> list[str]:
+    """The hook modes of the plan's cells (an id that names no cell is left to the rank, which
+    says why)."""
+    modes: set[str] = set()
+    for task in plan.tasks:
+        try:
+            modes.add(matrix.Cell.from_id(task.cell).hooks)
+        except matrix.MatrixError:
+            pass
+    return sorted(modes)
+
+
+def _import_quietly(names: Iterable[str]) -> None:
+    """Import each module once; one that fails is left to the ranks, which import it
+    themselves and say why."""
+    for name in dict.fromkeys(names):
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 (the ranks import it themselves and say why)
+        except Exception:  # noqa: BLE001
             pass
 
 

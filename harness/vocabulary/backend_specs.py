@@ -22,7 +22,7 @@ carry it as they carry any backend.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -76,10 +76,36 @@ RANK_PRELOAD: dict[str, Preload] = {
     "harness.backends.te_cpu.backend": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),), backend=True),
     "harness.backends.te_cpu.tf32": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),), backend=True),
     "transformer_engine.pytorch": Preload(_TE_DEPENDENCIES),
+    # a backend elsewhere in te-cpu's package (a fault planted in TE's code, ``te_cpu.mutants``)
+    # imports TE the same way (``preload_of``: the package's entry, without the backend's import)
+    "harness.backends.te_cpu": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),)),
     # torch.utils.checkpoint imports torch._dynamo at its first call (2.4 CPU-s): a rank's first
-    # checkpoint cell paid it, in every rank
+    # checkpoint cell paid it, in every rank; and the first backward of a rank imported
+    # torch.fx's symbolic shapes (``torch.autograd._make_grads``), which ``torch._dynamo`` loads
     "harness.backends.reference": Preload(("torch._dynamo",)),
 }
+
+
+#: what every rank imports whatever its backend and cells, imported by torchrun's agent before
+#: it forks them: ``Tensor.backward`` with a gradient imports torch.fx's symbolic shapes at a
+#: rank's first backward (``torch.autograd._make_grads``; about 0.3 CPU-s a rank)
+EVERY_RANK: tuple[str, ...] = ("torch.fx.experimental.symbolic_shapes",)
+
+
+def preload_of(spec: str) -> tuple[str, Preload] | None:
+    """What the agent preloads for ``spec``'s ranks and the key it is filed under: the
+    backend's own entry of ``RANK_PRELOAD``, else the entry of the package its module lies in
+    (the reference's mutants and the pre-fix backend, ``harness.backends.reference.*``), whose
+    modules and environment only - never another module's import as the backend's
+    (``Preload.backend``). None: nothing to preload."""
+    target = resolve(spec)
+    if target in RANK_PRELOAD:
+        return target, RANK_PRELOAD[target]
+    module = target.split(":")[0]
+    for key in sorted(RANK_PRELOAD, key=len, reverse=True):
+        if module.startswith(key + "."):
+            return key, replace(RANK_PRELOAD[key], backend=False)
+    return None
 #: how fp32 GEMMs compute: IEEE fp32, or TF32 (TE on CUDA; CONTRACTS §5)
 FP32_GEMM_MODES = ("ieee", "tf32")
 
