@@ -45,9 +45,13 @@ from typing import Any
 
 from harness.vocabulary.plan import harness_root
 
-#: what every agent imports whatever its backend: torch and torchrun's agent
+#: what every agent imports whatever its backend: torch and torchrun's agent; the harness's
+#: own rank code (the worker, which every agent imported anew at each launch) and its
+#: reference package, which a backend of the user's built on it (the suite's fault backends)
+#: imported in every rank - both the same whatever the launch or the rank
 _ALWAYS = ("torch", "torch.distributed.run", "torch.distributed.launcher.api",
-           "torch.distributed.elastic.multiprocessing.errors", "setproctitle")
+           "torch.distributed.elastic.multiprocessing.errors", "setproctitle",
+           "harness.rank.worker", "harness.backends.reference")
 #: descriptors a request carries: the agent's stdin, stdout, stderr
 _STREAMS = 3
 
