@@ -59,13 +59,16 @@ _STREAMS = 3
 def preload(specs: list[str]) -> None:
     """Import torch, torchrun's agent and what ``specs``' ranks preload, after the
     environment their preload sets (a module that fails is left to the agent)."""
+    from harness.cell.hooks import FIRST_USE_IMPORTS
     from harness.vocabulary.backend_specs import EVERY_RANK, preload_of
 
     preloads = [p[1] for s in specs if (p := preload_of(s)) is not None]
     for p in preloads:
         for name, value in p.env:
             os.environ.setdefault(name, value)
-    for name in dict.fromkeys([*_ALWAYS, *EVERY_RANK, *(m for p in preloads for m in p.modules)]):
+    # and what any plan's hook modes import (an agent of its own imports them for its plan's)
+    first_use = (m for names in FIRST_USE_IMPORTS.values() for m in names)
+    for name in dict.fromkeys([*_ALWAYS, *EVERY_RANK, *first_use, *(m for p in preloads for m in p.modules)]):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 (the agent imports it itself and says why)
