@@ -182,7 +182,15 @@ def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     return agent_command(*torchrun_args(world_size, plan_path))
 
 
-def kill_tree(proc: subprocess.Popen, grace: float = 3.0, ranks: Iterable[int] = ()) -> None:
+#: the longest a launch's ranks are given to write their stack dumps and end after the SIGTERM
+#: that ends the launch (``kill_tree``): the SIGKILL comes as soon as they have ended, so this
+#: is paid only by a rank that does not end. 3 s cut two ranks' dumps short in a gate on the
+#: 2-core machine (its load near 13), and with them where the hung rank was (the frame the
+#: fault sweeps of ``cases/test_faults_ci.py`` require)
+KILL_GRACE_S = 10.0
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S, ranks: Iterable[int] = ()) -> None:
     """End torchrun and every rank: SIGTERM the process group - each rank's faulthandler writes
     its stacks into its log - and once torchrun and the ``ranks`` (their process ids) have
     ended, or ``grace`` is over, SIGKILL whatever is left (a SIGKILL right after torchrun's
