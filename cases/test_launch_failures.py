@@ -91,3 +91,36 @@ def test_backend_constructor_that_raises_gets_a_backend_verdict(tmp_path):
     rank0 = record["cells"][1]["ranks"][0]
     assert rank0["status"] == "error" and rank0["error"]["phase"] == "constructor", rank0
     assert "injected fault: the backend's constructor raises" in rank0["error"]["message"]
+
+
+_DUMPER = """
+import faulthandler, signal, sys, time
+log = open(sys.argv[1], "w")
+faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+def hung_here():
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.01)
+hung_here()
+"""
+
+
+def test_a_ranks_stacks_are_written_before_the_launch_ends(tmp_path):
+    """``kill_tree`` has every rank write its stacks (SIGUSR1) and waits until each has, before
+    the SIGTERM whose handler lets a second SIGTERM end the rank mid-dump: when the wait
+    returns, the dump is whole - its innermost frame is where the process hung."""
+    import time
+
+    from harness.launcher import launch
+
+    log = tmp_path / "rank.log"
+    proc = subprocess.Popen([sys.executable, "-c", _DUMPER, str(log)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        launch._dump_stacks([proc.pid], time.monotonic() + 30)
+        text = log.read_text()
+        assert "most recent call first" in text and "in hung_here" in text and text.endswith("\n"), text
+        assert proc.poll() is None  # the dump alone: the process goes on until it is ended
+    finally:
+        proc.kill()
+        proc.wait()

@@ -182,25 +182,26 @@ def torchrun_command(world_size: int, plan_path: Path) -> list[str]:
     return agent_command(*torchrun_args(world_size, plan_path))
 
 
-#: the longest a launch's ranks are given to write their stack dumps and end after the SIGTERM
-#: that ends the launch (``kill_tree``): the SIGKILL comes as soon as they have ended, so this
-#: is paid only by a rank that does not end. 3 s cut two ranks' dumps short in a gate on the
-#: 2-core machine (its load near 13), and with them where the hung rank was (the frame the
-#: fault sweeps of ``cases/test_faults_ci.py`` require)
+#: the longest a launch's ranks are given to write their stack dumps (``_dump_stacks``) and then
+#: to end after the SIGTERM that ends the launch (``kill_tree``): each wait ends as soon as they
+#: have, so this is paid only by a rank that does neither (one the machine's load keeps from
+#: running; a gate's load on the 2-core machine reaches 13)
 KILL_GRACE_S = 10.0
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S, ranks: Iterable[int] = ()) -> None:
-    """End torchrun and every rank: SIGTERM the process group - each rank's faulthandler writes
-    its stacks into its log - and once torchrun and the ``ranks`` (their process ids) have
-    ended, or ``grace`` is over, SIGKILL whatever is left (a SIGKILL right after torchrun's
-    exit cut a loaded rank's stack dump short, and with it the evidence of where it hung)."""
+    """End torchrun and every rank: the ``ranks`` (their process ids) write their stacks into
+    their logs first (``_dump_stacks``), then SIGTERM the process group, and once torchrun and
+    the ranks have ended, or ``grace`` is over, SIGKILL whatever is left (a SIGKILL right after
+    torchrun's exit cut a loaded rank's stack dump short, and with it the evidence of where it
+    hung)."""
+    ranks = list(ranks)
+    deadline = time.monotonic() + grace
+    _dump_stacks(ranks, deadline)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    ranks = list(ranks)
-    deadline = time.monotonic() + grace
     while time.monotonic() < deadline and (proc.poll() is None or any(process_end(p) is None for p in ranks)):
         time.sleep(0.02)
     # ranks may outlive torchrun by a moment; make sure the group is empty
@@ -212,6 +213,55 @@ def kill_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S, ranks: Iterab
         proc.wait(timeout=10.0)
     except subprocess.TimeoutExpired:
         pass
+
+
+def _dump_stacks(ranks: list[int], deadline: float) -> None:
+    """Have each rank write its stacks into its log (SIGUSR1: ``harness.rank.worker``'s
+    faulthandler) and wait until every one has, or ``deadline``.
+
+    Why before the SIGTERM, whose handler dumps the stacks too: that handler passes the signal
+    on (the rank must end), and lets a second SIGTERM in while it writes - which torchrun's
+    agent sends its ranks as it ends on the first - so the rank ended in the middle of its dump,
+    sometimes after its first line, and with it went where it hung. SIGUSR1's handler is the
+    dump alone, and the kernel holds the signal blocked in the thread running it: a rank is
+    done once no thread has SIGUSR1 pending or newly blocked (``/proc``; without it, this waits
+    for nothing)."""
+    before = {pid: _sigusr1_threads(pid) for pid in ranks}
+    for pid in ranks:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            before.pop(pid, None)
+    while time.monotonic() < deadline:
+        busy = [pid for pid, blocked in before.items() if _sigusr1_threads(pid, pending=True) - blocked]
+        if not busy:
+            return
+        time.sleep(0.005)
+
+
+#: SIGUSR1's bit in ``/proc``'s signal masks
+_SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
+
+
+def _sigusr1_threads(pid: int, pending: bool = False) -> set[str]:
+    """The threads of ``pid`` that block SIGUSR1 (with ``pending``: or have it pending, the
+    process too, as ``"process"``); empty once the process is gone or without ``/proc``."""
+    found: set[str] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        except OSError:
+            continue
+        masks = ["SigBlk", *(("SigPnd", "ShdPnd") if pending else ())]
+        for name in masks:
+            if int(fields.get(name, "0").strip() or "0", 16) & _SIGUSR1_BIT:
+                found.add("process" if name == "ShdPnd" else tid)
+    return found
 
 
 @dataclass
