@@ -57,22 +57,21 @@ _STREAMS = 3
 
 
 def preload(specs: list[str]) -> None:
-    """Import torch, torchrun's agent and what ``specs``' ranks preload, after the
-    environment their preload sets (a module that fails is left to the agent)."""
-    from harness.cell.hooks import FIRST_USE_IMPORTS
-    from harness.vocabulary.backend_specs import EVERY_RANK, preload_of
-
-    preloads = [p[1] for s in specs if (p := preload_of(s)) is not None]
-    for p in preloads:
-        for name, value in p.env:
-            os.environ.setdefault(name, value)
-    # and what any plan's hook modes import (an agent of its own imports them for its plan's)
-    first_use = (m for names in FIRST_USE_IMPORTS.values() for m in names)
-    for name in dict.fromkeys([*_ALWAYS, *EVERY_RANK, *first_use, *(m for p in preloads for m in p.modules)]):
+    """Import torch, torchrun's agent, the harness's worker, and what ``specs``' ranks and any
+    plan's hook modes preload (``harness.rank.worker.preload_backends``, after the environment
+    their preload sets); a module that fails is left to the agent, which imports it itself and
+    says why."""
+    for name in _ALWAYS:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 (the agent imports it itself and says why)
+        except Exception:  # noqa: BLE001
             pass
+    try:
+        from harness.cell.hooks import FIRST_USE_IMPORTS
+        from harness.rank import worker
+    except Exception:  # noqa: BLE001
+        return
+    worker.preload_backends(specs, FIRST_USE_IMPORTS)
 
 
 def _agent(request: dict[str, Any], fds: list[int]) -> None:

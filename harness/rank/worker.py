@@ -354,8 +354,7 @@ def preload(argv: list[str]) -> bool:
     backend themselves and fail as they would have."""
     plan = LaunchPlan.read(Path(argv[argv.index("--plan") + 1]))
     specs = list(dict.fromkeys(t.backend for t in plan.tasks))
-    preload_backends(specs)
-    _import_quietly(m for mode in _hook_modes(plan) for m in hooks.FIRST_USE_IMPORTS.get(mode, ()))
+    preload_backends(specs, _hook_modes(plan))
     if plan.device != "cpu":  # te-cpu answers torch.cuda: a rank must choose its device first
         return True
     for spec in specs:
@@ -368,13 +367,16 @@ def preload(argv: list[str]) -> bool:
     return True
 
 
-def preload_backends(specs: Iterable[str]) -> None:
-    """``preload`` for the backends ``specs`` (the warm agent knows them before any plan)."""
+def preload_backends(specs: Iterable[str], hook_modes: Iterable[str] = ()) -> None:
+    """``preload`` for the backends ``specs`` (the warm agent and the agent server know them
+    before any plan) and the cells' ``hook_modes`` (``hooks.FIRST_USE_IMPORTS``), after the
+    environment the backends' preload sets."""
     preloads = [p[1] for spec in dict.fromkeys(specs) if (p := preload_of(spec)) is not None]
     for p in preloads:
         for name, value in p.env:
             os.environ.setdefault(name, value)
-    _import_quietly([*EVERY_RANK, *(m for p in preloads for m in p.modules)])
+    _import_quietly([*EVERY_RANK, *(m for mode in hook_modes for m in hooks.FIRST_USE_IMPORTS.get(mode, ())),
+                     *(m for p in preloads for m in p.modules)])
 
 
 def _hook_modes(plan: LaunchPlan) -> list[str]:

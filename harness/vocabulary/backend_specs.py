@@ -80,8 +80,9 @@ RANK_PRELOAD: dict[str, Preload] = {
     # imports TE the same way (``preload_of``: the package's entry, without the backend's import)
     "harness.backends.te_cpu": Preload(_TE_DEPENDENCIES, (("TRITON_INTERPRET", "1"),)),
     # torch.utils.checkpoint imports torch._dynamo at its first call (2.4 CPU-s): a rank's first
-    # checkpoint cell paid it, in every rank; and the first backward of a rank imported
-    # torch.fx's symbolic shapes (``torch.autograd._make_grads``), which ``torch._dynamo`` loads
+    # checkpoint cell paid it, in every rank (a plan's agent imports it for its checkpoint cells
+    # whatever the backend, ``hooks.FIRST_USE_IMPORTS``; this entry is the warm agent's, which
+    # knows the backend before any plan)
     "harness.backends.reference": Preload(("torch._dynamo",)),
 }
 

@@ -1036,10 +1036,11 @@ def _axes_of(cell: Cell) -> dict[str, Any]:
     """``cell.serialize()``, kept for the next filter that reads the same cell: a ledger tests
     every entry's filter on each verdict, and serializing the cell again for each was a third
     of judging it. One (cell, values) pair, replaced whole, so a thread never reads another's."""
+    global _LAST_AXES
     last_cell, axes = _LAST_AXES
     if last_cell is not cell:
         axes = cell.serialize()
-        globals()["_LAST_AXES"] = (cell, axes)
+        _LAST_AXES = (cell, axes)
     return axes
 
 
@@ -1321,10 +1322,11 @@ def _sampled(cells: Callable[[], Iterable[Cell]], count: int, seed: int) -> list
             heapq.heappush(heap, rank)
         elif rank > heap[0]:
             heapq.heapreplace(heap, rank)
-    keep = bytearray(max(((-r) & 0xFFFFFFFF for r in heap), default=-1) + 1)
-    for r in heap:
-        keep[(-r) & 0xFFFFFFFF] = 1
+    positions = [(-r) & 0xFFFFFFFF for r in heap]  # a position fills the rank's low 32 bits
     del heap
+    keep = bytearray(max(positions, default=-1) + 1)
+    for i in positions:
+        keep[i] = 1
     return [c for i, c in enumerate(cells()) if i < len(keep) and keep[i]]
 
 
