@@ -112,6 +112,37 @@ def test_a_record_head_that_names_many_cells_is_written_in_pieces(tmp_path):
     assert recordfile.read(recordfile.write(head, tmp_path / "h.json.gz", cells)) == {**head, "cells": cells}
 
 
+@pytest.mark.parametrize("zipped", [True, False])
+def test_a_head_longer_than_a_chunk_is_read_an_item_at_a_time(tmp_path, monkeypatch, zipped):
+    """``read_head`` and ``cells_of`` decode a list or object longer than a read chunk an item at
+    a time: the values equal ``json.loads``'s, and the text held never grows past a few chunks
+    (decoded whole, a launch list of a 100,000-cell sweep was held as one string and decoded
+    again with every chunk)."""
+    chunk = 4096
+    monkeypatch.setattr(recordfile, "_CHUNK", chunk)
+    ids = [f"{CELLS[i % len(CELLS)].id}-{i}" for i in range(3000)]
+    head = {"status": "complete", "launches": [{"world_size": 2, "cells": ids[:2000], "note": None},
+                                               {"world_size": 4, "cells": ids[2000:], "duration_s": 1.25}],
+            "selection": {"nested": {"deep": [[1, 2.5, -3e-7], {"k": "v" * 5000}], "big": list(range(2000))}},
+            "after": [1.5, None, True]}
+    cells = [{"id": i, "ranks": [{"value": 0.1 * n} for n in range(300)]} for i in ids[:20]]
+    path = recordfile.write(head, tmp_path / ("r.json.gz" if zipped else "r.json"), cells)
+    held = []
+    more = recordfile._Values._more
+
+    def watched(self):
+        got = more(self)
+        held.append(len(self.buf))
+        return got
+
+    monkeypatch.setattr(recordfile._Values, "_more", watched)
+    assert recordfile.read_head(path) == head
+    assert held and max(held) <= 3 * chunk
+    got_head: dict = {}
+    assert list(recordfile.cells_of(path, got_head)) == cells and got_head == head
+    assert recordfile.read(path) == {**head, "cells": cells}
+
+
 def test_interrupted_record_keeps_failing_verdicts(tmp_path, monkeypatch):
     statuses = {CELLS[0].id: "fail", CELLS[1].id: "error"}
     monkeypatch.setattr(sweep, "launch_cells", _fake_launch(statuses, interrupt_after=3))

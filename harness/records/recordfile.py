@@ -179,12 +179,17 @@ class _Values:
                 raise ValueError("the record's JSON ends early")
 
     def value(self) -> Any:
-        """The next whole JSON value (read on while it is cut by the chunk's end)."""
+        """The next whole JSON value (read on while it is cut by the chunk's end). A list or
+        object longer than a chunk is decoded an item at a time (``_items``): decoded whole, it
+        was held as one string and decoded again from its start with every chunk added - a
+        record's head names every cell of its launches, megabytes for a large sweep."""
         while True:
             self.pos = _WS.match(self.buf, self.pos).end()
             try:
                 v, end = _DECODER.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError:
+                if len(self.buf) - self.pos > _CHUNK and self.buf[self.pos] in "[{":
+                    return self._items()
                 if self._more():
                     continue
                 raise ValueError("the record's JSON is malformed or ends early") from None
@@ -192,6 +197,27 @@ class _Values:
                 continue
             self.pos = end
             return v
+
+    def _items(self) -> list[Any] | dict[str, Any]:
+        """The list or object that starts here, its items decoded one by one (each by ``value``)."""
+        opener = self.char()
+        closer, out = ("]", []) if opener == "[" else ("}", {})
+        if self.char() == closer:
+            return out
+        self.pos -= 1
+        while True:
+            if isinstance(out, list):
+                out.append(self.value())
+            else:
+                key = self.value()
+                if not isinstance(key, str) or self.char() != ":":
+                    raise ValueError("malformed JSON object")
+                out[key] = self.value()
+            c = self.char()
+            if c == closer:
+                return out
+            if c != ",":
+                raise ValueError("the record's JSON is malformed")
 
 
 def _walk(path: str | Path, head: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
