@@ -900,3 +900,17 @@ def test_blocks_shape_needs_a_block_recipe_and_round_trips():
     assert Cell.from_dict({k: v for k, v in c.serialize().items() if k != "shape"}).shape == "base"
     assert not any(c.shape == "blocks" for p in ("full", "smoke") for c in select(p, {"module": ("linear",)}))
     assert {c.shape for c in select("ci", {"shape": ("blocks",), "module": ("linear",)})} == {"blocks"}
+
+
+def test_packed_cells_are_the_cells_they_hold():
+    """A sweep holds its selection as ``PackedCells`` (a byte per axis value): reading it back
+    gives cells equal to those stored, in order, by index, slice and iteration; bool and int
+    values of one axis stay apart (``True == 1`` in a dict)."""
+    cells = select("ci") + select("full", {"module": ["linear"]}, sample=(300, 7))
+    packed = matrix.PackedCells(cells)
+    assert len(packed) == len(cells) and list(packed) == cells
+    assert packed[0] == cells[0] and packed[-1] == cells[-1] and packed[10:20] == cells[10:20]
+    assert all(type(getattr(a, n)) is type(getattr(b, n)) for a, b in zip(packed, cells) for n in AXIS_NAMES)
+    with pytest.raises(IndexError):
+        packed[len(cells)]
+    assert list(matrix.PackedCells([])) == []

@@ -26,7 +26,7 @@ from harness.orchestration import sweep
 from harness.vocabulary import hook_modes, packing
 from harness.launcher.launch import LaunchOptions
 from harness.vocabulary.plan import Lane, LaunchPlan, PlanTask
-from harness.records.record import Check, CellResult, RankResult, RunRecord, load
+from harness.records.record import SCHEMA, Check, CellResult, LaunchRecord, RankResult, RunRecord, load
 from harness.records.stream import ResultStream
 
 CELLS = [c for c in matrix.select("ci") if c.module == "linear"][:6]
@@ -110,6 +110,34 @@ def test_a_record_head_that_names_many_cells_is_written_in_pieces(tmp_path):
     assert len(pieces) > 4 and max(map(len, pieces)) < 2 * recordfile._PIECE
     assert b"".join(recordfile._encoded(head, None)) == json.dumps(head, separators=(",", ":")).encode()
     assert recordfile.read(recordfile.write(head, tmp_path / "h.json.gz", cells)) == {**head, "cells": cells}
+
+
+def test_packed_strings_are_the_list_they_stand_for(tmp_path):
+    """A launch's cell ids are kept compressed (``recordfile.PackedStrings``) and written as the
+    JSON list they stand for, a piece at a time: the record's bytes are ``json.dumps``'s of the
+    plain lists, and a record read back and written again is the same record."""
+    ids = [f"{CELLS[i % len(CELLS)].id}-{i}" for i in range(20000)] + ['quote"back\\slash', "\u00e9t\u00e9", ""]
+    packed = recordfile.PackedStrings(ids)
+    assert list(packed) == ids and len(packed) == len(ids) and packed == ids and packed[3] == ids[3]
+    assert len(packed._data) < sum(map(len, ids)) / 5  # cell ids repeat their axis values
+    assert list(recordfile.PackedStrings([])) == [] and recordfile.PackedStrings(["a"]) != ["b"]
+    with pytest.raises(ValueError, match="newline"):
+        recordfile.PackedStrings(["a\nb"])
+    head = {"launches": [{"cells": packed, "n": 1}, {"cells": recordfile.PackedStrings([])}], "after": None}
+    plain = {"launches": [{"cells": ids, "n": 1}, {"cells": []}], "after": None}
+    pieces = list(recordfile._pieces(head))
+    assert "".join(pieces) == json.dumps(plain, separators=(",", ":"))
+    assert max(map(len, pieces)) < 2 * recordfile._PIECE
+    launch = LaunchRecord(2, ids[:5], 0, 1.5, "logs/ws2-0", note="n")
+    assert isinstance(launch.cells, recordfile.PackedStrings)
+    assert launch.serialize() == {"world_size": 2, "cells": ids[:5], "exit_code": 0, "duration_s": 1.5,
+                                  "log_dir": "logs/ws2-0", "attempt": 0, "note": "n"}
+    assert LaunchRecord.from_dict(launch.serialize()) == launch
+    record = RunRecord.from_dict({"schema": SCHEMA, "status": "complete", "started": "t", "backend": "b",
+                                  "launches": [launch.serialize()], "cells": []})
+    path = record.write(tmp_path / "r.json")
+    assert path.read_text() == json.dumps(record.serialize(), separators=(",", ":"))
+    assert load(path).launches == [launch]
 
 
 @pytest.mark.parametrize("zipped", [True, False])

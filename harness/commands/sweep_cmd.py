@@ -191,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     opts = LaunchOptions(backend=args.backend, run_dir=run_dir.resolve(), cell_timeout=args.cell_timeout,
                          device=args.device, examples=args.examples, on_wait=progress.waiting)
+    cells = matrix.PackedCells(cells)  # held for the whole run: a byte per axis, not a Cell
     spec = SweepSpec(cells=cells, backend=args.backend, run_dir=run_dir.resolve(), selection=sel,
                      argv=args.argv, options=opts,
                      resume=bool(args.resume), rerun_failed=args.rerun_failed, on_result=progress,

@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -613,7 +612,7 @@ def launch_tasks(width: int, tasks: list[Task], opts: LaunchOptions,
             launch.end(proc)
             launch.close()
         note = outcome.note if outcome.startup is None else f"could not start: {outcome.startup}"
-        records.append(LaunchRecord(width, [sys.intern(t.cell.id) for t in remaining], proc.returncode,
+        records.append(LaunchRecord(width, (t.cell.id for t in remaining), proc.returncode,
                                     round(time.monotonic() - launch.t0, 3),
                                     str(launch.log_dir.relative_to(opts.run_dir)), attempt, note))
         attempt += 1

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from harness.judging import ledger as ledgers
 from harness.judging import assemble
@@ -37,7 +37,7 @@ REFRESH_S = 30.0
 
 @dataclass
 class SweepSpec:
-    cells: list[matrix.Cell]
+    cells: Sequence[matrix.Cell]
     backend: str
     run_dir: Path
     selection: dict[str, Any]
@@ -83,17 +83,17 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     stream = ResultStream(run_dir)
-    # a fresh sweep counts only what it appends; a resumed one continues the folder's verdicts
-    verdicts = Verdicts(run_dir, spec.backend, since=0 if spec.resume else stream.size(), earlier=spec.resume)
-    todo = to_run(spec, verdicts)
     record = assemble.start(backend=spec.backend, argv=spec.argv, selection=spec.selection,
                             device=spec.options.device, backend_info=spec.backend_info,
                             world_sizes=[c.world_size for c in spec.cells])
-    if spec.resume:  # the launches so far stay on the record
-        try:
+    if spec.resume:  # the launches so far stay on the record (read first: a launch's list of
+        try:         # ids is held whole while it is read, before it is packed)
             record.launches = load_head(run_dir).launches
         except (OSError, ValueError):
             pass
+    # a fresh sweep counts only what it appends; a resumed one continues the folder's verdicts
+    verdicts = Verdicts(run_dir, spec.backend, since=0 if spec.resume else stream.size(), earlier=spec.resume)
+    todo = to_run(spec, verdicts)
     t0 = time.monotonic()
     total = len(spec.cells)
     done = [total - len(todo)]

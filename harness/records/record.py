@@ -46,10 +46,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from harness.records import recordfile
 from harness.vocabulary.status import GOOD_STATUSES, STATUSES
@@ -274,22 +273,28 @@ class CellResult:
 @dataclass
 class LaunchRecord:
     world_size: int
-    cells: list[str]
+    #: the ids of the cells it was given, kept compressed (``recordfile.PackedStrings``: a
+    #: large sweep's launch lists were the largest part of its parent's memory); any sequence
+    #: of ids is packed when the record is made
+    cells: Sequence[str]
     exit_code: int | None
     duration_s: float
     log_dir: str
     attempt: int = 0
     note: str | None = None
 
-    def serialize(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def __post_init__(self) -> None:
+        if not isinstance(self.cells, recordfile.PackedStrings):
+            self.cells = recordfile.PackedStrings(self.cells)
+
+    def serialize(self, packed: bool = False) -> dict[str, Any]:
+        """The launch as JSON values; ``packed``: its cells left packed, for ``recordfile.write``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {
+            "cells": self.cells if packed else list(self.cells)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LaunchRecord":
-        """The launch of ``d``, its cell ids interned: a resumed sweep's parent also holds each
-        id in its verdicts' index (``harness.records.verdicts``), and the two copies were a
-        quarter of its memory on a 100,000-cell record (docs/performance.md)."""
-        return cls(**{**d, "cells": [sys.intern(c) for c in d["cells"]]})
+        return cls(**d)
 
 
 @dataclass
@@ -330,9 +335,10 @@ class RunRecord:
     def serialize(self) -> dict[str, Any]:
         return {**self._head(), "cells": [c.serialize(lean=True) for c in self.cells]}
 
-    def _head(self, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    def _head(self, counts: dict[str, int] | None = None, packed: bool = False) -> dict[str, Any]:
         """Everything but the cells (``serialize``'s keys in its order, ``cells`` last);
-        ``counts``: the cells' counts when they are not in ``self.cells``."""
+        ``counts``: the cells' counts when they are not in ``self.cells``; ``packed``: the
+        launches' cell lists left packed (``recordfile.write`` writes them a piece at a time)."""
         return {
             "schema": self.schema,
             "status": self.status,
@@ -346,7 +352,7 @@ class RunRecord:
             "selection": self.selection,
             "tolerance": self.tolerance,
             "world_sizes": self.world_sizes,
-            "launches": [l.serialize() for l in self.launches],
+            "launches": [l.serialize(packed) for l in self.launches],
             "counts": self.counts if counts is None else counts,
             "failure": self.failure,
             "ledger": self.ledger,
@@ -378,14 +384,14 @@ class RunRecord:
         """Write atomically (``harness.records.recordfile``): into a run folder's ``results.json.gz``,
         or to a file (plain JSON unless its name ends in ``.gz``). The cells are serialized
         one at a time as they are written (never the whole record at once). Returns the file."""
-        return recordfile.write(self._head(), path, (c.serialize(lean=True) for c in self.cells))
+        return recordfile.write(self._head(packed=True), path, (c.serialize(lean=True) for c in self.cells))
 
     def write_with(self, path: str | Path, cells: Iterable[str], counts: dict[str, int]) -> Path:
         """``write`` with the cells from elsewhere, not ``self.cells``: each the compact JSON of
         its ``CellResult.serialize(lean=True)``, in order, and their ``counts``
         (``status_counts``) - the same bytes as ``write`` of those cells (the sweep folds its
         verdicts from disk into the record without holding them)."""
-        return recordfile.write(self._head(counts), path, cells, encoded=True)
+        return recordfile.write(self._head(counts, packed=True), path, cells, encoded=True)
 
 
 def status_counts(statuses: Iterable[str]) -> dict[str, int]:

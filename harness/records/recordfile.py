@@ -19,6 +19,8 @@ import io
 import json
 import os
 import re
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
@@ -99,19 +101,87 @@ def _encoded(data: dict[str, Any], cells: Iterable[Any] | None, encoded: bool = 
     yield b"]}"
 
 
+class PackedStrings(Sequence[str]):
+    """A list of strings (none holding a newline) kept compressed, written by ``write`` as the
+    JSON list it stands for, a piece at a time.
+
+    Why: a record's head names every cell of each launch; held as strings, a large sweep's
+    launch lists were as large as the rest of its parent's memory together (docs/performance.md,
+    "the parent's memory"). Cell ids repeat their axis values, so they compress about tenfold.
+    """
+
+    def __init__(self, items: Iterable[str] = ()) -> None:
+        packer, parts, count = zlib.compressobj(1), [], 0
+        for item in items:
+            if "\n" in item:
+                raise ValueError(f"a packed string holds a newline: {item!r}")
+            parts.append(packer.compress(item.encode() + b"\n"))
+            count += 1
+        parts.append(packer.flush())
+        self._data, self._count = b"".join(parts), count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        unpacker, rest = zlib.decompressobj(), b""
+        for start in range(0, len(self._data), _PIECE):
+            rest += unpacker.decompress(self._data[start:start + _PIECE])
+            *lines, rest = rest.split(b"\n")
+            yield from (line.decode() for line in lines)
+        rest += unpacker.flush()
+        yield from (line.decode() for line in rest.split(b"\n")[:-1])
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return list(self)[index]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"PackedStrings({list(self)!r})"
+
+    def json_pieces(self) -> Iterator[str]:
+        """``json.dumps(list(self), separators=(",", ":"))`` in pieces of about ``_PIECE`` characters."""
+        buf, size, sep = ["["], 1, ""
+        for item in self:
+            buf.append(sep + _ENCODER.encode(item))
+            size += len(buf[-1])
+            sep = ","
+            if size >= _PIECE:
+                yield "".join(buf)
+                buf, size = [], 0
+        buf.append("]")
+        yield "".join(buf)
+
+
 def _pieces(value: Any) -> Iterator[str]:
     """``json.dumps(value, separators=(",", ":"))`` in pieces of about ``_PIECE`` characters,
-    none empty. Why not the one string: a record's head names every cell of its launches, so
-    it grows with the cells; held whole - and copied to add the cells, then to bytes - it was
-    the largest thing a large sweep's parent held (docs/performance.md, "the parent's memory")."""
+    none empty, a ``PackedStrings`` written as its list. Why not the one string: a record's
+    head names every cell of its launches, so it grows with the cells; held whole - and copied
+    to add the cells, then to bytes - it was the largest thing a large sweep's parent held
+    (docs/performance.md, "the parent's memory")."""
+    packed: dict[str, PackedStrings] = {}
+
+    def placeholder(o: Any) -> str:
+        """A ``PackedStrings`` stands in the encoder's output as a string of its own (a chunk of
+        its own: the encoder yields a value it had to convert apart from what precedes it)."""
+        if not isinstance(o, PackedStrings):
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+        token = f"\0packed {len(packed)}\0"
+        packed[_ENCODER.encode(token)] = o
+        return token
+
     buf: list[str] = []
     size = 0
-    for chunk in _ENCODER.iterencode(value):
-        buf.append(chunk)
-        size += len(chunk)
-        if size >= _PIECE:
-            yield "".join(buf)
-            buf, size = [], 0
+    for chunk in json.JSONEncoder(separators=(",", ":"), default=placeholder).iterencode(value):
+        parts = packed.pop(chunk).json_pieces() if chunk in packed else (chunk,)
+        for part in parts:
+            buf.append(part)
+            size += len(part)
+            if size >= _PIECE:
+                yield "".join(buf)
+                buf, size = [], 0
     if buf:
         yield "".join(buf)
 

@@ -4,14 +4,12 @@ else its earlier record - and never the verdicts themselves.
 Why: a sweep's record is a fold of every verdict of its folder, refreshed while it runs and
 written at its end; a resumed sweep of a few hundred thousand cells held them all as objects
 (gigabytes). This index holds one integer per cell id (where, and whether it met its
-expectation), the id interned (the record's launch lists name the same ids); a verdict is
-read back from disk when the record is written, one at a time, in the selection's order
-(docs/performance.md, "the parent's memory").
+expectation); a verdict is read back from disk when the record is written, one at a time, in
+the selection's order (docs/performance.md, "the parent's memory").
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -47,7 +45,7 @@ class Verdicts:
         try:
             for c in recordfile.cells_of(self._record, head):
                 if c.get("status") != "skipped":
-                    self._where[sys.intern(c["id"])] = _IN_RECORD + (c.get("status") in GOOD_STATUSES)
+                    self._where[c["id"]] = _IN_RECORD + (c.get("status") in GOOD_STATUSES)
         except (OSError, ValueError, KeyError, TypeError):
             self._where.clear()
             return
@@ -59,7 +57,7 @@ class Verdicts:
         for offset, end, d in self.stream.lines(self.offset):
             self.offset = end
             if d is not None and d.get("backend") == self.backend:
-                self._where[sys.intern(d["result"]["id"])] = 2 * offset + (d["result"].get("status") in GOOD_STATUSES)
+                self._where[d["result"]["id"]] = 2 * offset + (d["result"].get("status") in GOOD_STATUSES)
 
     def __contains__(self, cell_id: str) -> bool:
         return cell_id in self._where

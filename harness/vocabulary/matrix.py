@@ -727,6 +727,66 @@ def _slot_setters() -> tuple[Callable[[Cell, Any], None], ...]:
     return tuple(getattr(Cell, n).__set__ for n in AXIS_NAMES)
 
 
+class PackedCells(Sequence[Cell]):
+    """Cells held as one byte per axis value, each made into a ``Cell`` again as it is read.
+
+    Why: a sweep holds its selection for the whole run, and a large sample's ``Cell``s - a
+    slotted object each, with the memory of the cells made and dropped around them while the
+    matrix was made - were the largest part of its parent's memory (docs/performance.md, "the
+    parent's memory"). Here a cell is ``len(AXIS_NAMES)`` bytes. A cell read back is equal to
+    the one stored, not the same object: a ``Cell`` is frozen, so no reader can tell.
+    """
+
+    def __init__(self, cells: Iterable[Cell] = ()) -> None:
+        self._rows = bytearray()
+        for cell in cells:
+            self._rows += _packed(cell)
+
+    def __len__(self) -> int:
+        return len(self._rows) // len(AXIS_NAMES)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("cell index out of range")
+        return _unpacked(self._rows, i * len(AXIS_NAMES))
+
+    def __iter__(self) -> Iterator[Cell]:
+        rows, width = self._rows, len(AXIS_NAMES)
+        for start in range(0, len(rows), width):
+            yield _unpacked(rows, start)
+
+
+#: each axis' values seen by ``PackedCells`` (a cell's byte is the index of its value here),
+#: and the other way round, keyed with the value's type (``True == 1`` in a dict)
+_PACKED_VALUES: tuple[list[Any], ...] = tuple([] for _ in AXIS_NAMES)
+_PACKED_CODES: tuple[dict[tuple[type, Any], int], ...] = tuple({} for _ in AXIS_NAMES)
+
+
+def _packed(cell: Cell) -> bytes:
+    out = bytearray()
+    for name, values, codes in zip(AXIS_NAMES, _PACKED_VALUES, _PACKED_CODES):
+        v = getattr(cell, name)
+        code = codes.get((type(v), v))
+        if code is None:
+            if len(values) > 255:
+                raise MatrixError(f"more than 256 values of axis {name} in one process")
+            code = codes[(type(v), v)] = len(values)
+            values.append(v)
+        out.append(code)
+    return bytes(out)
+
+
+def _unpacked(rows: bytearray, start: int) -> Cell:
+    cell = object.__new__(Cell)
+    for put, values, code in zip(_slot_setters(), _PACKED_VALUES, rows[start:start + len(AXIS_NAMES)]):
+        put(cell, values[code])
+    return cell
+
+
 def restricts(expr: str) -> bool:
     """Whether the filter ``expr`` leaves out some valid cell of the whole matrix (every axis
     value, every weight). Exact and quick: its value depends only on the axes it names, so
