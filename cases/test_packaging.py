@@ -41,3 +41,21 @@ def test_wheel_installs_the_two_packages(tmp_path):
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[pytest11]" in text and "dw_harness = harness.pytest_plugin.plugin" in text, text
+
+
+def test_install_compiles_the_checkouts_modules_once(tmp_path):
+    """``python -m harness install`` compiles the checkout's modules (``harness.install.bytecode``):
+    an editable install leaves them uncompiled, and under ``PYTHONDONTWRITEBYTECODE`` every
+    process compiled them again. A folder with a file that does not compile is named, not an
+    error (its modules are compiled as they are imported, as before)."""
+    from harness.install import bytecode
+
+    for name in ("harness", "reports"):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        (tmp_path / name / "sub" / "mod.py").write_text("VALUE = 1\n")
+    assert bytecode.compile_checkout(tmp_path) == []
+    for name in ("harness", "reports"):
+        assert list((tmp_path / name / "sub" / "__pycache__").glob("mod.*.pyc"))
+    (tmp_path / "fixtures").mkdir()
+    (tmp_path / "fixtures" / "broken.py").write_text("def (:\n")
+    assert bytecode.compile_checkout(tmp_path) == ["fixtures"]

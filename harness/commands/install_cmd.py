@@ -1,11 +1,14 @@
-"""``install [COMPONENT ...]``: set up the optional upstream components (see harness.install)."""
+"""``install [COMPONENT ...]``: set up the optional upstream components (see harness.install),
+then compile the checkout's own modules (``harness.install.bytecode``)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from harness.vocabulary import errors as exitcodes
-from harness.install import COMPONENTS, InstallError, component
+from harness.vocabulary.plan import harness_root
+from harness.install import COMPONENTS, InstallError, bytecode, component
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,4 +44,7 @@ def run(args: argparse.Namespace) -> int:
         if after is not None:
             raise exitcodes.UsageError(f"{mod.NAME} still unusable after install: {after}")
         print(f"{mod.NAME}: ok")
+    if not args.check:  # the checkout's own modules, compiled once (harness/install/bytecode.py)
+        failed = bytecode.compile_checkout(Path(harness_root()))
+        print(f"bytecode: {'ok' if not failed else 'not written for ' + ', '.join(failed) + ' (compiled as imported)'}")
     return exitcodes.MISMATCH if missing else exitcodes.OK
