@@ -86,8 +86,10 @@ def run_sweep(spec: SweepSpec) -> RunRecord:
     record = assemble.start(backend=spec.backend, argv=spec.argv, selection=spec.selection,
                             device=spec.options.device, backend_info=spec.backend_info,
                             world_sizes=[c.world_size for c in spec.cells])
-    if spec.resume:  # the launches so far stay on the record (read first: a launch's list of
-        try:         # ids is held whole while it is read, before it is packed)
+    # on resume the launches so far stay on the record; read before the verdicts are indexed,
+    # since a launch's list of ids is held whole while it is read, until it is packed
+    if spec.resume:
+        try:
             record.launches = load_head(run_dir).launches
         except (OSError, ValueError):
             pass

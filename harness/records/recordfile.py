@@ -42,7 +42,7 @@ def path_in(run_dir: str | Path) -> Path:
 #: characters encoded per piece of a record: its head (``_pieces``), then its cells, a few at
 #: a time (a cell with every rank's checks is tens of kilobytes of JSON)
 _PIECE = 1 << 16
-#: ``json.dumps``'s compact text, a piece at a time
+#: ``json.dumps``'s compact text of one value (a packed list's items, its placeholder)
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
