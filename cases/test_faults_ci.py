@@ -1,8 +1,10 @@
 """A backend's crash or hang in ``ci`` is the backend's, never a harness error: one sweep per
 fault of the whole ``sweep --preset ci --recipes none``, and one per fault under one recipe
-(``RECIPE``), against ``fixtures/faults.py``, whose forward faults in every fp16 cell at world
-size >= 2 (``DW_FAULT_CELLS``), a hooked cell's hooks-off twin included: rank 1 raises, rank 1
-is SIGKILLed, rank 0 hangs.
+(``RECIPE``), against ``fixtures/faults.py``, whose forward faults in the fp16 cells at world
+size >= 2 with a plain, a distributed or an in-place GTP weight (``FAULTED``, ``DW_FAULT_CELLS``:
+five cells, each kind of step below among them), a hooked cell's hooks-off twin included: rank
+1 raises, rank 1 is SIGKILLed, rank 0 hangs. Each faulted cell costs a launch (a hang, its
+bound too), so the fault fires in a cell of each kind, not in every cell of a dtype.
 
 Under the recipe the sweep takes every cell the fault fires in and, of the others, the first of
 each consumer x weight x delayed-wgrad x first-microbatch combination (``--cells``): the
@@ -51,7 +53,10 @@ from harness.vocabulary.matrix import Cell, compile_filter
 from harness.vocabulary.plan import LaunchPlan
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTED = 'dtype == "fp16" and world_size >= 2'
+#: the cells the faults fire in: of the fp16 cells at world size >= 2 (ten in each sweep's
+#: ``ci``), those of the weights that name each kind of step the docstring lists (the test
+#: asserts each kind is among them)
+FAULTED = 'dtype == "fp16" and world_size >= 2 and weight in ("plain", "distributed", "gtp_inplace")'
 
 
 #: the recipe of the second sweep per fault: MXFP8, how MoE experts train on Blackwell (its
@@ -183,6 +188,7 @@ def test_backend_fault_over_ci_is_the_backends(ci_runs, name):
     axes = [cells[i]["axes"] for i in faulted]
     assert {a["consumer"] for a in axes} == {"ddp", "autograd"} and {a["weight"] for a in axes} >= {"plain", "distributed"}
     assert any(a["delay_wgrad"] for a in axes) and any(a["first_mb"] for a in axes)
+    assert any(cells[i]["expect"] == "error" for i in faulted), "no expected-error cell among the faulted"
     assert any(a["hooks"] != "off" for a in axes if a["weight"] == "plain")
     assert {a["world_size"] for a in axes} == {2, 4}
     others = {i: (c["status"], c["first_failure"]) for i, c in cells.items()
