@@ -12,6 +12,7 @@ run folder with another ``--ledger``: nothing runs again, every verdict is judge
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,7 +23,7 @@ from fixtures.te_runs import SHIPPED, harness as _harness, te_runs  # noqa: F401
 from harness.vocabulary import errors as exitcodes
 from harness.judging import ledger
 from harness.records import recordfile
-from harness.records.record import CellResult
+from harness.records.record import CellResult, status_counts
 from harness.judging.gate import statuses_exit_code
 
 
@@ -108,28 +109,36 @@ def _mine(entry_id: str, cells: dict[str, dict]) -> set[str]:
             and ledger.judge(CellResult.from_dict(c), others)[0].status != "known"}
 
 
+@functools.cache
+def _recorded(run: Path) -> tuple[dict, dict[str, dict], tuple[CellResult, ...]]:
+    """A sweep's record, its cells by id and as verdicts: read once for the entries' tests
+    below (each re-judges the same verdicts under another ledger; ``ledger.judge`` makes new
+    verdicts, it never changes one)."""
+    record = recordfile.read(run)
+    return record, {c["id"]: c for c in record["cells"]}, tuple(CellResult.from_dict(c) for c in record["cells"])
+
+
 @pytest.mark.parametrize("entry_id", [e.id for e in SHIPPED.entries])
 def test_removing_an_entry_turns_its_cells_red(te_runs, entry_id):
     """The fold the sweep applies (``ledger.apply``), run here on the recorded verdicts: the
     cells only this entry explains fail, no other cell changes; the gate's exit code is 1 and
     its summary names them (``sweep --resume`` re-judging end to end: the test below)."""
-    from harness.records.record import RunRecord
     from harness_reports.terminal import summary
 
     name = ELSEWHERE.get(entry_id, "ci")
     run, _, _ = te_runs[name]
-    record = recordfile.read(run)
-    before = {c["id"]: c for c in record["cells"]}
+    record, before, verdicts = _recorded(run)
     mine = _mine(entry_id, before)
     assert mine, f"{entry_id} alone explains no failure of the {name} sweep"
     without = ledger.Ledger(SHIPPED.name, SHIPPED.path, SHIPPED.package, SHIPPED.versions,
                             tuple(e for e in SHIPPED.entries if e.id != entry_id))
-    cells, outcome = ledger.apply([CellResult.from_dict(c) for c in record["cells"]], without)
+    cells, outcome = ledger.apply(verdicts, without)
     bad = {c.id for c in cells if c.status not in ("pass", "xfail", "known")}
     assert mine <= bad and all(entry_id in (before[i].get("known") or []) for i in bad), (mine ^ bad)
     assert statuses_exit_code((c.status for c in cells), bool(outcome["stale"])) == exitcodes.MISMATCH
-    rerun = RunRecord.from_dict({**record, "cells": [c.serialize() for c in cells], "ledger": outcome})
-    text = summary(rerun.serialize())
+    # the record a re-judged run writes (``RunRecord.serialize`` of it gives these values back)
+    text = summary({**record, "cells": [c.serialize() for c in cells], "ledger": outcome,
+                    "counts": status_counts(c.status for c in cells)})
     assert len([i for i in bad if i in text]) == min(len(bad), 20), "the sweep's summary does not name the cells"
 
 
