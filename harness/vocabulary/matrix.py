@@ -470,18 +470,57 @@ _MODULE_FIXED = frozenset({"num_gemms", "layers"})
 _FEASIBLE: dict[tuple[Any, ...], bool] = {}
 
 
+class _Witnesses:
+    """The valid assignments of a component's axes that searches found under one set of
+    domains: a question whose fixed values one of them holds needs no search. Pairs (and
+    single values) are looked up in the set of those every witness holds - a covering
+    design asks for every pair of values, and most are held by an earlier witness; a longer
+    question is tried against the last few witnesses (a cell is completed one axis at a
+    time, each question the one before it and one value more)."""
+
+    RECENT = 4
+
+    def __init__(self) -> None:
+        self.pairs: set[tuple[tuple[str, Any], ...]] = set()
+        self.recent: list[dict[str, Any]] = []
+
+    def hold(self, fixed: tuple[tuple[str, Any], ...]) -> bool:
+        if len(fixed) <= 2:
+            return fixed in self.pairs
+        return any(all(w[a] == v for a, v in fixed) for w in self.recent)
+
+    def add(self, witness: dict[str, Any], axes: list[str]) -> None:
+        items = [(a, witness[a]) for a in axes]  # in the component's axis order, as ``fixed``
+        self.pairs.update((item,) for item in items)
+        self.pairs.update(itertools.combinations(items, 2))
+        self.recent = [witness, *self.recent[:self.RECENT - 1]]
+
+
+#: per component and its domains, the witnesses found (bounded with ``_FEASIBLE``)
+_WITNESSES: dict[tuple[Any, ...], _Witnesses] = {}
+
+
 def _feasible(assign: Assignment, domains: Domains) -> bool:
     """True when the partial assignment extends to a valid cell (exact: a backtracking search
-    per connected group of constrained axes; groups share no axis, so they are independent)."""
+    per connected group of constrained axes; groups share no axis, so they are independent;
+    a valid assignment a search found answers every later question it holds, ``_Witnesses``)."""
     for index, (axes, _) in enumerate(_COMPONENTS):
         fixed = tuple((a, assign[a]) for a in axes if a in assign)
         key = (index, fixed, tuple(domains[a] for a in axes))
         if key not in _FEASIBLE:
             if len(_FEASIBLE) > 200_000:  # bounded: a long-lived process selects many presets
                 _FEASIBLE.clear()
-            live = _supported(index, key[2])
-            _FEASIBLE[key] = (all(v in live[a] for a, v in fixed if a in live)
-                              and _component_feasible(index, dict(fixed), {**domains, **live}))
+                _WITNESSES.clear()
+            witnesses = _WITNESSES.setdefault((index, key[2]), _Witnesses())
+            if witnesses.hold(fixed):
+                _FEASIBLE[key] = True
+            else:
+                live = _supported(index, key[2])
+                witness = (_component_feasible(index, dict(fixed), {**domains, **live})
+                           if all(v in live[a] for a, v in fixed if a in live) else None)
+                if witness is not None:
+                    witnesses.add(witness, axes)
+                _FEASIBLE[key] = witness is not None
         if not _FEASIBLE[key]:
             return False
     return True
@@ -529,11 +568,12 @@ def _search_plan(index: int, fixed: frozenset[str]) -> tuple[list[list[tuple[str
     return due, [sorted(r, key=position.__getitem__) for r in reads]
 
 
-def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> bool:
-    """Whether ``fixed`` extends over component ``index``'s axes with every one of its
-    constraints holding: a backtracking search in axis order (:func:`_search_plan`) that
-    remembers the dead ends: what remains from axis ``i`` on depends only on the earlier
-    values that later constraints read, so a dead end is never searched twice."""
+def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> dict[str, Any] | None:
+    """A valid assignment of component ``index``'s axes that extends ``fixed``, every one of
+    its constraints holding (None: there is none): a backtracking search in axis order
+    (:func:`_search_plan`) that remembers the dead ends: what remains from axis ``i`` on
+    depends only on the earlier values that later constraints read, so a dead end is never
+    searched twice."""
     axes = _COMPONENTS[index][0]
     due, frontier = _search_plan(index, frozenset(fixed))
     partial = dict(fixed)
@@ -546,7 +586,9 @@ def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> bool
         if key in dead:
             return False
         name = axes[i]
-        for v in _options(name, partial, domains):
+        # the most demanding values first (``_preferred``): the witness found is then the
+        # completion ``_complete`` makes, and each of its questions is answered by it
+        for v in _preferred_order(name, _options(name, partial, domains)):
             partial[name] = v
             for a, b, ok in due[i]:
                 if not ok(partial[a], partial[b]):
@@ -561,7 +603,7 @@ def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> bool
         dead.add(key)
         return False
 
-    return extend(0)
+    return partial if extend(0) else None
 
 
 def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -573,6 +615,11 @@ def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
     if name in first and first[name] in values:
         return (first[name],) + tuple(v for v in values if v != first[name])
     return values
+
+
+@functools.lru_cache(maxsize=4096)
+def _preferred_order(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return _preferred(name, values)
 
 
 def _complete(fixed: Assignment, domains: Domains) -> Cell | None:
