@@ -619,6 +619,7 @@ def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def _preferred_order(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """:func:`_preferred`, kept per axis and options: the search asks at every step it takes."""
     return _preferred(name, values)
 
 
