@@ -203,6 +203,9 @@ def test_typos_get_the_commands_usage_and_a_did_you_mean(place: Place) -> None:
     place.refused("ledger", "chek", "x.toml", says=("unknown verb 'chek' - did you mean check?",
                                                     "usage: dw-harness ledger [OPTIONS] VERB ..."))
     place.refused("sweep", "--device", "gpu", says="unknown value 'gpu' for --device")
+    # a backend no folder holds: said before the selection (here the whole of ``full``) and the probe
+    place.refused("sweep", "--preset", "full", "--backend", "te_cpu",
+                  says="No module named 'te_cpu' - did you mean --backend te-cpu?")
     place.refused("repro", says=("CELL_ID", "usage: dw-harness repro [OPTIONS] CELL_ID"))
     place.refused("merge", "--out", str(place.root / "m"),
                   says="usage: dw-harness merge [OPTIONS] RUN_DIR [RUN_DIR ...]")

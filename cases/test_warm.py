@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.launcher import warm
+from harness.vocabulary import backend_specs
 from harness.vocabulary.backend_specs import BackendError
 from harness.orchestration.probe import probe_backend
 
@@ -48,14 +49,17 @@ def test_warm_probe_describes_the_backend_as_the_plain_probe_does():
         warm._end_all()
 
 
-@pytest.mark.parametrize("spec", ["no_such_pkg.backend", "fixtures/no_such_file.py"])
+@pytest.mark.parametrize("spec", ["no_such_pkg.backend", "te_cpu", "fixtures/no_such_file.py"])
 def test_warm_probe_fails_with_the_plain_probes_line(spec):
+    """...and a package no folder holds gets that line before any probe
+    (``backend_specs.unfound``, what ``sweep`` says at once)."""
     with pytest.raises(BackendError) as plain:
         probe_backend(spec)
     with pytest.raises(BackendError) as warm_error:
         warm.probe(spec)
     assert str(warm_error.value) == str(plain.value)
     assert not _processes_naming(f"--warm {spec}")
+    assert backend_specs.unfound(spec) == (None if spec.endswith(".py") else str(plain.value))
 
 
 def _sweep_with_unique_backend(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:

@@ -21,6 +21,7 @@ from harness.judging import ledger as ledgers
 from harness.orchestration import preflight
 from harness.records import runfolder
 from harness.te_tree import tree as te_tree
+from harness.vocabulary import backend_specs
 from harness.vocabulary.backend_specs import BackendError, split_tree
 from harness.vocabulary.errors import UsageError
 
@@ -243,7 +244,8 @@ def backend_spec(args: argparse.Namespace) -> str:
 
 def backend(args: argparse.Namespace) -> None:
     """What can be told of ``--backend`` without importing it: its TE tree (a folder holding
-    TE, whose changed files compile) and its ``.py`` file. The rest (does it import, what it
+    TE, whose changed files compile), its ``.py`` file, and that its package is there
+    (``backend_specs.unfound``: a mistyped name, with a did-you-mean). The rest (does it import, what it
     has) is the probe's; a resumed run's backend is the one it recorded, checked by the command.
 
     Raises:
@@ -263,6 +265,9 @@ def backend(args: argparse.Namespace) -> None:
             raise UsageError(f"--te-tree: {broken}")
     if base.endswith(".py") and not Path(base).is_file():
         raise UsageError(f"backend file {base!r} does not exist")
+    unfound = backend_specs.unfound(spec)
+    if unfound is not None:
+        raise UsageError(unfound)
 
 
 def gpu(args: argparse.Namespace) -> None:

@@ -170,6 +170,27 @@ def did_you_mean(spec: str) -> str | None:
     return near[0] if near and near[0] != spec else None
 
 
+def unfound(spec: str) -> str | None:
+    """The line a probe of ``spec`` would end with when no folder on ``sys.path`` holds its
+    top-level package: found without importing anything (``importlib.util.find_spec`` of a
+    top-level name reads folders only; the probe's process has the same working directory
+    and environment), so a mistyped ``--backend`` is refused before a large selection and the
+    probe, not after them. None when the package is there (whether it imports is the probe's
+    to say), for a ``.py`` file (checked as a file) and for real TE (whose absence the probe
+    explains with the way out)."""
+    import importlib.util
+
+    base = split_tree(spec)[0]
+    if base.endswith(".py") or real_te(base):
+        return None
+    top = resolve(base).partition(":")[0].split(".")[0]
+    if not top.isidentifier() or importlib.util.find_spec(top) is not None:
+        return None
+    near = did_you_mean(base)
+    return (f"cannot import backend {spec!r}: ModuleNotFoundError: No module named {top!r}"
+            + (f" - did you mean --backend {near}?" if near else ""))
+
+
 def has_api(backend: Any, name: str) -> bool:
     """Whether ``backend`` has the (possibly nested, ``ops.GroupedLinear``) class ``name``."""
     obj = backend
