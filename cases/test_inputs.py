@@ -27,6 +27,8 @@ CELL = next(c.id for c in matrix.select("ci") if c.module == "linear" and c.worl
 MARKED = ("import pathlib\n"
           "pathlib.Path(__file__).with_suffix('.imported').write_text('imported')\n"
           "from harness.backends.reference import GroupedLinear, LayerNormLinear, Linear, ops  # noqa: F401\n")
+#: a ledger file with entries
+SHIPPED_TE = ROOT / "harness" / "judging" / "ledgers" / "transformer_engine-2.20.toml"
 LEDGER_HEAD = '[ledger]\npackage = "harness"\nversions = ">=0"\n'
 
 
@@ -157,6 +159,10 @@ def test_a_missing_or_malformed_ledger(place: Place) -> None:
                   says=("cannot read ledger 'nonee'", "did you mean --ledger none?"))
     place.refused("list", "--preset", "smoke", "--ledger", str(place.broken_ledger),
                   says="--ledger needs --backend")
+    # --fixes against a ledger file: each pattern names an entry of it (the shipped TE ledger)
+    place.refused("sweep", "--preset", "full", "--backend", str(place.backend), "--ledger", str(SHIPPED_TE),
+                  "--fixes", "hooks-strip-distributed-weigth",
+                  says="names no entry of ledger transformer_engine-2.20 - did you mean hooks-strip-distributed-weight?")
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from harness.judging import ledger as ledgers
+from harness.judging import review as reviews
 from harness.orchestration import preflight
 from harness.records import runfolder
 from harness.te_tree import tree as te_tree
@@ -58,6 +59,7 @@ def check(args: argparse.Namespace) -> None:
     if hasattr(args, "backend"):
         backend_needed(args)
         ledger_file(getattr(args, "ledger", None))
+        fixes_in_ledger_file(getattr(args, "fixes", None), getattr(args, "ledger", None))
         if args.backend is not None:
             backend(args)
     if hasattr(args, "device"):
@@ -217,6 +219,22 @@ def ledger_file(option: str | None) -> None:
     except ledgers.LedgerError as exc:
         near = difflib.get_close_matches(option, LEDGER_WORDS, n=1) if not Path(option).exists() else []
         raise UsageError(str(exc) + (f" - did you mean --ledger {near[0]}?" if near else "")) from exc
+
+
+def fixes_in_ledger_file(fixes: str | None, option: str | None) -> None:
+    """``--fixes`` against a ``--ledger FILE`` (read by :func:`ledger_file` just before): each
+    pattern names an entry of it, as the sweep would find after its probe. With ``auto`` the
+    ledger depends on the backend, and the sweep checks then.
+
+    Raises:
+        UsageError: the sweep's own line (``review.required_entries``), did-you-mean included.
+    """
+    if fixes is None or option is None or option in LEDGER_WORDS:
+        return
+    try:
+        reviews.required_entries([p for p in fixes.split(",") if p], ledgers.load(option))
+    except reviews.ReviewError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def backend_spec(args: argparse.Namespace) -> str:
