@@ -588,7 +588,7 @@ def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> dict
         name = axes[i]
         # the most demanding values first (``_preferred``): the witness found is then the
         # completion ``_complete`` makes, and each of its questions is answered by it
-        for v in _preferred_order(name, _options(name, partial, domains)):
+        for v in _preferred(name, _options(name, partial, domains)):
             partial[name] = v
             for a, b, ok in due[i]:
                 if not ok(partial[a], partial[b]):
@@ -606,6 +606,7 @@ def _component_feasible(index: int, fixed: Assignment, domains: Domains) -> dict
     return partial if extend(0) else None
 
 
+@functools.lru_cache(maxsize=4096)  # the search asks at every step it takes
 def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
     """``values`` ordered most demanding first: the values most likely to expose a bug."""
     first = {"weight": "distributed", "hooks": "off", "fused": True, "dtype": "bf16",
@@ -615,12 +616,6 @@ def _preferred(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
     if name in first and first[name] in values:
         return (first[name],) + tuple(v for v in values if v != first[name])
     return values
-
-
-@functools.lru_cache(maxsize=4096)
-def _preferred_order(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """:func:`_preferred`, kept per axis and options: the search asks at every step it takes."""
-    return _preferred(name, values)
 
 
 def _complete(fixed: Assignment, domains: Domains) -> Cell | None:
