@@ -20,8 +20,8 @@ from typing import Any, Mapping
 from harness.vocabulary import modules
 from harness.vocabulary.hook_modes import OFFLOAD_API
 from harness.vocabulary.backend_specs import (ALIASES, FP32_GEMM_MODES, NATIVE_API, RECIPE_API, REQUIRED,
-                                              TE_BACKENDS, BackendError, BackendInfo, did_you_mean, has_api,
-                                              real_te, resolve, split_tree, te_on_cpu_hint)
+                                              TE_BACKENDS, BackendError, BackendInfo, cannot_import, did_you_mean,
+                                              has_api, real_te, resolve, split_tree, te_on_cpu_hint)
 
 
 def use_tree(tree_path: str) -> Any:
@@ -122,16 +122,15 @@ def load_backend(spec: str) -> Any:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         near = did_you_mean(split_tree(spec)[0]) if isinstance(exc, ModuleNotFoundError) else None
         if near:
-            raise BackendError(f"cannot import backend {spec!r}: {type(exc).__name__}: {first} - did you mean "
-                               f"--backend {near}?") from exc
+            raise BackendError(cannot_import(spec, f"{type(exc).__name__}: {first}", near)) from exc
         if real_te(spec):
             # the way out first: TE's own text (a meta package's install advice, a missing CUDA
             # library) is about a GPU install, which is not what this machine needs
             missing = isinstance(exc, ModuleNotFoundError) and exc.name == "transformer_engine"
             said = re.split(r"(?<=[.!])\s", first, maxsplit=1)[0]
-            raise BackendError(f"cannot import backend {spec!r}: real TE needs its CUDA build and a GPU; "
-                               f"{te_on_cpu_hint(not missing)} (TE said: {type(exc).__name__}: {said})") from exc
-        raise BackendError(f"cannot import backend {spec!r}: {type(exc).__name__}: {first}") from exc
+            raise BackendError(cannot_import(spec, f"real TE needs its CUDA build and a GPU; "
+                                             f"{te_on_cpu_hint(not missing)} (TE said: {type(exc).__name__}: {said})")) from exc
+        raise BackendError(cannot_import(spec, f"{type(exc).__name__}: {first}")) from exc
     missing = [name for name in REQUIRED if not has_api(backend, name)]
     if missing:
         raise BackendError(f"backend {spec!r} lacks {', '.join(missing)} (CONTRACTS §1)")

@@ -186,9 +186,13 @@ def unfound(spec: str) -> str | None:
     top = resolve(base).partition(":")[0].split(".")[0]
     if not top.isidentifier() or importlib.util.find_spec(top) is not None:
         return None
-    near = did_you_mean(base)
-    return (f"cannot import backend {spec!r}: ModuleNotFoundError: No module named {top!r}"
-            + (f" - did you mean --backend {near}?" if near else ""))
+    return cannot_import(spec, f"ModuleNotFoundError: No module named {top!r}", did_you_mean(base))
+
+
+def cannot_import(spec: str, error: str, near: str | None = None) -> str:
+    """The one line for a backend that does not import: the probe's (``harness.rank.loading``)
+    and :func:`unfound`'s; ``near``: the known name it may be a typo of."""
+    return f"cannot import backend {spec!r}: {error}" + (f" - did you mean --backend {near}?" if near else "")
 
 
 def has_api(backend: Any, name: str) -> bool:
