@@ -58,8 +58,7 @@ def check(args: argparse.Namespace) -> None:
         check_timeout(args.cell_timeout)
     if hasattr(args, "backend"):
         backend_needed(args)
-        ledger_file(getattr(args, "ledger", None))
-        fixes_in_ledger_file(getattr(args, "fixes", None), getattr(args, "ledger", None))
+        fixes_in_ledger(getattr(args, "fixes", None), ledger_file(getattr(args, "ledger", None)))
         if args.backend is not None:
             backend(args)
     if hasattr(args, "device"):
@@ -204,35 +203,35 @@ def backend_needed(args: argparse.Namespace) -> None:
         raise UsageError("--ledger needs --backend: the ledger judges that backend's cells")
 
 
-def ledger_file(option: str | None) -> None:
+def ledger_file(option: str | None) -> ledgers.Ledger | None:
     """``--ledger FILE`` read and validated now (``harness.judging.ledger.load``), not after the
-    probe; ``auto`` and ``none`` depend on the backend and wait for it.
+    probe, and returned; ``auto`` and ``none`` depend on the backend and wait for it (None).
 
     Raises:
         UsageError: the file is unreadable, empty or malformed (with a did-you-mean when the
             value looks like a mistyped ``auto`` or ``none``).
     """
     if option is None or option in LEDGER_WORDS:
-        return
+        return None
     try:
-        ledgers.load(option)
+        return ledgers.load(option)
     except ledgers.LedgerError as exc:
         near = difflib.get_close_matches(option, LEDGER_WORDS, n=1) if not Path(option).exists() else []
         raise UsageError(str(exc) + (f" - did you mean --ledger {near[0]}?" if near else "")) from exc
 
 
-def fixes_in_ledger_file(fixes: str | None, option: str | None) -> None:
-    """``--fixes`` against a ``--ledger FILE`` (read by :func:`ledger_file` just before): each
+def fixes_in_ledger(fixes: str | None, ledger: ledgers.Ledger | None) -> None:
+    """``--fixes`` against the ledger of a ``--ledger FILE`` (:func:`ledger_file`'s): each
     pattern names an entry of it, as the sweep would find after its probe. With ``auto`` the
-    ledger depends on the backend, and the sweep checks then.
+    ledger depends on the backend (None here), and the sweep checks then.
 
     Raises:
         UsageError: the sweep's own line (``review.required_entries``), did-you-mean included.
     """
-    if fixes is None or option is None or option in LEDGER_WORDS:
+    if fixes is None or ledger is None:
         return
     try:
-        reviews.required_entries([p for p in fixes.split(",") if p], ledgers.load(option))
+        reviews.required_entries([p for p in fixes.split(",") if p], ledger)
     except reviews.ReviewError as exc:
         raise UsageError(str(exc)) from exc
 
