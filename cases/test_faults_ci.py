@@ -2,7 +2,7 @@
 fault of the whole ``sweep --preset ci --recipes none``, and one per fault under one recipe
 (``RECIPE``), against ``fixtures/faults.py``, whose forward faults in the fp16 cells at world
 size >= 2 with a plain, a distributed or an in-place GTP weight (``FAULTED``, ``DW_FAULT_CELLS``:
-five cells, each kind of step below among them), a hooked cell's hooks-off twin included: rank
+each kind of step below among them), a hooked cell's hooks-off twin included: rank
 1 raises, rank 1 is SIGKILLed, rank 0 hangs. Each faulted cell costs a launch (a hang, its
 bound too), so the fault fires in a cell of each kind, not in every cell of a dtype.
 
@@ -53,9 +53,9 @@ from harness.vocabulary.matrix import Cell, compile_filter
 from harness.vocabulary.plan import LaunchPlan
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the cells the faults fire in: of the fp16 cells at world size >= 2 (ten in each sweep's
-#: ``ci``), those of the weights that name each kind of step the docstring lists (the test
-#: asserts each kind is among them)
+#: the cells the faults fire in: of the fp16 cells at world size >= 2 of each sweep's ``ci``,
+#: those of the weights that name each kind of step the docstring lists (the test asserts
+#: each kind is among them)
 FAULTED = 'dtype == "fp16" and world_size >= 2 and weight in ("plain", "distributed", "gtp_inplace")'
 
 
