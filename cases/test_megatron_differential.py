@@ -35,7 +35,7 @@ TIMEOUT_S = 300.0
 def test_gtp_mcore_is_bitwise_megatron(world_size, tmp_path):
     why = component.missing()
     assert why is None, f"Megatron's class is not installed ({why}): run `python -m harness install megatron`"
-    result = run_torchrun(SCRIPT, world_size, timeout_s=TIMEOUT_S, args=(str(tmp_path),))
+    result = run_torchrun(SCRIPT, world_size, timeout_s=TIMEOUT_S, args=(str(tmp_path),), forked=True)
     context = f"rc={result.returncode}\nstderr:\n{result.stderr[-4000:]}"
     records = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     by_rank = {r["rank"]: r for r in records}
