@@ -41,7 +41,7 @@ import socket
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from harness.vocabulary.plan import harness_root
 
@@ -74,10 +74,30 @@ def preload(specs: list[str]) -> None:
     worker.preload_backends(specs, FIRST_USE_IMPORTS)
 
 
-def _agent(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become ``python -m harness.rank.agent ARGV`` and exit with its code."""
+def end_as_process(body: Callable[[], None]) -> NoReturn:
+    """In a forked child: run ``body`` and exit as a new Python process running it would - 0,
+    the code of a ``SystemExit``, or 1 with the traceback on stderr for any other exception -
+    after flushing its streams (``os._exit``: nothing of the parent's runs at the child's exit)."""
     code = 1
     try:
+        body()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 (as an uncaught exception ends a fresh process)
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    os._exit(code)
+
+
+def _agent(request: dict[str, Any], fds: list[int]) -> NoReturn:
+    """In the forked child: become ``python -m harness.rank.agent ARGV`` and exit with its code."""
+    def become() -> None:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -92,18 +112,8 @@ def _agent(request: dict[str, Any], fds: list[int]) -> None:
         from harness.rank import agent
 
         agent.main(list(request["argv"]))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 (as an uncaught exception ends a fresh process)
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-    os._exit(code)
+
+    end_as_process(become)
 
 
 def _unseen_paths(request: dict[str, Any]) -> list[str]:
