@@ -26,7 +26,7 @@ from harness.install import te as te_component
 from harness.launcher.launch import LaunchOptions, launch_cells
 from harness.records.record import CellResult
 
-from fixtures.te_script import load_kernels, run_te_script
+from fixtures.te_script import load_kernels, run_python, run_te_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_BUG = "weight was removed while fuse_wgrad_accumulation=True"
@@ -44,9 +44,11 @@ def _te_installed() -> None:
                     pytrace=False)
 
 
-def _python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+def _python(code: str, env: dict[str, str] | None = None, timeout: float = 300,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """``code`` after its import of te-cpu (``fixtures.te_script.run_python``); ``fresh``: a new
+    process, for a script that imports another te-cpu backend first."""
+    return run_python(textwrap.dedent(code), {**os.environ, **(env or {})}, timeout, fresh)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +125,7 @@ def test_missing_kernel_and_extension_surface() -> None:
 def test_tf32_backend_rounds_fp32_gemms_and_is_judged_with_tf32_roundoff() -> None:
     """te-cpu-tf32: an fp32 cell's output differs from IEEE fp32 by TF32 rounding (visible),
     passes with the TF32 bound, and would fail the IEEE one."""
-    proc = _python("""
+    proc = _python(fresh=True, code="""
         import json
         import harness.backends.te_cpu.tf32 as backend
         from harness.vocabulary import matrix
