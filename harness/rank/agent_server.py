@@ -74,6 +74,24 @@ def preload(specs: list[str]) -> None:
     worker.preload_backends(specs, FIRST_USE_IMPORTS)
 
 
+def fork_session() -> int:
+    """``os.fork()`` with the child in a session of its own before the parent returns - a caller
+    told the pid may ``killpg`` its group at once: 0 in the child, its pid in the parent."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    started_r, started_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(started_r)
+        os.setsid()
+        os.close(started_w)
+        return 0
+    os.close(started_w)
+    os.read(started_r, 1)  # empty once the child has its session (or died)
+    os.close(started_r)
+    return pid
+
+
 def end_as_process(body: Callable[[], None]) -> NoReturn:
     """In a forked child: run ``body`` and exit as a new Python process running it would - 0,
     the code of a ``SystemExit``, or 1 with the traceback on stderr for any other exception -
@@ -116,7 +134,7 @@ def _agent(request: dict[str, Any], fds: list[int]) -> NoReturn:
     end_as_process(become)
 
 
-def _unseen_paths(request: dict[str, Any]) -> list[str]:
+def unseen_paths(request: dict[str, Any]) -> list[str]:
     """What the caller's agent would import from that this server's modules were not imported
     from: its working directory (``python -m`` puts it first) and its ``PYTHONPATH`` entries,
     each unless already on this server's ``sys.path``. A caller with a module of its own there
@@ -146,7 +164,7 @@ def _serve_one(conn: socket.socket) -> int | None:
         request = json.loads(buf)
         if request.get("root") != harness_root():
             raise ValueError(f"this server runs the harness of {harness_root()}, not {request.get('root')}")
-        unseen = _unseen_paths(request)
+        unseen = unseen_paths(request)
         if unseen:
             raise ValueError(f"the caller imports from {unseen}, which this server's imports did not see")
         if len(fds) != _STREAMS:
@@ -157,19 +175,10 @@ def _serve_one(conn: socket.socket) -> int | None:
             os.close(fd)
         conn.close()
         return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    started_r, started_w = os.pipe()
-    pid = os.fork()
+    pid = fork_session()
     if pid == 0:
         conn.close()
-        os.close(started_r)
-        os.setsid()  # before the caller learns the pid: its killpg must find the group
-        os.close(started_w)
         _agent(request, fds)
-    os.close(started_w)
-    os.read(started_r, 1)  # empty once the child has its session (or died)
-    os.close(started_r)
     for fd in fds:
         os.close(fd)
     _send(conn, {"pid": pid})
