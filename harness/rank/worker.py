@@ -406,6 +406,15 @@ _FORKED = False
 FAILED_EXIT_DELAY_S = 0.5
 
 
+def restore_signal_defaults() -> None:
+    """In a rank forked from torchrun's agent: the handlers a fresh Python process has for
+    SIGINT, SIGTERM, SIGHUP and SIGQUIT (the agent's raise an exception, which in a rank would
+    surface inside a cell)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def forked(*argv: str) -> int:
     """A rank forked from torchrun's agent (``harness.rank.agent``): ``main`` in a process that
     inherited the agent's imports, signal handlers and thread count.
@@ -422,9 +431,7 @@ def forked(*argv: str) -> int:
     """
     global _FORKED
     _FORKED = True
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
+    restore_signal_defaults()
     try:
         code = main(list(argv))
     except BaseException:
