@@ -111,3 +111,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """``FIRST``'s modules go first, in that order; the rest keep pytest's order."""
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(_module(item), len(FIRST)))
+
+
+#: the variables this file sets for the whole pytest run, which every test inherits
+_SUITE_ENVIRONMENT = (_LAUNCH_CACHE, _ORACLE_CACHE, _AGENT_SERVER)
+
+
+@pytest.fixture(autouse=True)
+def _suite_environment_kept():
+    """A test that leaves one of ``_SUITE_ENVIRONMENT`` changed fails, and the value comes back
+    for the tests after it. Why: a test that set the agent server's variable to its own server
+    and then deleted it (instead of ``monkeypatch``) left every later test of its worker
+    without the suite's server - each of their launches then started its agent as a new process,
+    30 to 70 CPU-s a suite run, and nothing failed."""
+    before = {name: os.environ.get(name) for name in _SUITE_ENVIRONMENT}
+    yield
+    changed = {name: os.environ.get(name) for name in _SUITE_ENVIRONMENT if os.environ.get(name) != before[name]}
+    for name in changed:
+        if before[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]
+    if changed:
+        pytest.fail(f"the test changed the suite's environment: {changed} (was "
+                    f"{ {n: before[n] for n in changed} }); use monkeypatch", pytrace=False)

@@ -98,7 +98,7 @@ def test_another_checkout_or_no_server_falls_back_to_a_new_process(server, monke
     agent.stdout.close()
 
 
-def test_the_server_ends_when_its_owner_does(tmp_path):
+def test_the_server_ends_when_its_owner_does(tmp_path, monkeypatch):
     path = tmp_path / "s.sock"
     proc = subprocess.Popen([sys.executable, "-m", "harness.rank.agent_server", "--socket", str(path),
                              "--backends", "reference"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -106,12 +106,12 @@ def test_the_server_ends_when_its_owner_does(tmp_path):
     assert proc.stdout.readline() == b"ready\n" and path.exists()
     # an agent it forked outlives it (its own session), and its caller still sees it run
     env = {**os.environ, served.SERVER_ENV: str(path), "PYTHONPATH": str(ROOT)}
-    os.environ[served.SERVER_ENV] = str(path)
-    try:
-        agent = served.start_agent(["--warm", "reference"], env=env, stdin=served.PIPE, stdout=served.PIPE,
-                                   stderr=served.DEVNULL)
-    finally:
-        del os.environ[served.SERVER_ENV]
+    # (monkeypatch gives the suite's own server back to the tests after this one: a plain
+    # ``del`` left this worker's later launches without it)
+    monkeypatch.setenv(served.SERVER_ENV, str(path))
+    agent = served.start_agent(["--warm", "reference"], env=env, stdin=served.PIPE, stdout=served.PIPE,
+                               stderr=served.DEVNULL)
+    monkeypatch.undo()
     assert isinstance(agent, served.ServedAgent)
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0

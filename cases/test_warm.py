@@ -168,3 +168,45 @@ def test_the_agent_imports_what_a_hook_mode_imports_whatever_the_backend(tmp_pat
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, imported]
+
+
+_PRELOAD_MEGATRON = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from harness.cell import hooks, megatron_shims
+    from harness.rank import worker
+    from harness.vocabulary import matrix, modules
+    from harness.vocabulary.plan import LaunchPlan, PlanTask
+    folder = Path(sys.argv[1])
+    cells = {name: matrix.select("ci", axes)[0] for name, axes in (
+        ("plain", {"hooks": ("save_on_cpu",), "weight": ("plain",)}), ("offload", {"hooks": ("mcore_offload",)}),
+        ("weight", {"weight": ("megatron",)}), ("layer", {"module": modules.LAYERS}))}
+    names = {name: worker._megatron_imports([cell]) for name, cell in cells.items()}
+    plan = folder / "plan.json"
+    LaunchPlan(folder, "p", [PlanTask("te-cpu", cells["plain"].id)], [], device="cpu").write(plan)
+    plain = [worker.preload(["--plan", str(plan)]), "megatron.core" in sys.modules]
+    LaunchPlan(folder, "p", [PlanTask("te-cpu", cells["offload"].id)], [], device="cpu").write(plan)
+    offload = [worker.preload(["--plan", str(plan)]), hooks.MEGATRON_OFFLOAD in sys.modules]
+    print(json.dumps({"names": names, "plain": plain, "offload": offload,
+                      "shims": [s.target for s in megatron_shims.applied()]}))
+""")
+
+
+def test_the_agent_imports_megatrons_modules_for_the_cells_that_run_them(tmp_path):
+    """On a CPU plan whose TE is loaded, the agent imports the Megatron-Core modules its cells
+    import at their first use, once for every rank: none for a plan without such a cell, the
+    fine-grained offloading module for an ``mcore_offload`` cell, the GTP module for a cell of
+    Megatron's weight, those and the expert layer's for a layer cell. It imports only: the
+    stand-ins Megatron's code needs (``megatron_shims``) are still applied by the cell code
+    that runs it."""
+    from fixtures.te_script import run_python
+    from harness.cell import hooks, mlp
+    from harness.cell.megatron_gtp import FIRST_USE_IMPORTS as GTP
+
+    code = _PRELOAD_MEGATRON.replace("sys.argv[1]", repr(str(tmp_path)))
+    proc = run_python(code, {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["names"] == {"plain": [], "offload": [hooks.MEGATRON_OFFLOAD], "weight": list(GTP),
+                            "layer": [*GTP, *mlp.MEGATRON_IMPORTS]}
+    assert got["plain"] == [True, False] and got["offload"] == [True, True] and got["shims"] == []

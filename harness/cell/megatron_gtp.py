@@ -42,6 +42,9 @@ from harness.cell.gtp_native import native_shard, quantized
 __all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "inject_native", "reset_state", "GTP_MODULE"]
 
 GTP_MODULE = "megatron.core.tensor_parallel.generalized_tensor_parallelism"
+#: what :func:`load` imports at a rank's first Megatron cell (torchrun's agent imports them for
+#: its ranks once, ``harness.rank.worker.preload``)
+FIRST_USE_IMPORTS: tuple[str, ...] = ("megatron.core", GTP_MODULE)
 INSTALL_HINT = "run `python -m harness install megatron`"
 
 
@@ -60,13 +63,14 @@ def load() -> types.ModuleType:
 
         # every time (idempotent): Megatron may have been imported by other code of the rank first
         megatron_shims.apply()
-    if GTP_MODULE in sys.modules:
-        return sys.modules[GTP_MODULE]
-    why = weights.megatron_missing()
-    if why is not None:
-        raise MegatronUnavailable(f"{why}: {INSTALL_HINT}")
-    importlib.import_module("megatron.core")
-    gtp = importlib.import_module(GTP_MODULE)
+    gtp = sys.modules.get(GTP_MODULE)  # imported before: by an earlier cell, or the agent for its ranks
+    if gtp is None:
+        why = weights.megatron_missing()
+        if why is not None:
+            raise MegatronUnavailable(f"{why}: {INSTALL_HINT}")
+        for name in FIRST_USE_IMPORTS:
+            importlib.import_module(name)
+        gtp = sys.modules[GTP_MODULE]
     if not gtp.HAVE_TE:
         raise MegatronUnavailable("Megatron's GTP module found no usable TransformerEngine "
                                   "(HAVE_TE=False)")

@@ -97,13 +97,19 @@ def _single() -> Any:
     return _SINGLE[rank]
 
 
+#: Megatron's modules the expert layer is built from: its spec provider, process-group
+#: collection and config (torchrun's agent imports them for its ranks once,
+#: ``harness.rank.worker.preload``)
+MEGATRON_IMPORTS: tuple[str, ...] = ("megatron.core.extensions.transformer_engine_spec_provider",
+                                     "megatron.core.process_groups_config",
+                                     "megatron.core.transformer.transformer_config")
+
+
 def _megatron() -> tuple[Any, Any, Any, Any]:
     """Megatron's spec provider, process-group collection, config and GTP module (the rank
     loaded TE first: the backend is TE)."""
     gtp = megatron_gtp.load()
-    spec = importlib.import_module("megatron.core.extensions.transformer_engine_spec_provider")
-    groups = importlib.import_module("megatron.core.process_groups_config")
-    config = importlib.import_module("megatron.core.transformer.transformer_config")
+    spec, groups, config = (importlib.import_module(name) for name in MEGATRON_IMPORTS)
     return spec.TESpecProvider, groups.ProcessGroupCollection, config.TransformerConfig, gtp
 
 

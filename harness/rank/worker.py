@@ -39,7 +39,7 @@ from typing import Any, Iterable, TextIO
 import torch
 import torch.distributed as dist
 
-from harness.vocabulary import matrix, weights
+from harness.vocabulary import hook_modes, matrix, modules, weights
 from harness.te_tree import tree as te_tree
 from harness.vocabulary.backend_specs import EVERY_RANK, preload_of, split_tree
 from harness.rank.loading import foreign_te_modules, load_backend
@@ -348,7 +348,9 @@ def preload(argv: list[str]) -> bool:
     import reads the launch's environment only) is imported here too, after the launch's
     environment is in place, on a plan for the CPU only (te-cpu answers ``torch.cuda`` as a GPU
     would: a rank of an ``auto`` plan must choose its device before it imports te-cpu, as it
-    does): each rank then skips TE's import (about 0.6 CPU-s). Returns
+    does): each rank then skips TE's import (about 0.6 CPU-s). On such a plan, te-cpu's layer
+    for a weight whose code runs TE's (``_te_platform``) and the Megatron-Core modules the cells
+    import at their first use (``_megatron_imports``) come here too, once for all ranks. Returns
     False when such an import failed here: whatever it did before failing is in this process,
     so the ranks must start as new processes (``harness.rank.agent``), which import the
     backend themselves and fail as they would have."""
@@ -364,7 +366,48 @@ def preload(argv: list[str]) -> bool:
                 load_backend(spec)
             except BaseException:  # noqa: BLE001 (the ranks import it anew and say why)
                 return False
+    cells = _plan_cells(plan)
+    try:
+        _te_platform(cells)
+    except BaseException:  # noqa: BLE001 (te-cpu's layer half applied here: the ranks start anew)
+        return False
+    _import_quietly(_megatron_imports(cells))
     return True
+
+
+def _plan_cells(plan: LaunchPlan) -> list[matrix.Cell]:
+    """The plan's cells (an id that names no cell is left to the rank, which says why)."""
+    cells = []
+    for task in plan.tasks:
+        try:
+            cells.append(matrix.Cell.from_id(task.cell))
+        except matrix.MatrixError:
+            pass
+    return cells
+
+
+def _megatron_imports(cells: Iterable[matrix.Cell]) -> list[str]:
+    """Megatron-Core's modules the cells import at their first use, in every rank alike (about
+    1 CPU-s a rank): its fine-grained offloading (``hooks.MEGATRON_OFFLOAD``), its GTP weight
+    (``megatron_gtp.FIRST_USE_IMPORTS``), its expert layer (``mlp.MEGATRON_IMPORTS``). Only where
+    TransformerEngine is loaded already (a TE backend, or te-cpu's layer for a weight that runs
+    TE's code): Megatron imports TE, which must come from that layer. Imported only: the
+    stand-ins Megatron's code needs at run time (``megatron_shims``) are still applied by the
+    cell code that runs it, as in a rank that imported the modules itself."""
+    if "transformer_engine.pytorch" not in sys.modules or weights.megatron_missing() is not None:
+        return []
+    from harness.cell.megatron_gtp import FIRST_USE_IMPORTS as GTP_IMPORTS
+    from harness.cell.mlp import MEGATRON_IMPORTS
+
+    names: list[str] = []
+    for c in cells:
+        if hook_modes.KINDS[c.hooks].installer == "megatron":
+            names.append(hooks.MEGATRON_OFFLOAD)
+        if weights.KINDS[c.weight].implementer == "megatron":
+            names.extend(GTP_IMPORTS)
+        if c.module in modules.LAYERS:
+            names.extend((*GTP_IMPORTS, *MEGATRON_IMPORTS))
+    return list(dict.fromkeys(names))
 
 
 def preload_backends(specs: Iterable[str], hook_modes: Iterable[str] = ()) -> None:
@@ -380,15 +423,8 @@ def preload_backends(specs: Iterable[str], hook_modes: Iterable[str] = ()) -> No
 
 
 def _hook_modes(plan: LaunchPlan) -> list[str]:
-    """The hook modes of the plan's cells (an id that names no cell is left to the rank, which
-    says why)."""
-    modes: set[str] = set()
-    for task in plan.tasks:
-        try:
-            modes.add(matrix.Cell.from_id(task.cell).hooks)
-        except matrix.MatrixError:
-            pass
-    return sorted(modes)
+    """The hook modes of the plan's cells."""
+    return sorted({c.hooks for c in _plan_cells(plan)})
 
 
 def _import_quietly(names: Iterable[str]) -> None:
