@@ -206,13 +206,17 @@ def _te_platform(cells: Iterable[matrix.Cell]) -> None:
     runs only on te-cpu's layer: applied here, at the top of the rank's world, so that the cell
     code below never imports a backend. Where TE cannot be imported, each such cell says so
     (``MegatronUnavailable``) and the import's reason is in this rank's log."""
-    if torch.cuda.device_count() > 0 or "transformer_engine.pytorch" in sys.modules:
-        return
-    if any(weights.KINDS[c.weight].imports_te for c in cells):
+    if _needs_te_layer(cells):
         try:
             import harness.backends.te_cpu.backend  # noqa: F401  (applies TE's CPU layer and imports TE)
         except ImportError as exc:
             print(f"te-cpu's layer for a weight that imports TE: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _needs_te_layer(cells: Iterable[matrix.Cell]) -> bool:
+    """Whether ``_te_platform`` imports te-cpu for ``cells`` in this process."""
+    return (torch.cuda.device_count() == 0 and "transformer_engine.pytorch" not in sys.modules
+            and any(weights.KINDS[c.weight].imports_te for c in cells))
 
 
 def run(plan: LaunchPlan) -> int:
@@ -367,10 +371,11 @@ def preload(argv: list[str]) -> bool:
             except BaseException:  # noqa: BLE001 (the ranks import it anew and say why)
                 return False
     cells = _plan_cells(plan)
-    try:
-        _te_platform(cells)
-    except BaseException:  # noqa: BLE001 (te-cpu's layer half applied here: the ranks start anew)
-        return False
+    if _needs_te_layer(cells):  # the rank's ``_te_platform``, once for all ranks
+        try:
+            import harness.backends.te_cpu.backend  # noqa: F401
+        except BaseException:  # noqa: BLE001 (half applied here: the ranks start anew, import it and say why)
+            return False
     _import_quietly(_megatron_imports(cells))
     return True
 
