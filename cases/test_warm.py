@@ -109,8 +109,8 @@ _PRELOAD = textwrap.dedent("""
     from harness.vocabulary import matrix
     from harness.vocabulary.plan import LaunchPlan, PlanTask
     folder, out = Path(sys.argv[1]), []
-    cell = matrix.select("smoke")[0]
-    for spec, device in [tuple(a.split("=")) for a in sys.argv[2:]]:
+    for spec, device, *weight in [tuple(a.split("=")) for a in sys.argv[2:]]:
+        cell = matrix.select("ci", {"weight": tuple(weight)})[0] if weight else matrix.select("smoke")[0]
         plan = folder / f"{len(out)}.json"
         LaunchPlan(folder, "p", [PlanTask(spec, cell.id)], [], device=device).write(plan)
         out.append([worker.preload(["--plan", str(plan)]), "transformer_engine.pytorch" in sys.modules])
@@ -134,9 +134,12 @@ def test_the_agent_imports_te_cpu_for_its_ranks_only_on_a_cpu_plan(tmp_path):
     its ranks as new processes, which fail as they would have."""
     not_a_tree = tmp_path / "not-a-tree"
     not_a_tree.mkdir()
-    # a backend whose import may depend on the rank is never imported here
-    assert _preloaded(tmp_path, "reference=cpu", f"te-cpu@{not_a_tree}=cpu", "te-cpu=auto", "te-cpu=cpu") == [
-        [True, False], [False, False], [True, False], [True, True]]
+    # a backend whose import may depend on the rank is never imported here; nor is te-cpu's
+    # layer for a cell of Megatron's weight where a backend runs a tree this process did not
+    # load (a planted fault's): its ranks import TE from the tree
+    assert _preloaded(tmp_path, "reference=cpu", f"te-cpu@{not_a_tree}=cpu", "te-cpu=auto",
+                      f"harness.backends.te_cpu.mutants:fc2-fix-missing@{not_a_tree}=cpu=megatron",
+                      "te-cpu=cpu") == [[True, False], [False, False], [True, False], [True, False], [True, True]]
 
 
 _PRELOAD_MODES = textwrap.dedent("""

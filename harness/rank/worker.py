@@ -354,10 +354,12 @@ def preload(argv: list[str]) -> bool:
     would: a rank of an ``auto`` plan must choose its device before it imports te-cpu, as it
     does): each rank then skips TE's import (about 0.6 CPU-s). On such a plan, te-cpu's layer
     for a weight whose code runs TE's (``_te_platform``) and the Megatron-Core modules the cells
-    import at their first use (``_megatron_imports``) come here too, once for all ranks. Returns
-    False when such an import failed here: whatever it did before failing is in this process,
-    so the ranks must start as new processes (``harness.rank.agent``), which import the
-    backend themselves and fail as they would have."""
+    import at their first use (``_megatron_imports``) come here too, once for all ranks (not
+    te-cpu's layer where a backend of the plan runs a TE tree not loaded here). Returns False
+    when a backend's or te-cpu's layer's import failed here: whatever it did before failing is
+    in this process, so the ranks must start as new processes (``harness.rank.agent``), which
+    import them themselves and fail as they would have. A Megatron module that fails to import
+    is left to the ranks, as a preloaded module is."""
     plan = LaunchPlan.read(Path(argv[argv.index("--plan") + 1]))
     specs = list(dict.fromkeys(t.backend for t in plan.tasks))
     preload_backends(specs, _hook_modes(plan))
@@ -371,7 +373,10 @@ def preload(argv: list[str]) -> bool:
             except BaseException:  # noqa: BLE001 (the ranks import it anew and say why)
                 return False
     cells = _plan_cells(plan)
-    if _needs_te_layer(cells):  # the rank's ``_te_platform``, once for all ranks
+    # the rank's ``_te_platform``, once for all ranks - except where a backend of the plan
+    # runs a TE tree this process did not load (a fault planted in TE's code on a tree): its
+    # ranks must import TE from the tree, which loading that backend sets up first
+    if _needs_te_layer(cells) and not any(split_tree(spec)[1] for spec in specs):
         try:
             import harness.backends.te_cpu.backend  # noqa: F401
         except BaseException:  # noqa: BLE001 (half applied here: the ranks start anew, import it and say why)
