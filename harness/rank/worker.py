@@ -47,7 +47,7 @@ from harness.vocabulary.shape import Example
 from harness.vocabulary.plan import Lane
 from harness.vocabulary.plan import LaunchPlan
 from harness.records.record import CellResult, RankResult, kind_ratios
-from harness.cell import faults, hooks, twin
+from harness.cell import faults, hooks, megatron_gtp, mlp, twin
 from harness.cell.faults import peer_lost
 from harness.cell import oracle_store
 from harness.cell.runner import RankContext, error_info, run_cell, share_oracles
@@ -362,7 +362,8 @@ def preload(argv: list[str]) -> bool:
     is left to the ranks, as a preloaded module is."""
     plan = LaunchPlan.read(Path(argv[argv.index("--plan") + 1]))
     specs = list(dict.fromkeys(t.backend for t in plan.tasks))
-    preload_backends(specs, _hook_modes(plan))
+    cells = _plan_cells(plan)
+    preload_backends(specs, sorted({c.hooks for c in cells}))
     if plan.device != "cpu":  # te-cpu answers torch.cuda: a rank must choose its device first
         return True
     for spec in specs:
@@ -372,7 +373,6 @@ def preload(argv: list[str]) -> bool:
                 load_backend(spec)
             except BaseException:  # noqa: BLE001 (the ranks import it anew and say why)
                 return False
-    cells = _plan_cells(plan)
     # the rank's ``_te_platform``, once for all ranks - except where a backend of the plan
     # runs a TE tree this process did not load (a fault planted in TE's code on a tree): its
     # ranks must import TE from the tree, which loading that backend sets up first
@@ -406,17 +406,14 @@ def _megatron_imports(cells: Iterable[matrix.Cell]) -> list[str]:
     cell code that runs it, as in a rank that imported the modules itself."""
     if "transformer_engine.pytorch" not in sys.modules or weights.megatron_missing() is not None:
         return []
-    from harness.cell.megatron_gtp import FIRST_USE_IMPORTS as GTP_IMPORTS
-    from harness.cell.mlp import MEGATRON_IMPORTS
-
     names: list[str] = []
     for c in cells:
         if hook_modes.KINDS[c.hooks].installer == "megatron":
             names.append(hooks.MEGATRON_OFFLOAD)
         if weights.KINDS[c.weight].implementer == "megatron":
-            names.extend(GTP_IMPORTS)
+            names.extend(megatron_gtp.FIRST_USE_IMPORTS)
         if c.module in modules.LAYERS:
-            names.extend((*GTP_IMPORTS, *MEGATRON_IMPORTS))
+            names.extend((*megatron_gtp.FIRST_USE_IMPORTS, *mlp.MEGATRON_IMPORTS))
     return list(dict.fromkeys(names))
 
 
@@ -430,11 +427,6 @@ def preload_backends(specs: Iterable[str], hook_modes: Iterable[str] = ()) -> No
             os.environ.setdefault(name, value)
     _import_quietly([*EVERY_RANK, *(m for mode in hook_modes for m in hooks.FIRST_USE_IMPORTS.get(mode, ())),
                      *(m for p in preloads for m in p.modules)])
-
-
-def _hook_modes(plan: LaunchPlan) -> list[str]:
-    """The hook modes of the plan's cells."""
-    return sorted({c.hooks for c in _plan_cells(plan)})
 
 
 def _import_quietly(names: Iterable[str]) -> None:
