@@ -20,7 +20,8 @@ import harness.backends.reference as reference
 from fixtures.modules import attach_main_grad, build, load_full
 from fixtures.process_group import fake_world
 from fixtures.tensors import seeded
-from harness.cell.gtp import Behaviour, CallLog, GTPWeight, inject_gtp, reset_chain, shard_rows, weight_names
+from harness.cell.gtp import (Behaviour, CallLog, GTPWeight, inject_gtp, live_referents, reset_chain, shard_rows,
+                              weight_names)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -450,6 +451,27 @@ def test_shared_buffers_go_stale_at_the_next_materialize(in_process_ws1):
     assert again[0] is not fwd[0] and all(w.requires_grad for w in again)
     del fwd, again
     assert gtp.live_forward_gathers() == 0
+
+
+def test_live_referents_rules_out_cycles_and_collects_only_above_the_floor():
+    """A tensor kept only by a reference cycle is not alive; one a caller holds is. At or
+    below ``floor`` (the count the caller already has) the count is taken as it is: a
+    cycle-held tensor still counts there, since that count cannot raise the caller's maximum."""
+    import gc
+    import weakref
+
+    held, cyclic = torch.ones(2), torch.ones(2)
+    loop: list = [cyclic]
+    loop.append(loop)  # a cycle: only a collection frees it
+    refs = [weakref.ref(held), weakref.ref(cyclic)]
+    del cyclic, loop
+    gc.disable()
+    try:
+        assert live_referents(refs, floor=2) == 2  # no collection: the cycle still holds it
+        assert live_referents(refs) == 1           # above the floor: collected, exact
+    finally:
+        gc.enable()
+    assert live_referents(refs, floor=1) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

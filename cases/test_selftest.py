@@ -46,7 +46,7 @@ def test_removing_the_check_lets_the_mutant_survive(monkeypatch):
         return [c for c in real(cell, gtp) if c.name != "leader.materialize_backward_calls"]
 
     monkeypatch.setattr(runner, "_protocol_checks", without_backward_count)
-    monkeypatch.setattr(runner.GTPGroup, "live_forward_gathers", lambda self: 0)
+    monkeypatch.setattr(runner.GTPGroup, "live_forward_gathers", lambda self, floor=0: 0)
     m = mutants.MUTANTS["dgrad-forward-copy"]
     verdict = _judge(m, [runner_result(m, c) for c in _cells("linear")])
     assert verdict.verdict == "survived", verdict

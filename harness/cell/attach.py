@@ -36,7 +36,7 @@ class ShardedGroup(Protocol):
     padded_rows: int
     rows_per_rank: int
 
-    def live_forward_gathers(self) -> int: ...
+    def live_forward_gathers(self, floor: int = 0) -> int: ...
 
 
 Maker = Callable[[torch.nn.Module], ShardedGroup]

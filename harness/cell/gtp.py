@@ -44,6 +44,25 @@ _POISON_SCALE = 97.0
 _NAN = float("nan")
 
 
+
+def live_referents(refs: Sequence[weakref.ref], floor: int = 0) -> int:
+    """How many of ``refs`` still point to a live object, reference cycles ruled out - or, when
+    that many cannot exceed ``floor`` (the largest count the caller already holds), a number
+    no larger than ``floor``.
+
+    Only a cycle could keep a released tensor alive, so a count above ``floor`` is taken again
+    after a full collection. A collection scans every object the rank holds, and a count above
+    0 is common where a backend keeps its gathered weight (each failing cell of TE's known
+    defects that keep it meets one every microbatch). The caller keeps the largest count of a
+    step, so a count at or below the one it has cannot change it, collected or not: the later
+    microbatches of such a cell collect nothing."""
+    alive = sum(r() is not None for r in refs)
+    if alive > floor:
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+    return alive
+
+
 @dataclass
 class CallLog:
     """Every protocol call a group received, in order."""
@@ -279,13 +298,10 @@ class GTPGroup:
         self._lent = [g.clone() for g in gathered]
         return [buf.detach() for buf in self._lent]  # the caller's objects, our storage
 
-    def live_forward_gathers(self) -> int:
-        """How many tensors handed out by forward-materialize are still alive."""
-        alive = sum(r() is not None for r in self._forward_gathers)
-        if alive:
-            gc.collect()  # only reference cycles could keep a released tensor; rule them out
-            alive = sum(r() is not None for r in self._forward_gathers)
-        return alive
+    def live_forward_gathers(self, floor: int = 0) -> int:
+        """How many tensors handed out by forward-materialize are still alive
+        (:func:`live_referents`: exact above ``floor``)."""
+        return live_referents(self._forward_gathers, floor)
 
     # ---- finalize ----------------------------------------------------------------------
     def finalize(self, caller: int, wgrads: Any) -> Any:

@@ -23,7 +23,6 @@ attributes that log the call and delegate to the class's own method.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import sys
 import types
@@ -36,7 +35,7 @@ import torch
 
 from harness.cell.faults import MegatronUnavailable
 from harness.vocabulary import weights
-from harness.cell.gtp import CallLog, weight_names
+from harness.cell.gtp import CallLog, live_referents, weight_names
 from harness.cell.gtp_native import native_shard, quantized
 
 __all__ = ["MegatronUnavailable", "MegatronGroup", "load", "inject", "inject_native", "reset_state", "GTP_MODULE"]
@@ -136,13 +135,10 @@ class MegatronGroup:
         spy("finalize_group_grads", finalize)
         spy("grad_buffer", lambda *a, **k: None)
 
-    def live_forward_gathers(self) -> int:
-        """How many tensors handed out by forward-materialize are still alive."""
-        alive = sum(r() is not None for r in self._forward_gathers)
-        if alive:
-            gc.collect()
-            alive = sum(r() is not None for r in self._forward_gathers)
-        return alive
+    def live_forward_gathers(self, floor: int = 0) -> int:
+        """How many tensors handed out by forward-materialize are still alive
+        (:func:`harness.cell.gtp.live_referents`: exact above ``floor``)."""
+        return live_referents(self._forward_gathers, floor)
 
 
 @contextmanager

@@ -360,7 +360,8 @@ def _iteration(backend: ModuleType, cell: Cell, chunk: Chunk, inputs: LayerInput
             step.forwards += 1
         with owned("harness", "path evidence"):
             step.choices.append(te_path.read(out, chunk.mlps[-1].linear_fc2))
-            step.live_gathers = max([step.live_gathers] + [g.live_forward_gathers() for g in gtps.values()])
+            for g in gtps.values():
+                step.live_gathers = max(step.live_gathers, g.live_forward_gathers(step.live_gathers))
         with owned("backend", "backward"):
             out.backward(dy)
         seen.outputs.append(out.detach().clone())

@@ -442,7 +442,7 @@ def _run_microbatches(module: torch.nn.Module, cell: Cell, inputs: CellInputs, c
             step.choices.append(te_path.read(out, module))  # TE's own record of the path it chose
         with _owned("harness", "consumer", cell):
             if gtp is not None:
-                step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers())
+                step.live_gathers = max(step.live_gathers, gtp.live_forward_gathers(step.live_gathers))
             consumer.before_backward()
         with _owned("backend", "backward", cell):
             out.backward(dy)

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from harness.vocabulary import hook_modes, matrix, modules, weights
 from harness.te_tree import tree as te_tree
 from harness.vocabulary.backend_specs import EVERY_RANK, preload_of, split_tree
+from harness.rank.exchange import all_gather_objects
 from harness.rank.loading import foreign_te_modules, load_backend
 from harness.vocabulary.shape import Example
 from harness.vocabulary.plan import Lane
@@ -182,8 +183,7 @@ def _start(plan: LaunchPlan, rank: int, world: int, local_rank: int, log: TextIO
     print(f"{tag} {time.time():.3f} up: world={world} device={device} pg={pg_backend} store={store} "
           f"cores={_cores()}", flush=True)
     tasks = [(t.backend, matrix.Cell.from_id(t.cell)) for t in plan.tasks]
-    digests: list[Any] = [None] * world
-    dist.all_gather_object(digests, matrix.ids_digest([c for _, c in tasks]), group=control)
+    digests = all_gather_objects(matrix.ids_digest([c for _, c in tasks]), control, world)
     if len(set(digests)) != 1:
         raise RuntimeError(f"the ranks disagree on the cells to run: digests {digests}")
     backends = {spec: load_backend(spec) for spec in dict.fromkeys(b for b, _ in tasks)}
@@ -295,8 +295,7 @@ def _run_lane(plan: LaunchPlan, lane: Lane, groups: tuple[Any, Any], tasks: list
             if device.type == "cuda" and result.status not in ("error", HARNESS_ERROR):
                 torch.cuda.synchronize()
             report.append("result", i=i, backend=spec, cell=cell.id, result=result.serialize())
-            gathered: list[Any] = [None] * size
-            dist.all_gather_object(gathered, result.serialize(), group=control)
+            gathered = all_gather_objects(result.serialize(), control, size)
             return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
                          spec, ex.serialize() if ex is not None and plan.example is None else plan.example)
 
