@@ -4,8 +4,8 @@
 Run from the repository root: ``python benchmarks/bench_exchange.py`` (about a minute on 2 CPU
 cores; ``--calls``, ``--reps``, ``--world-size``). One torchrun launch over a gloo group (the
 ranks' control group is one): the two ways alternate, ``--reps`` rounds of ``--calls`` calls
-each, with a payload about the size of a te-cpu ``ci`` sweep's median rank result (2.7 KiB pickled)
-and of its largest (13.4 KiB). Each rank measures its own CPU time (user and system, from
+each, with a payload of about the size of a te-cpu ``ci`` sweep's median rank result (2.5 KiB
+pickled) and of its largest (12.6 KiB; the sizes are recorded). Each rank measures its own CPU time (user and system, from
 ``resource.getrusage``) and the wall time per call; rank 0 prints the medians over rounds of
 the largest rank's figures. Results go to ``benchmarks/results-<date>.json`` (key ``exchange``).
 """

@@ -113,6 +113,8 @@ CATEGORIES: dict[str, str] = {
     "test_vocabulary": "torchrun",
     "test_warm": "torchrun",            # warm probes; sweeps that take (or leave) a warm agent
     "test_agent_server": "torchrun",    # launches whose torchrun agents the agent server forks
+    "test_exchange": "torchrun",        # the ranks' exchange over a 3-rank gloo group
+    "test_oracle_store": "subprocess",  # the store shared by processes racing for one value
     # a Python subprocess that launches nothing (bad input, --collect-only, import-linter, pip wheel)
     "test_cli": "subprocess",
     "test_docs": "subprocess",
@@ -124,7 +126,7 @@ CATEGORIES: dict[str, str] = {
     "test_packaging": "subprocess",
     # in this process (world size 1, synthetic records, fakes)
     **{f: "in-process" for f in (
-        "test_attach", "test_checks", "test_cpu_gemm", "test_failure_classes", "test_gtp",
+        "test_attach", "test_checks", "test_cpu_gemm", "test_failure_classes", "test_gtp", "test_streamed_record",
         "test_hooks_regression", "test_ledger", "test_matrix", "test_mutants", "test_path_evidence",
         "test_phases", "test_record_file", "test_reference", "test_reports", "test_sensitivity",
         "test_stream", "test_predict", "test_quantized_oracle", "test_te_cpu_quant_kernels", "test_placement")},

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(r'''
         # what each rank sends, per case: sizes on both sides of the slot, an empty payload, and
         # payloads that fill the slot exactly (its length header included) or pass it by a byte
         room = exchange.SLOT - 8
-        exact = next(b"x" * n for n in range(room, 0, -1) if len(pickle.dumps(b"x" * n, protocol=5)) == room)
+        exact = next(b"x" * n for n in range(room, 0, -1) if len(pickle.dumps(b"x" * n, protocol=exchange.PROTOCOL)) == room)
         cases = {
             "small": lambda r: {"rank": r, "checks": [f"c{i}" for i in range(r * 7)]},
             "exact": lambda r: exact,

@@ -44,7 +44,6 @@ _POISON_SCALE = 97.0
 _NAN = float("nan")
 
 
-
 def live_referents(refs: Sequence[weakref.ref], floor: int = 0) -> int:
     """How many of ``refs`` still point to a live object, reference cycles ruled out - or, when
     that many cannot exceed ``floor`` (the largest count the caller already holds), a number

@@ -4,8 +4,9 @@ forked from an agent server when ``DW_AGENT_SERVER`` names one (``harness.rank.a
 Why a server: a new agent process imports torch and the backend's heavy dependencies before
 it can fork a rank (about 1.5 CPU-s for the reference, 4 for ``te-cpu``); a server has
 imported them once, and its forked agents start in milliseconds. The test suite starts one
-per pytest worker (``conftest.py``), so its few hundred launches pay the imports once; a
-user's sweep starts its agents as new processes unless they run a server themselves.
+for its run (``conftest.py``; ``.ci/run`` one for the whole gate), so its few hundred launches
+pay the imports once; a user's sweep starts its agents as new processes unless they run a
+server themselves.
 
 Either way the caller gets an object with what the launcher uses of ``subprocess.Popen``:
 ``pid`` (a process group leader: ``killpg`` ends the agent and its ranks), ``args``,

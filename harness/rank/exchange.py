@@ -24,13 +24,15 @@ import torch.distributed as dist
 #: of the payload
 SLOT = 16 * 1024
 _HEADER = struct.Struct("<q")
+#: the pickle protocol of every payload (every rank runs the same Python)
+PROTOCOL = pickle.HIGHEST_PROTOCOL
 #: torch >= 2.13's name for the collective (the old one warns), whichever this torch has
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def all_gather_objects(obj: Any, group: Any, size: int) -> list[Any]:
     """Every rank's ``obj`` of ``group`` (``size`` ranks), in rank order (each picklable)."""
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.dumps(obj, protocol=PROTOCOL)
     first = SLOT - _HEADER.size
     slot = torch.zeros(SLOT, dtype=torch.uint8)
     head = _HEADER.pack(len(data)) + data[:first]
