@@ -107,8 +107,8 @@ def reset_chain() -> None:
 
 
 # torch >= 2.13 renames the tensor collectives (the old names warn); use whichever exists
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _unsupported(exc: BaseException) -> bool:
@@ -228,7 +228,7 @@ class GTPGroup:
         if self.world_size == 1:
             return flat.clone().unsqueeze(0)
         out = torch.empty(self.world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
-        _ALL_GATHER(out, flat.contiguous(), group=self.group)
+        ALL_GATHER(out, flat.contiguous(), group=self.group)
         return out.view(self.world_size, -1)
 
     def _reduce_scatter(self, inp: torch.Tensor) -> torch.Tensor:
@@ -240,7 +240,7 @@ class GTPGroup:
         inp = inp.contiguous()
         out = torch.empty((inp.shape[0] // n, *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
         try:
-            _REDUCE_SCATTER(out, inp, group=self.group)
+            REDUCE_SCATTER(out, inp, group=self.group)
         except (RuntimeError, NotImplementedError) as exc:
             if not _unsupported(exc):
                 raise

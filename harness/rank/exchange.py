@@ -18,7 +18,8 @@ import struct
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from harness.cell.gtp import ALL_GATHER  # under whichever name this torch has it
 
 #: bytes each rank sends in the first (often only) collective: the length header and the start
 #: of the payload
@@ -26,8 +27,6 @@ SLOT = 16 * 1024
 _HEADER = struct.Struct("<q")
 #: the pickle protocol of every payload (every rank runs the same Python)
 PROTOCOL = pickle.HIGHEST_PROTOCOL
-#: torch >= 2.13's name for the collective (the old one warns), whichever this torch has
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def all_gather_objects(obj: Any, group: Any, size: int) -> list[Any]:
@@ -38,7 +37,7 @@ def all_gather_objects(obj: Any, group: Any, size: int) -> list[Any]:
     head = _HEADER.pack(len(data)) + data[:first]
     slot[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
     slots = torch.empty(size * SLOT, dtype=torch.uint8)
-    _ALL_GATHER(slots, slot, group=group)
+    ALL_GATHER(slots, slot, group=group)
     raw = slots.numpy().tobytes()
     lengths = [_HEADER.unpack_from(raw, i * SLOT)[0] for i in range(size)]
     parts = [raw[i * SLOT + _HEADER.size:i * SLOT + _HEADER.size + min(n, first)] for i, n in enumerate(lengths)]
@@ -48,7 +47,7 @@ def all_gather_objects(obj: Any, group: Any, size: int) -> list[Any]:
         if len(data) > first:
             rest[:len(data) - first] = torch.frombuffer(bytearray(data[first:]), dtype=torch.uint8)
         rests = torch.empty(size * longest, dtype=torch.uint8)
-        _ALL_GATHER(rests, rest, group=group)
+        ALL_GATHER(rests, rest, group=group)
         tail = rests.numpy().tobytes()
         parts = [p + tail[i * longest:i * longest + max(n - first, 0)] for i, (p, n) in enumerate(zip(parts, lengths))]
     return [pickle.loads(p) for p in parts]

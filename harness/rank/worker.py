@@ -294,8 +294,9 @@ def _run_lane(plan: LaunchPlan, lane: Lane, groups: tuple[Any, Any], tasks: list
             result = _run_guarded(backend, cell, ctx, ex, trees.get(spec))
             if device.type == "cuda" and result.status not in ("error", HARNESS_ERROR):
                 torch.cuda.synchronize()
-            report.append("result", i=i, backend=spec, cell=cell.id, result=result.serialize())
-            gathered = all_gather_objects(result.serialize(), control, size)
+            mine = result.serialize()  # once: written to this rank's report, then sent to the lane
+            report.append("result", i=i, backend=spec, cell=cell.id, result=mine)
+            gathered = all_gather_objects(mine, control, size)
             return merge(cell, [RankResult.from_dict(g) for g in gathered], time.perf_counter() - t0,
                          spec, ex.serialize() if ex is not None and plan.example is None else plan.example)
 
