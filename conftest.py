@@ -55,6 +55,10 @@ _LAUNCH_CACHE = "DW_TE_CPU_LAUNCH_CACHE"
 #: reference's, the self-test's rounds, te-cpu's of the wheel and of each patched tree, the
 #: fault sweeps), and their oracle was about half of a reference rank's time
 _ORACLE_CACHE = "DW_ORACLE_CACHE"
+#: the cell selections of this pytest run (``harness/vocabulary/selection_cache.py``, ``ENV``
+#: spelled out as above): the plugin in each pytest process, each sweep's parent and each
+#: self-test round select the same ``ci`` cells, a search of about 0.5 CPU-s each time
+_SELECTION_CACHE = "DW_SELECTION_CACHE"
 #: an agent server for this pytest run (``harness/rank/agent_server.py``, named by
 #: ``harness.launcher.served.SERVER_ENV``, spelled out for the same reason): the suite's few
 #: hundred launches fork their torchrun agents from one process that imported torch and TE's
@@ -90,8 +94,9 @@ def _start_agent_server(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``-n``, ``harness.pytest_plugin.plugin`` has every test of a module run on one worker
     (``--dist loadscope``); the modules then go out in collection order (``FIRST`` leading),
-    not xdist's order by number of tests. The controller makes the run's launch and oracle caches."""
-    for variable, prefix in ((_LAUNCH_CACHE, "dw-launches-"), (_ORACLE_CACHE, "dw-oracles-")):
+    not xdist's order by number of tests. The controller makes the run's launch, oracle and selection caches."""
+    for variable, prefix in ((_LAUNCH_CACHE, "dw-launches-"), (_ORACLE_CACHE, "dw-oracles-"),
+                             (_SELECTION_CACHE, "dw-selections-")):
         if not hasattr(config, "workerinput") and variable not in os.environ:
             folder = tempfile.mkdtemp(prefix=prefix)
             os.environ[variable] = folder
@@ -114,7 +119,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: the variables this file sets for the whole pytest run, which every test inherits
-_SUITE_ENVIRONMENT = (_LAUNCH_CACHE, _ORACLE_CACHE, _AGENT_SERVER)
+_SUITE_ENVIRONMENT = (_LAUNCH_CACHE, _ORACLE_CACHE, _SELECTION_CACHE, _AGENT_SERVER)
+
+
+@pytest.fixture(scope="module")
+def selections_made_here():
+    """For the modules that test the matrix's generator: every selection of the module is made
+    in its own process, none read back from the run's selection cache (``_SELECTION_CACHE``).
+    Module-scoped, so that hypothesis's tests can use it."""
+    saved = os.environ.pop(_SELECTION_CACHE, None)
+    yield
+    if saved is not None:
+        os.environ[_SELECTION_CACHE] = saved
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 from harness.vocabulary import filters, matrix, modules, recipes, shape, weights
 from harness.vocabulary.matrix import AXES, AXIS_NAMES, Axis, Cell, MatrixError, select
 
+#: this module tests the generator: its selections are made here (conftest.py)
+pytestmark = pytest.mark.usefixtures("selections_made_here")
+
 DEFAULTS = {a.name: a.values for a in AXES}
 #: weights that rely on main_grad: every distributed weight (CONTRACTS §2), i.e. all but plain
 NEEDS_DDP = {w for w in weights.NAMES if w != "plain"}

@@ -43,19 +43,31 @@ def test_wheel_installs_the_two_packages(tmp_path):
     assert "[pytest11]" in text and "dw_harness = harness.pytest_plugin.plugin" in text, text
 
 
-def test_install_compiles_the_checkouts_modules_once(tmp_path):
-    """``python -m harness install`` compiles the checkout's modules (``harness.install.bytecode``):
-    an editable install leaves them uncompiled, and under ``PYTHONDONTWRITEBYTECODE`` every
-    process compiled them again. A folder with a file that does not compile is named, not an
-    error (its modules are compiled as they are imported, as before)."""
+def test_install_compiles_the_environment_and_the_checkout_on_every_core(tmp_path):
+    """``python -m harness install`` compiles the checkout's modules and the environment's
+    packages (``harness.install.bytecode``): an editable install leaves the checkout
+    uncompiled, under ``PYTHONDONTWRITEBYTECODE`` every process compiled it again, and the
+    README's pip installs with ``--no-compile``. A checkout folder with a file that does not
+    compile is named and an environment's such file counted, neither an error (their modules
+    are compiled as they are imported, as before); a second pass finds everything current."""
     from harness.install import bytecode
 
     for name in ("harness", "reports"):
         (tmp_path / name / "sub").mkdir(parents=True)
         (tmp_path / name / "sub" / "mod.py").write_text("VALUE = 1\n")
-    assert bytecode.compile_checkout(tmp_path) == []
+    env = tmp_path / "site-packages"
+    for i in range(80):  # more than one pool chunk
+        (env / f"pkg{i % 3}").mkdir(parents=True, exist_ok=True)
+        (env / f"pkg{i % 3}" / f"m{i}.py").write_text(f"VALUE = {i}\n")
+    assert bytecode.compile_all(tmp_path, [env], workers=2) == bytecode.Compiled((), 0)
     for name in ("harness", "reports"):
         assert list((tmp_path / name / "sub" / "__pycache__").glob("mod.*.pyc"))
+    assert len(list(env.rglob("__pycache__/m*.pyc"))) == 80
     (tmp_path / "fixtures").mkdir()
     (tmp_path / "fixtures" / "broken.py").write_text("def (:\n")
-    assert bytecode.compile_checkout(tmp_path) == ["fixtures"]
+    (env / "pkg0" / "py312.py").write_text("def f[T](a): pass\n")
+    compiled = bytecode.compile_all(tmp_path, [env], workers=2)
+    assert compiled == bytecode.Compiled(("fixtures",), 1)
+    assert compiled.summary() == ("ok: not written for fixtures (compiled as imported); 1 file(s) of "
+                                  "the environment do not compile under this Python (left as source)")
+    assert bytecode.Compiled((), 0).summary() == "ok"

@@ -19,6 +19,9 @@ from harness import cli
 from harness.vocabulary import matrix, selection
 from harness.records import recordfile
 
+#: this module tests the generator: its selections are made here (conftest.py)
+pytestmark = pytest.mark.usefixtures("selections_made_here")
+
 ROOT = Path(__file__).resolve().parents[1]
 SELECTION = ["--preset", "full", "--modules", "linear", "--world-sizes", "1", "--dtypes", "bf16",
              "--weights", "plain,distributed", "--sample", "6@3"]

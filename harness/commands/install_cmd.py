@@ -1,5 +1,6 @@
 """``install [COMPONENT ...]``: set up the optional upstream components (see harness.install),
-then compile the checkout's own modules (``harness.install.bytecode``)."""
+then compile the environment's packages and the checkout's own modules
+(``harness.install.bytecode``)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("components", nargs="*", metavar="COMPONENT",
                    help=f"any of {', '.join(COMPONENTS)} (default: all)")
     p.add_argument("--check", action="store_true", help="only report what is missing (exit 1 if any)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="processes compiling the environment and the checkout (default: one per core)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise exitcodes.UsageError(f"--jobs must be at least 1, got {args.jobs}")
     names = args.components or list(COMPONENTS)
     try:
         mods = [component(n) for n in names]
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if after is not None:
             raise exitcodes.UsageError(f"{mod.NAME} still unusable after install: {after}")
         print(f"{mod.NAME}: ok")
-    if not args.check:  # the checkout's own modules, compiled once (harness/install/bytecode.py)
-        failed = bytecode.compile_checkout(Path(harness_root()))
-        print(f"bytecode: {'ok' if not failed else 'not written for ' + ', '.join(failed) + ' (compiled as imported)'}")
+    if not args.check:  # the environment and the checkout, compiled on every core (harness/install/bytecode.py)
+        compiled = bytecode.compile_all(Path(harness_root()), bytecode.environment_folders(), args.jobs)
+        print(f"bytecode: {compiled.summary()}")
     return exitcodes.MISMATCH if missing else exitcodes.OK

@@ -26,12 +26,12 @@ import base64
 import csv
 import hashlib
 import io
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from harness.install.pip import pip
 from harness.vocabulary import weights
 
 NAME = "megatron"
@@ -46,16 +46,6 @@ WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 def missing() -> str | None:
     """None when the harness can load Megatron's GTP module here, else what is missing."""
     return weights.megatron_missing()
-
-
-def _run(*args: str) -> None:
-    from harness.install import InstallError
-
-    cmd = [sys.executable, "-m", "pip", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        raise InstallError(f"`pip {' '.join(args)}` failed: {lines[-1] if lines else proc.returncode}")
 
 
 def _record_row(name: str, data: bytes) -> list[str]:
@@ -108,11 +98,11 @@ def install() -> None:
     if not weights.te_installed():
         component("te").install()
     if sys.version_info >= (3, 12):
-        _run("install", "--quiet", "--no-deps", REQUIREMENT)
+        pip("install", "--no-deps", REQUIREMENT)
         return
     with tempfile.TemporaryDirectory(prefix="dw-megatron-") as tmp:
         tmpdir = Path(tmp)
-        _run("download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+        pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
              "--implementation", "cp", "--abi", "cp312", "--platform", WHEEL_PLATFORM,
              "--dest", str(tmpdir), REQUIREMENT)
         wheels = list(tmpdir.glob("megatron_core-*.whl"))
@@ -120,4 +110,4 @@ def install() -> None:
             raise InstallError(f"pip download of {REQUIREMENT} gave {len(wheels)} wheels")
         (tmpdir / "pure").mkdir()
         pure = repack_pure(wheels[0], tmpdir / "pure")
-        _run("install", "--quiet", "--no-deps", "--force-reinstall", str(pure))
+        pip("install", "--no-deps", "--force-reinstall", str(pure))

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import subprocess
-import sys
+
+from harness.install.pip import pip
 
 NAME = "te"
 SUMMARY = "TransformerEngine 2.20.2's PyTorch modules on CPU (backend te-cpu)"
@@ -77,24 +77,13 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _pip(*args: str) -> None:
-    from harness.install import InstallError
-
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines
-        raise InstallError(f"`{' '.join(cmd[2:])}` failed: {errors[-1] if errors else proc.returncode}")
-
-
 def install() -> None:
     """pip-install TE's pure wheel without its CUDA dependencies, then whichever import-time
     dependencies are missing (an installed triton >= 3.8 is kept)."""
     if _version("transformer_engine") != TE_VERSION:
-        _pip("--no-deps", TE_REQUIREMENT)
+        pip("install", "--no-deps", TE_REQUIREMENT)
     needed = [req for mod, req in DEPENDENCIES.items() if importlib.util.find_spec(mod) is None]
     if _release(_version("triton") or "0") < TRITON_MIN and DEPENDENCIES["triton"] not in needed:
         needed.append(DEPENDENCIES["triton"])
     if needed:
-        _pip(*needed)
+        pip("install", *needed)

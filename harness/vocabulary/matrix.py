@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.vocabulary.errors import MatrixError
-from harness.vocabulary import filters, hook_modes, modules, recipes, shape, weights
+from harness.vocabulary import filters, hook_modes, modules, recipes, selection_cache, shape, weights
 
 __all__ = [
     "AXES", "AXIS_NAMES", "AXIS_OPTIONS", "HOOK_MODES", "PRESETS", "Axis", "Cell", "MatrixError",
@@ -1184,7 +1184,9 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
             fused'``; bool axes are bools.
 
     Returns:
-        The cells, deduplicated, ordered by world size, then generation order.
+        The cells, deduplicated, ordered by world size, then generation order; with
+        ``DW_SELECTION_CACHE`` set, the same cells another process of the run made
+        (:mod:`harness.vocabulary.selection_cache`; never for ``full``).
 
     Raises:
         MatrixError: unknown preset, axis or value, or a malformed filter.
@@ -1193,6 +1195,22 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
     domains, judged_only = _preset_domains(preset, overrides)
     ids = filters.exact_ids(filter_expr) if filter_expr is not None else None
     streamed = preset == "full" and ids is None
+    saved_in = selection_cache.folder() if preset != "full" else None
+    if saved_in is not None:  # made by another process of this run (harness/vocabulary/selection_cache.py)
+        name = selection_cache.key([preset, judged_only, [[a, list(domains[a])] for a in AXIS_NAMES],
+                                    filter_expr, list(sample) if sample is not None else None])
+        rows = selection_cache.load(saved_in, name, AXIS_NAMES)
+        if rows is not None:
+            return [Cell(**dict(zip(AXIS_NAMES, row))) for row in rows]
+        cells = _selected(preset, domains, judged_only, pred, ids, streamed, sample)
+        selection_cache.save(saved_in, name, AXIS_NAMES, [[getattr(c, a) for a in AXIS_NAMES] for c in cells])
+        return cells
+    return _selected(preset, domains, judged_only, pred, ids, streamed, sample)
+
+
+def _selected(preset: str, domains: Domains, judged_only: bool, pred: Callable[[Cell], bool] | None,
+              ids: frozenset[str] | None, streamed: bool, sample: tuple[int, int] | None) -> list[Cell]:
+    """:func:`select`'s cells, made here."""
 
     def made() -> Iterable[Cell]:
         cells: Iterable[Cell]
