@@ -367,7 +367,8 @@ def read_run(name: str, art: Path, log: Path | None, cases: Path, default_worker
         ptext = prefix_log.read_text(errors="replace") if prefix_log.exists() else ""
         run.prefix = PytestRun(read_junit(art / "junit-prefix.xml", given),
                                pytest_wall(ptext) or _junit_time(art / "junit-prefix.xml"),
-                               pytest_workers(ptext, run.suite.workers if run.suite else default_workers))
+                               # no "workers" line: one process (.ci/run runs it with -n 0)
+                               pytest_workers(ptext, 1 if ptext else default_workers))
     for attr, folder, stage in (("megatron", "megatron", "Megatron sweep"), ("selftest", "selftest", "self-test")):
         found = run.stage(stage)
         setattr(run, attr, read_launches(art / folder, found.duration_s if found else None))

@@ -71,3 +71,30 @@ def test_install_compiles_the_environment_and_the_checkout_on_every_core(tmp_pat
     assert compiled.summary() == ("ok: not written for fixtures (compiled as imported); 1 file(s) of "
                                   "the environment do not compile under this Python (left as source)")
     assert bytecode.Compiled((), 0).summary() == "ok"
+
+
+def test_compiling_ahead_then_the_final_pass_leaves_every_file_current(tmp_path):
+    """What ``install`` compiles while pip runs (``bytecode.CompileAhead``) is kept, a file
+    replaced meanwhile is compiled again by the final pass, and one removed meanwhile is no
+    error."""
+    import importlib.util
+
+    from harness.install import bytecode
+
+    env = tmp_path / "site-packages"
+    (env / "pkg").mkdir(parents=True)
+    for i in range(200):
+        (env / "pkg" / f"m{i}.py").write_text(f"VALUE = {i}\n")
+    ahead = bytecode.CompileAhead([env], 1)
+    ahead.stop()
+    (env / "pkg" / "m0.py").write_text("VALUE = 'replaced, and longer'\n")
+    (env / "pkg" / "m1.py").unlink()
+    assert bytecode.compile_all(tmp_path, [env], workers=2) == bytecode.Compiled((), 0)
+    for i in [0, *range(2, 200)]:
+        source = env / "pkg" / f"m{i}.py"
+        pyc = Path(importlib.util.cache_from_source(str(source)))
+        assert pyc.is_file(), source
+    spec = importlib.util.spec_from_file_location("m0", env / "pkg" / "m0.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.VALUE == "replaced, and longer"

@@ -5,6 +5,7 @@ then compile the environment's packages and the checkout's own modules
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from harness.vocabulary import errors as exitcodes
@@ -31,24 +32,32 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise exitcodes.UsageError(str(exc)) from exc
     missing = 0
-    for mod in mods:
-        why = mod.missing()
-        if why is None:
+    jobs = args.jobs or os.cpu_count() or 1
+    ahead: bytecode.CompileAhead | None = None  # the environment compiled while pip installs on one core
+    try:
+        for mod in mods:
+            why = mod.missing()
+            if why is None:
+                print(f"{mod.NAME}: ok")
+                continue
+            if args.check:
+                print(f"{mod.NAME}: missing: {why}")
+                missing += 1
+                continue
+            print(f"{mod.NAME}: installing ({why})", flush=True)
+            if ahead is None and jobs > 1:
+                ahead = bytecode.CompileAhead(bytecode.environment_folders(), jobs - 1)
+            try:
+                mod.install()
+            except InstallError as exc:
+                raise exitcodes.UsageError(f"cannot install {mod.NAME}: {exc}") from exc
+            after = mod.missing()
+            if after is not None:
+                raise exitcodes.UsageError(f"{mod.NAME} still unusable after install: {after}")
             print(f"{mod.NAME}: ok")
-            continue
-        if args.check:
-            print(f"{mod.NAME}: missing: {why}")
-            missing += 1
-            continue
-        print(f"{mod.NAME}: installing ({why})", flush=True)
-        try:
-            mod.install()
-        except InstallError as exc:
-            raise exitcodes.UsageError(f"cannot install {mod.NAME}: {exc}") from exc
-        after = mod.missing()
-        if after is not None:
-            raise exitcodes.UsageError(f"{mod.NAME} still unusable after install: {after}")
-        print(f"{mod.NAME}: ok")
+    finally:
+        if ahead is not None:
+            ahead.stop()
     if not args.check:  # the environment and the checkout, compiled on every core (harness/install/bytecode.py)
         compiled = bytecode.compile_all(Path(harness_root()), bytecode.environment_folders(), args.jobs)
         print(f"bytecode: {compiled.summary()}")

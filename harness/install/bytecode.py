@@ -26,7 +26,6 @@ from __future__ import annotations
 import compileall
 import os
 import sysconfig
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +60,38 @@ def _compile(path: str) -> bool:
     return bool(compileall.compile_file(path, quiet=2))
 
 
+def _compile_many(paths: list[str]) -> list[bool]:
+    """:func:`_compile` for each path; a file pip removed meanwhile is False."""
+    out = []
+    for path in paths:
+        try:
+            out.append(_compile(path))
+        except OSError:
+            out.append(False)
+    return out
+
+
+class CompileAhead:
+    """The environment's files as they are now, compiled in the background while the
+    components install: pip installs on one core, so the others compile what is already there
+    (torch's files are most of the environment). :meth:`stop` drops what has not started; the
+    final pass (:func:`compile_all`) then compiles the rest and what pip added or replaced
+    (a file compiled before pip replaced it is stale by its modification time, so compiled
+    again), and reports."""
+
+    def __init__(self, environment: list[Path], workers: int) -> None:
+        from concurrent.futures import ProcessPoolExecutor
+
+        files = sorted({str(p) for folder in environment for p in folder.rglob("*.py")})
+        self._pool = ProcessPoolExecutor(max_workers=workers)
+        for i in range(0, len(files), 64):
+            self._pool.submit(_compile_many, files[i:i + 64])
+
+    def stop(self) -> None:
+        """Drop the chunks not started and wait for those that are."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def environment_folders() -> list[Path]:
     """The running interpreter's package folders (the venv's ``site-packages``)."""
     paths = sysconfig.get_paths()
@@ -78,6 +109,8 @@ def compile_all(root: Path, environment: list[Path], workers: int | None = None)
     if workers == 1 or len(files) < 64:
         ok = list(map(_compile, files))
     else:
+        from concurrent.futures import ProcessPoolExecutor  # here: the CLI imports this module
+
         with ProcessPoolExecutor(max_workers=workers) as pool:
             ok = list(pool.map(_compile, files, chunksize=64))
     result = dict(zip(files, ok))
