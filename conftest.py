@@ -38,12 +38,16 @@ FIRST = ("test_faults_ci", "test_ledger_te", "test_review_te", "test_selftest", 
          "test_te_tree")
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+@pytest.hookimpl(optionalhook=True)  # a pytest run without xdist (-p no:xdist) has no such hook
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` (the README's test command): one xdist worker per usable core, and one more.
     Why: a worker waits a good part of its time without the CPU - the fault sweeps wait out
     hangs and dead ranks, a launch waits for its ranks, the browser tests for Chromium - and
     with one worker per core a core then sat idle (the gate's ``vmstat`` showed 6 to 7% of the
-    suite's core-seconds idle); a third worker on two cores fills those gaps."""
+    suite's core-seconds idle); a third worker on two cores fills those gaps. ``-n logical``
+    and ``PYTEST_XDIST_AUTO_NUM_WORKERS`` keep xdist's meaning (None: xdist decides)."""
+    if config.getoption("numprocesses", None) == "logical" or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores + 1
 

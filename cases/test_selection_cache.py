@@ -5,6 +5,8 @@ cannot be read is made again. In-process: ``select`` is pure Python."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.vocabulary import matrix, selection_cache
@@ -26,6 +28,7 @@ def _made(arguments):
 
 @pytest.fixture
 def saved_in(tmp_path, monkeypatch):
+    (tmp_path / "selections").mkdir()
     monkeypatch.setenv(selection_cache.ENV, str(tmp_path / "selections"))
     return tmp_path / "selections"
 
@@ -55,10 +58,14 @@ def test_what_is_saved_is_what_is_read(saved_in):
     assert _made(arguments) == other != made
 
 
-@pytest.mark.parametrize("content", ["", "{not json", '{"axes": ["module"], "cells": []}'])
+@pytest.mark.parametrize("content", ["", "{not json", '{"axes": ["module"], "cells": []}',
+                                     '{"axes": %s, "cells": [["linear"]]}', '{"axes": %s, "cells": 7}',
+                                     '{"axes": %s, "cells": [["no-such-module", 1]]}'])
 def test_an_unreadable_or_foreign_file_is_made_again(saved_in, content):
     made = _made(ARGUMENTS[1])
     (path,) = saved_in.iterdir()
+    if "%s" in content:  # the right axes, damaged cells
+        content = content % json.dumps(list(matrix.AXIS_NAMES))
     path.write_text(content)
     assert _made(ARGUMENTS[1]) == made
     assert path.read_text() != content  # and saved again
@@ -73,4 +80,11 @@ def test_an_edit_of_the_matrix_is_a_new_key(saved_in, monkeypatch):
 
 def test_full_is_never_saved(saved_in):
     cells = matrix.select("full", {"module": ["linear"], "world_size": [2], "dtype": ["bf16"]})
-    assert cells and not saved_in.exists()
+    assert cells and not list(saved_in.iterdir())
+
+
+def test_a_folder_that_is_not_there_is_not_made(tmp_path, monkeypatch):
+    """The folder is its owner's (conftest.py, .ci/run): one removed at the end of a run is not
+    brought back by a process still selecting."""
+    monkeypatch.setenv(selection_cache.ENV, str(tmp_path / "gone"))
+    assert _made(ARGUMENTS[3]) and not (tmp_path / "gone").exists()

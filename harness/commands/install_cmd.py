@@ -5,7 +5,6 @@ then compile the environment's packages and the checkout's own modules
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from harness.vocabulary import errors as exitcodes
@@ -19,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"any of {', '.join(COMPONENTS)} (default: all)")
     p.add_argument("--check", action="store_true", help="only report what is missing (exit 1 if any)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="processes compiling the environment and the checkout (default: one per core)")
+                   help="processes compiling the environment and the checkout (default: one per usable core)")
     p.set_defaults(func=run)
 
 
@@ -32,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise exitcodes.UsageError(str(exc)) from exc
     missing = 0
-    jobs = args.jobs or os.cpu_count() or 1
+    jobs = args.jobs or bytecode.usable_cores()
     ahead: bytecode.CompileAhead | None = None  # the environment compiled while pip installs on one core
     try:
         for mod in mods:
@@ -59,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if ahead is not None:
             ahead.stop()
     if not args.check:  # the environment and the checkout, compiled on every core (harness/install/bytecode.py)
-        compiled = bytecode.compile_all(Path(harness_root()), bytecode.environment_folders(), args.jobs)
+        compiled = bytecode.compile_all(Path(harness_root()), bytecode.environment_folders(), args.jobs,
+                                        fresh_since=ahead.started if ahead is not None else None)
         print(f"bytecode: {compiled.summary()}")
     return exitcodes.MISMATCH if missing else exitcodes.OK

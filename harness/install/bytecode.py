@@ -25,9 +25,14 @@ from __future__ import annotations
 
 import compileall
 import os
+import signal
+import site
+import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: the checkout's folders whose modules its processes import: the package, the reports it
 #: installs as ``harness.reports``, and the fixtures the suite's backends and ranks load
@@ -49,70 +54,124 @@ class Compiled:
         if self.checkout_failed:
             notes.append("not written for " + ", ".join(self.checkout_failed) + " (compiled as imported)")
         if self.environment_failed:
-            notes.append(f"{self.environment_failed} file(s) of the environment do not compile "
-                         "under this Python (left as source)")
+            notes.append(f"{self.environment_failed} file(s) of the environment not compiled: they "
+                         "do not compile under this Python, or their folder is read-only (left as source)")
         return "ok" + (": " + "; ".join(notes) if notes else "")
 
 
-def _compile(path: str) -> bool:
-    """Compile one file unless its compiled file is current (False: it does not compile, or
-    its folder is read-only)."""
-    return bool(compileall.compile_file(path, quiet=2))
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _compile(path: str, force: bool = False) -> bool:
+    """Compile one file unless its compiled file is current (``force``: whatever its compiled
+    file says); False: it does not compile, it is gone, or its folder is read-only."""
+    try:
+        return bool(compileall.compile_file(path, quiet=2, force=force))
+    except OSError:  # removed by pip meanwhile
+        return False
 
 
 def _compile_many(paths: list[str]) -> list[bool]:
-    """:func:`_compile` for each path; a file pip removed meanwhile is False."""
-    out = []
-    for path in paths:
+    return [_compile(path) for path in paths]
+
+
+def _compile_entry(entry: tuple[str, bool]) -> bool:
+    return _compile(*entry)
+
+
+def _quiet_worker() -> None:
+    """A pool worker ends with its pool, not on the CLI's SIGTERM/SIGINT handlers."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _python_files(folders: list[Path]) -> list[str]:
+    """The ``.py`` files under ``folders``, each once (a folder reached by two paths, e.g.
+    ``lib64`` linked to ``lib``, counts once); an unreadable folder is skipped."""
+    seen: dict[str, str] = {}
+    for folder in folders:
         try:
-            out.append(_compile(path))
+            for path in folder.rglob("*.py"):
+                seen.setdefault(os.path.realpath(path), str(path))
         except OSError:
-            out.append(False)
-    return out
+            continue
+    return sorted(seen.values())
 
 
 class CompileAhead:
     """The environment's files as they are now, compiled in the background while the
     components install: pip installs on one core, so the others compile what is already there
-    (torch's files are most of the environment). :meth:`stop` drops what has not started; the
-    final pass (:func:`compile_all`) then compiles the rest and what pip added or replaced
-    (a file compiled before pip replaced it is stale by its modification time, so compiled
-    again), and reports."""
+    (torch's files are most of the environment). :meth:`stop` drops what has not started. A
+    file pip writes meanwhile may be read half-written; the final pass (:func:`compile_all`,
+    ``fresh_since=started``) compiles every file modified since this began again, whatever its
+    compiled file says, then the rest that is missing or stale, and reports. A pool that cannot
+    start (no ``/dev/shm``, say) leaves everything to the final pass."""
 
     def __init__(self, environment: list[Path], workers: int) -> None:
-        from concurrent.futures import ProcessPoolExecutor
+        self.started = time.time()
+        self._pool: Any = None
+        try:
+            from concurrent.futures import ProcessPoolExecutor
 
-        files = sorted({str(p) for folder in environment for p in folder.rglob("*.py")})
-        self._pool = ProcessPoolExecutor(max_workers=workers)
-        for i in range(0, len(files), 64):
-            self._pool.submit(_compile_many, files[i:i + 64])
+            files = _python_files(environment)
+            self._pool = ProcessPoolExecutor(max_workers=workers, initializer=_quiet_worker)
+            for i in range(0, len(files), 64):
+                self._pool.submit(_compile_many, files[i:i + 64])
+        except (OSError, ImportError, RuntimeError):
+            self.stop()
 
     def stop(self) -> None:
         """Drop the chunks not started and wait for those that are."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def environment_folders() -> list[Path]:
-    """The running interpreter's package folders (the venv's ``site-packages``)."""
+    """The running interpreter's package folders (the venv's ``site-packages``; the user's
+    site folder too where it is on ``sys.path``, where pip installs outside a venv)."""
     paths = sysconfig.get_paths()
-    return [Path(p) for p in dict.fromkeys((paths["purelib"], paths["platlib"])) if Path(p).is_dir()]
+    folders = [paths["purelib"], paths["platlib"]]
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and user in sys.path:
+        folders.append(user)
+    return [Path(p) for p in dict.fromkeys(folders) if Path(p).is_dir()]
 
 
-def compile_all(root: Path, environment: list[Path], workers: int | None = None) -> Compiled:
+def compile_all(root: Path, environment: list[Path], workers: int | None = None,
+                fresh_since: float | None = None) -> Compiled:
     """Compile the Python files of ``FOLDERS`` under ``root`` and of the ``environment``
-    folders where their compiled files are missing or stale, ``workers`` processes at a time
-    (default: one per core)."""
-    groups = {name: sorted(map(str, (root / name).rglob("*.py"))) for name in FOLDERS if (root / name).is_dir()}
-    env_files = sorted({str(p) for folder in environment for p in folder.rglob("*.py")})
+    folders where their compiled files are missing or stale - and, with ``fresh_since``, every
+    file modified since then (a compiling pass ran beside pip: :class:`CompileAhead`) -
+    ``workers`` processes at a time (default: one per usable core; one where a pool cannot
+    start)."""
+    groups = {name: _python_files([root / name]) for name in FOLDERS if (root / name).is_dir()}
+    env_files = _python_files(environment)
     files = [f for group in groups.values() for f in group] + env_files
-    workers = max(1, workers or os.cpu_count() or 1)
-    if workers == 1 or len(files) < 64:
-        ok = list(map(_compile, files))
-    else:
-        from concurrent.futures import ProcessPoolExecutor  # here: the CLI imports this module
+    entries = [(f, fresh_since is not None and _modified_since(f, fresh_since)) for f in files]
+    workers = max(1, workers or usable_cores())
+    ok: list[bool] | None = None
+    if workers > 1 and len(files) >= 64:
+        try:
+            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures.process import BrokenProcessPool
 
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            ok = list(pool.map(_compile, files, chunksize=64))
+            with ProcessPoolExecutor(max_workers=workers, initializer=_quiet_worker) as pool:
+                ok = list(pool.map(_compile_entry, entries, chunksize=64))
+        except (OSError, ImportError, RuntimeError, BrokenProcessPool):
+            ok = None  # compiled here, one file after another
+    if ok is None:
+        ok = list(map(_compile_entry, entries))
     result = dict(zip(files, ok))
     return Compiled(checkout_failed=tuple(name for name, group in groups.items() if not all(result[f] for f in group)),
                     environment_failed=sum(not result[f] for f in env_files))
+
+
+def _modified_since(path: str, since: float) -> bool:
+    """Modified at ``since`` or after (2 s early: file systems keep coarse times)."""
+    try:
+        return os.stat(path).st_mtime >= since - 2
+    except OSError:
+        return False

@@ -1200,8 +1200,11 @@ def select(preset: str = "ci", overrides: Mapping[str, Sequence[Any] | Axis] | N
         name = selection_cache.key([preset, judged_only, [[a, list(domains[a])] for a in AXIS_NAMES],
                                     filter_expr, list(sample) if sample is not None else None])
         rows = selection_cache.load(saved_in, name, AXIS_NAMES)
-        if rows is not None:
-            return [Cell(**dict(zip(AXIS_NAMES, row))) for row in rows]
+        try:
+            if rows is not None:
+                return [Cell(**dict(zip(AXIS_NAMES, row, strict=True))) for row in rows]
+        except (TypeError, ValueError, MatrixError):  # a damaged file: made again, and saved
+            pass
         cells = _selected(preset, domains, judged_only, pred, ids, streamed, sample)
         selection_cache.save(saved_in, name, AXIS_NAMES, [[getattr(c, a) for a in AXIS_NAMES] for c in cells])
         return cells

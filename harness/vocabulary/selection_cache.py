@@ -66,10 +66,9 @@ def load(where: Path, name: str, axes: tuple[str, ...]) -> list[list[Any]] | Non
 
 
 def save(where: Path, name: str, axes: tuple[str, ...], rows: list[list[Any]]) -> None:
-    """Save the cells atomically (a reader sees all of them or none); a folder that cannot be
-    written is left alone - the next process selects anew, as without it."""
-    try:
-        where.mkdir(parents=True, exist_ok=True)
+    """Save the cells atomically (a reader sees all of them or none); a folder that is not
+    there or cannot be written is left alone - the next process selects anew, as without it."""
+    try:  # never made here: a folder its owner removed stays removed
         fd, tmp = tempfile.mkstemp(dir=where, prefix=".selection-", suffix=".tmp")
     except OSError:
         return
