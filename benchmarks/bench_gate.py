@@ -126,7 +126,7 @@ CATEGORIES: dict[str, str] = {
     "test_packaging": "subprocess",
     # in this process (world size 1, synthetic records, fakes)
     **{f: "in-process" for f in (
-        "test_attach", "test_checks", "test_cpu_gemm", "test_failure_classes", "test_gtp", "test_streamed_record",
+        "test_attach", "test_checks", "test_cpu_gemm", "test_failure_classes", "test_gtp", "test_streamed_record", "test_selection_cache",
         "test_hooks_regression", "test_ledger", "test_matrix", "test_mutants", "test_path_evidence",
         "test_phases", "test_record_file", "test_reference", "test_reports", "test_sensitivity",
         "test_stream", "test_predict", "test_quantized_oracle", "test_te_cpu_quant_kernels", "test_placement")},
