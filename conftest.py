@@ -1,3 +1,4 @@
+import gc
 import os
 import shutil
 import subprocess
@@ -120,6 +121,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "dist", "no") == "loadscope" and not _given(
             config, "--loadscope-reorder", "--no-loadscope-reorder"):
         config.option.loadscopereorder = False
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection built (the test modules, torch, the harness, every cell's parameters)
+    lives as long as the pytest process: moved out of the cyclic collector's view, the full
+    collections the in-process tests trigger scan only what the tests allocate. Measured on
+    ``cases/test_matrix.py`` with ``cases/test_mutants.py`` in one process, two runs each,
+    alternating: 66.5 and 71.0 user CPU-s with it, 71.7 and 75.5 without."""
+    gc.collect()
+    gc.freeze()
 
 
 def _module(item: pytest.Item) -> str:
