@@ -49,8 +49,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     and ``PYTEST_XDIST_AUTO_NUM_WORKERS`` keep xdist's meaning (None: xdist decides)."""
     if config.getoption("numprocesses", None) == "logical" or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores + 1
+    from harness.install.bytecode import usable_cores
+
+    return usable_cores() + 1
 
 
 def _given(config: pytest.Config, *flags: str) -> bool:

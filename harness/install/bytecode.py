@@ -73,12 +73,14 @@ def _compile(path: str, force: bool = False) -> bool:
         return False
 
 
-def _compile_many(paths: list[str]) -> list[bool]:
-    return [_compile(path) for path in paths]
+def _compile_many(entries: list[tuple[str, bool]]) -> list[bool]:
+    """:func:`_compile` of each (path, force): one pool task."""
+    return [_compile(path, force) for path, force in entries]
 
 
-def _compile_entry(entry: tuple[str, bool]) -> bool:
-    return _compile(*entry)
+def _chunks(entries: list[tuple[str, bool]]) -> list[list[tuple[str, bool]]]:
+    """The pool's tasks: 64 files each (one file a task cost more in hand-offs than compiling)."""
+    return [entries[i:i + 64] for i in range(0, len(entries), 64)]
 
 
 def _quiet_worker() -> None:
@@ -115,10 +117,10 @@ class CompileAhead:
         try:
             from concurrent.futures import ProcessPoolExecutor
 
-            files = _python_files(environment)
+            entries = [(path, False) for path in _python_files(environment)]
             self._pool = ProcessPoolExecutor(max_workers=workers, initializer=_quiet_worker)
-            for i in range(0, len(files), 64):
-                self._pool.submit(_compile_many, files[i:i + 64])
+            for chunk in _chunks(entries):
+                self._pool.submit(_compile_many, chunk)
         except (OSError, ImportError, RuntimeError):
             self.stop()
 
@@ -159,11 +161,11 @@ def compile_all(root: Path, environment: list[Path], workers: int | None = None,
             from concurrent.futures.process import BrokenProcessPool
 
             with ProcessPoolExecutor(max_workers=workers, initializer=_quiet_worker) as pool:
-                ok = list(pool.map(_compile_entry, entries, chunksize=64))
+                ok = [done for chunk in pool.map(_compile_many, _chunks(entries)) for done in chunk]
         except (OSError, ImportError, RuntimeError, BrokenProcessPool):
             ok = None  # compiled here, one file after another
     if ok is None:
-        ok = list(map(_compile_entry, entries))
+        ok = _compile_many(entries)
     result = dict(zip(files, ok))
     return Compiled(checkout_failed=tuple(name for name, group in groups.items() if not all(result[f] for f in group)),
                     environment_failed=sum(not result[f] for f in env_files))

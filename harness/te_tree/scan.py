@@ -21,11 +21,11 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+from harness.vocabulary import atomic
 
 #: the name TE imports its compiled extension by (``import transformer_engine_torch as tex``)
 MODULE_NAME = "transformer_engine_torch"
@@ -86,7 +86,7 @@ def referenced_names(te_root: Path, memo: Path | None = None) -> set[str]:
                 names.update(a.name for a in node.names)
         names.update(attr for alias, attr in attributes if alias in aliases)
     if kept is not None:
-        _keep(kept, json.dumps(sorted(names)))
+        atomic.write_text(kept, json.dumps(sorted(names)))
     return names
 
 
@@ -95,21 +95,6 @@ def _memo_file(memo: Path, te_root: Path, sources: list[tuple[Path, str]]) -> Pa
     for path, text in sources:
         h.update(str(path.relative_to(te_root)).encode() + b"\0" + text.encode(errors="replace") + b"\0")
     return Path(memo) / f"te-tree-names-{h.hexdigest()}.json"
-
-
-def _keep(path: Path, text: str) -> None:
-    """Written whole and renamed into place (a reader sees all of it or nothing); a folder
-    that cannot take it keeps nothing."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
 
 
 # ---- the C sources: the enums' members and values ---------------------------------------------

@@ -25,9 +25,10 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from harness.vocabulary import atomic
 
 ENV = "DW_SELECTION_CACHE"
 
@@ -66,15 +67,7 @@ def load(where: Path, name: str, axes: tuple[str, ...]) -> list[list[Any]] | Non
 
 
 def save(where: Path, name: str, axes: tuple[str, ...], rows: list[list[Any]]) -> None:
-    """Save the cells atomically (a reader sees all of them or none); a folder that is not
-    there or cannot be written is left alone - the next process selects anew, as without it."""
-    try:  # never made here: a folder its owner removed stays removed
-        fd, tmp = tempfile.mkstemp(dir=where, prefix=".selection-", suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"axes": list(axes), "cells": rows}, fh, separators=(",", ":"))
-        os.replace(tmp, where / name)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+    """Save the cells atomically (``atomic.write_text``: a reader sees all of them or none); a
+    folder that is not there or cannot be written is left alone - the next process selects
+    anew, as without it."""
+    atomic.write_text(where / name, json.dumps({"axes": list(axes), "cells": rows}, separators=(",", ":")))
