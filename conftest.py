@@ -80,7 +80,7 @@ _SELECTION_CACHE = "DW_SELECTION_CACHE"
 #: hundred launches fork their torchrun agents from one process that imported torch and TE's
 #: dependencies once, instead of each importing them anew (1.5 to 4 CPU-s a launch). Started
 #: by the controller, not awaited: a launch before it listens starts its agent as a new
-#: process, as every launch does without a server.
+#: process, as every launch does without a server. Not for ``--collect-only``: nothing launches.
 _AGENT_SERVER = "DW_AGENT_SERVER"
 
 
@@ -117,7 +117,7 @@ def pytest_configure(config: pytest.Config) -> None:
             folder = tempfile.mkdtemp(prefix=prefix)
             os.environ[variable] = folder
             config.add_cleanup(lambda folder=folder: shutil.rmtree(folder, ignore_errors=True))
-    if not hasattr(config, "workerinput") and _AGENT_SERVER not in os.environ:
+    if not hasattr(config, "workerinput") and _AGENT_SERVER not in os.environ and not config.option.collectonly:
         _start_agent_server(config)
     if getattr(config.option, "dist", "no") == "loadscope" and not _given(
             config, "--loadscope-reorder", "--no-loadscope-reorder"):
