@@ -194,7 +194,7 @@ def test_a_te_tree_whose_changed_file_does_not_compile(place: Place) -> None:
 def test_an_empty_selection_names_the_rule(place: Place) -> None:
     place.refused("sweep", "--preset", "smoke", "--weights", "gtp_mcore_fp8", "--backend", str(place.backend),
                   says=("the selection is empty: --weights gtp_mcore_fp8 with recipe none (preset smoke's; "
-                        "--recipes names others)", "require a recipe in delayed, current, mxfp8"))
+                        "--recipes names others)", "requires a recipe in delayed, current, mxfp8"))
     place.refused("list", "--weights", "megatron", "--world-sizes", "1",
                   says="--weights megatron with --world-sizes 1: weight='megatron'")
     place.refused("sweep", "--filter", "world_size > 100", "--backend", str(place.backend),

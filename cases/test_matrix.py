@@ -324,10 +324,15 @@ def test_constraints_on_construction():
     with pytest.raises(MatrixError, match="weight='megatron', 'megatron_fp8' and 'gtp_mcore_fp8' require world_size >= 2"):
         Cell(**{**base, "weight": "megatron", "consumer": "ddp"})
     native = {**base, "weight": "megatron_fp8", "consumer": "ddp", "world_size": 2}
-    with pytest.raises(MatrixError, match="weight='megatron_fp8' and 'gtp_mcore_fp8' .* require a recipe in delayed, current, mxfp8"):
+    rule = ("weight='megatron_fp8' .* requires a recipe in delayed, current, mxfp8 and 'gtp_mcore_fp8' one in "
+            "delayed, current, mxfp8, blockwise")
+    with pytest.raises(MatrixError, match=rule):
         Cell(**native)
-    with pytest.raises(MatrixError, match="weight='megatron_fp8' and 'gtp_mcore_fp8' .* require a recipe in delayed, current, mxfp8"):
+    with pytest.raises(MatrixError, match=rule):
         Cell(**{**native, "recipe": "blockwise"})
+    with pytest.raises(MatrixError, match=rule):
+        Cell(**{**native, "weight": "gtp_mcore_fp8", "recipe": "nvfp4", "dtype": "bf16"})
+    Cell(**{**native, "weight": "gtp_mcore_fp8", "recipe": "blockwise"})
     Cell(**{**native, "recipe": "mxfp8"})
     Cell(**{**native, "recipe": "delayed"})
     with pytest.raises(MatrixError, match=r"Unknown value 'fp64' for axis dtype \(choose from"):

@@ -195,13 +195,13 @@ def test_te_with_the_harness_native_stand_in(te_runs, tmp_path):
     """The harness's native stand-in (weight gtp_mcore_fp8): green under the shipped ledger, with
     TE's defects of the native path (the local-scale gather, the hook defect's native form, said
     by the weight itself) and none of Megatron's own; wherever Megatron's native weight passes, so
-    does the stand-in, and it runs the padded per-tensor cells Megatron refuses; without the ledger
-    the sweep exits 1."""
+    does the stand-in, and it runs the padded per-tensor cells Megatron refuses and the
+    block-scaled (blockwise) weight Megatron does not build; without the ledger the sweep exits 1."""
     run, rc, out = te_runs["gtp_mcore_fp8"]
     assert rc == 0, out[-4000:]
     cells = _cells(run)
     assert {c["axes"]["weight"] for c in cells} == {"gtp_mcore_fp8"}
-    assert {c["axes"]["recipe"] for c in cells} == {"delayed", "current", "mxfp8"}
+    assert {c["axes"]["recipe"] for c in cells} == {"delayed", "current", "mxfp8", "blockwise"}
     assert {c["status"] for c in cells} <= {"pass", "xfail", "known"}
     known = {e for c in cells for e in (c.get("known") or [])}
     assert {"native-fp8-shards-gathered-under-local-scale", "hooks-strip-distributed-weight"} <= known
@@ -217,8 +217,17 @@ def test_te_with_the_harness_native_stand_in(te_runs, tmp_path):
     _grouped_tensor_hooked_not_the_hook_defect(cells)
     theirs = {c["id"].replace("megatron_fp8", "gtp_mcore_fp8"): c["status"] for c in _cells(te_runs["megatron_fp8"][0])}
     ours = {c["id"]: c["status"] for c in cells}
-    assert set(ours) == set(theirs)
-    assert all(ours[i] == "pass" for i, s in theirs.items() if s == "pass"), theirs
+    # Megatron's native weight is not built under blockwise (weights.NATIVE_RECIPES); the stand-in
+    # is (its 2D-block shards, padded at world size 4, gathered by TE and stripped, pass hooks-off).
+    # The first-microbatch cells are drawn over all of a selection's recipes, so blockwise moves a
+    # few of them: the two sweeps share most cells, not all
+    blockwise = {c["id"] for c in cells if c["axes"]["recipe"] == "blockwise"}
+    common = (set(ours) - blockwise) & set(theirs)
+    assert len(common) >= 0.85 * len(theirs) and all(i.endswith("-fmb") for i in set(theirs) - common), \
+        sorted(set(theirs) - common)
+    assert {ws for i, c in ((c["id"], c) for c in cells) if i in blockwise and ours[i] == "pass"
+            for ws in [c["axes"]["world_size"]]} == {2, 4}
+    assert all(ours[i] == "pass" for i, s in theirs.items() if s == "pass" and i in common), theirs
     refused = [i for i, c in ((c["id"], c) for c in cells) if c["axes"]["recipe"] in ("current", "delayed")
                and c["axes"]["world_size"] == 4 and c["axes"]["hooks"] == "off"]
     assert refused and any(ours[i] == "pass" for i in refused)  # padded per-tensor shards, stripped

@@ -44,8 +44,9 @@ __all__ = ["NativeGroup", "inject_native", "native_shard", "quantized"]
 _SKIP = frozenset({"__new__", "__init__", "__dict__", "__weakref__", "__module__", "__doc__",
                    "__qualname__", "__slots__", "__torch_function__"})
 _SUBCLASSES: dict[type, type] = {}
-#: MXFP8's scale block along the rows, and the tiles TE pads its scale-inverses to
-_MX_BLOCK, _ROW_TILE, _COL_TILE = 32, 128, 4
+#: MXFP8's scale block along the rows, and the tiles TE pads its scale-inverses to; the
+#: block-scaled recipe's block (a weight's tiles are 128 x 128)
+_MX_BLOCK, _ROW_TILE, _COL_TILE, _BLOCK = 32, 128, 4, 128
 
 
 def quantized(tensor: Any) -> bool:
@@ -143,6 +144,8 @@ class NativeGroup(GTPGroup):
                 meta["rowwise_scale_inv"] = meta["rowwise_scale_inv"][:_round_up(rows, _ROW_TILE)]
             if meta.get("columnwise_scale_inv") is not None:
                 meta["columnwise_scale_inv"] = meta["columnwise_scale_inv"][:_round_up(rows // _MX_BLOCK, _COL_TILE)]
+        elif _is_blockwise_tensor(tensor):
+            _strip_blocks(meta, rows, tensor._is_2D_scaled)
         elif "data" in meta:  # per-tensor FP8: one scale; the transpose holds rows as columns
             if meta.get("data") is not None:
                 meta["data"] = meta["data"][:rows]
@@ -153,6 +156,28 @@ class NativeGroup(GTPGroup):
         return type(tensor)(**meta, shape=torch.Size(self.logical_shape), dtype=meta["fake_dtype"])
 
 
+def _strip_blocks(meta: dict[str, Any], rows: int, two_d: bool) -> None:
+    """``meta`` of a gathered block-scaled tensor (TE's ``Float8BlockQuantizer``) cut to its
+    first ``rows`` rows. Only a weight's 2D blocks (128 x 128 tiles) are built: TE 2.20.2 gathers
+    them in high precision and quantizes the padded whole (``distributed.py
+    _start_all_gather_fp8_blockwise``: ``block_scaling_dim != 1``), so a tile that holds logical
+    and padding rows took its amax over zeros and its scale is the logical rows' own. The
+    layouts (``Float8BlockQuantizer.get_scale_shape``): row-wise scales one row per 128 rows;
+    the column-wise data transposed, its scales one column per 128 rows, padded to 4."""
+    if not two_d:
+        raise NotImplementedError("stripping padding from a 1D block-scaled (1 x 128) weight is not built")
+    tiles = _round_up(rows, _BLOCK) // _BLOCK
+    if meta.get("rowwise_data") is not None:
+        meta["rowwise_data"] = meta["rowwise_data"][:rows]
+        meta["rowwise_scale_inv"] = meta["rowwise_scale_inv"][:tiles]
+    if meta.get("columnwise_data") is not None:
+        meta["columnwise_data"] = meta["columnwise_data"][:, :rows].contiguous()
+        scales = meta["columnwise_scale_inv"]
+        kept = scales.new_zeros(scales.shape[0], _round_up(tiles, _COL_TILE))
+        kept[:, :tiles] = scales[:, :tiles]
+        meta["columnwise_scale_inv"] = kept
+
+
 def _round_up(n: int, multiple: int) -> int:
     return math.ceil(n / multiple) * multiple
 
@@ -161,6 +186,12 @@ def _is_mxfp8(quantizer: Any) -> bool:
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
 
     return isinstance(quantizer, MXFP8Quantizer)
+
+
+def _is_blockwise_tensor(tensor: Any) -> bool:
+    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
+
+    return isinstance(tensor, Float8BlockwiseQTensorStorage)
 
 
 def _is_mxfp8_tensor(tensor: Any) -> bool:

@@ -168,9 +168,10 @@ _CONSTRAINTS: tuple[tuple[str, str, Callable[[Any, Any], bool], str], ...] = (
      "weight='megatron', 'megatron_fp8' and 'gtp_mcore_fp8' require world_size >= 2 (Megatron never "
      "builds a GTP group of one; its native stand-in follows it)"),
     ("weight", "recipe", lambda w, r: weights.KINDS[w].recipes is None or r in weights.KINDS[w].recipes,
-     f"weight='megatron_fp8' and 'gtp_mcore_fp8' (native quantized shards) require a recipe in "
-     f"{', '.join(weights.NATIVE_RECIPES)}: a native parameter exists only under a recipe, and the "
-     f"native blockwise and NVFP4 weights are not built (docs/megatron.md)"),
+     f"weight='megatron_fp8' (native quantized shards) requires a recipe in {', '.join(weights.NATIVE_RECIPES)} "
+     f"and 'gtp_mcore_fp8' one in {', '.join(weights.STANDIN_NATIVE_RECIPES)}: a native parameter exists only "
+     f"under a recipe, Megatron's native blockwise weight does not work and the native NVFP4 weights are not "
+     f"built (docs/megatron.md)"),
     ("module", "recipe", lambda m, r: modules.KINDS[m].path != "grouped_tensor" or not recipes.KINDS[r].grouped_tensor,
      "recipe 'delayed' or 'nvfp4' on a grouped-tensor path (grouped_linear_tensor, ops_grouped_linear_tensor) "
      "does not exist in TE 2.20.2: it takes no grouped-tensor path under DelayedScaling, and under NVFP4 only "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Behaviour", "WeightKind", "KINDS", "NAMES", "DEFAULT_NAMES", "FULL_NAMES",
-           "shard_rows", "shardable", "pad_multiple", "unavailable", "NATIVE_RECIPES", "NATIVE_API", "megatron_missing", "megatron_gtp_source", "te_installed",
+           "shard_rows", "shardable", "pad_multiple", "unavailable", "NATIVE_RECIPES", "STANDIN_NATIVE_RECIPES", "NATIVE_API", "megatron_missing", "megatron_gtp_source", "te_installed",
            "MEGATRON_PAD", "MEGATRON_VERSION"]
 
 #: Megatron-Core's ``GTP_CONFIG.pad_for_alignment`` default: rows pad to a multiple of 16·N
@@ -163,13 +163,18 @@ _MCORE = Behaviour(pad_multiple=MEGATRON_PAD, async_finalize=True, inplace_scale
 #: gather has no NaN to hold (its data are codes), and TE reads a native weight's copies once
 _MCORE_NATIVE = dataclasses.replace(_MCORE, shared_buffers=False)
 
-#: the recipes a native weight (``WeightKind.native``) is built for: MXFP8, the path Megatron's
-#: native GTP is written for (its padding strips MXFP8 and NVFP4 shards), per-tensor current
-#: scaling, whose shards each carry their own scale, and delayed scaling, whose shards keep the
-#: codes of the initial scale (the oracle's cached-weight rule). Not built: ``blockwise``
-#: (Megatron cannot strip a padded block-scaled shard) and ``nvfp4`` (TE's NVFP4 all-gather
-#: runs a Triton kernel of TE's Python that te-cpu does not replace; docs/megatron.md)
+#: the recipes Megatron's native weight (``megatron_fp8``) is built for: MXFP8, the path
+#: Megatron's native GTP is written for (its padding strips MXFP8 and NVFP4 shards), per-tensor
+#: current scaling, whose shards each carry their own scale, and delayed scaling, whose shards
+#: keep the codes of the initial scale (the oracle's cached-weight rule). Not built: ``blockwise``
+#: (Megatron cannot strip a padded block-scaled shard, and its prefetch reads a buffer TE's
+#: block-scaled gather does not write) and ``nvfp4`` (TE's NVFP4 all-gather runs a Triton kernel
+#: of TE's Python that te-cpu does not replace); docs/megatron.md says what each does
 NATIVE_RECIPES: tuple[str, ...] = ("delayed", "current", "mxfp8")
+#: the recipes the harness's native stand-in (``gtp_mcore_fp8``) is built for: Megatron's, and
+#: ``blockwise``, whose 2D-block (128 x 128) shards TE 2.20.2 gathers in high precision and
+#: quantizes whole, the stand-in stripping the padding rows (docs/megatron.md)
+STANDIN_NATIVE_RECIPES: tuple[str, ...] = NATIVE_RECIPES + ("blockwise",)
 _KINDS = (
     WeightKind("distributed", "the harness GTP weight, kind defaults: synchronous, fresh copies, "
                "no padding beyond divisibility", behaviour=Behaviour()),
@@ -196,7 +201,7 @@ _KINDS = (
     WeightKind("gtp_mcore_fp8", "the harness weight over native quantized shards (TE's "
                "quantized_model_init), all-gathered quantized as Megatron's native-FP8 path does, "
                "with gtp_mcore's behaviours; needs a recipe", behaviour=_MCORE_NATIVE, coverage="hooks",
-               min_world_size=2, native=True, recipes=NATIVE_RECIPES),
+               min_world_size=2, native=True, recipes=STANDIN_NATIVE_RECIPES),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
                "install megatron)", implementer="megatron", min_world_size=2),
     WeightKind("megatron_fp8", "Megatron-Core 0.19.2's GTPShardedParam over native quantized shards "
