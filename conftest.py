@@ -34,9 +34,11 @@ pytest_plugins = [
 #: mostly waiting out hangs; TE on CPU, the gate's self-test, the other fault sweeps;
 #: ``benchmarks/bench_gate.py`` measures them), in the order
 #: the xdist workers should start them. Started last, the longest one ran alone at the end
-#: while the other worker sat idle; started first, the short modules fill in around them.
+#: while the other worker sat idle; started first, the short modules fill in around them. The
+#: last two are long modules late in collection order (in-process matrix searches; TE's probes
+#: and scripts): in a timed suite run test_te_cpu was the last module to start, 34 s at the end.
 FIRST = ("test_faults_ci", "test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge",
-         "test_te_tree")
+         "test_te_tree", "test_matrix", "test_te_cpu")
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest run without xdist (-p no:xdist) has no such hook

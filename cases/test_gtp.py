@@ -583,3 +583,64 @@ def test_reference_survives_the_reregistered_weights(in_process_ws1):
                                         for n, p in module.named_parameters()}})
     assert results[0].keys() == results[1].keys()
     assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def _block_layout(rows: int, cols: int) -> dict[str, torch.Tensor]:
+    """A 2D-block-scaled tensor's parts in TE's layouts (``Float8BlockQuantizer``'s
+    ``get_scale_shape`` and ``get_columnwise_shape``), numbered so that a slice shows: row-wise
+    data (rows, cols) and scales (row tiles, col tiles padded to 4); column-wise data
+    transposed (cols, rows) and scales (col tiles, row tiles padded to 4)."""
+    tiles = lambda n: math.ceil(n / 128)  # noqa: E731
+    pad4 = lambda n: math.ceil(n / 4) * 4  # noqa: E731
+    return {"rowwise_data": torch.arange(rows * cols).reshape(rows, cols),
+            "rowwise_scale_inv": torch.arange(tiles(rows) * pad4(tiles(cols)), dtype=torch.float32).reshape(tiles(rows), -1),
+            "columnwise_data": torch.arange(rows * cols).reshape(rows, cols).t().contiguous(),
+            "columnwise_scale_inv": torch.arange(tiles(cols) * pad4(tiles(rows)), dtype=torch.float32).reshape(tiles(cols), -1)}
+
+
+@pytest.mark.parametrize("rows,padded,cols", [(30, 64, 32), (272, 512, 272), (100, 256, 48), (130, 1024, 300),
+                                              (128, 256, 128), (500, 512, 128)])
+def test_a_gathered_block_scaled_weight_loses_exactly_its_padding_rows(rows, padded, cols):
+    """``gtp_native._strip_blocks``: what is left has the logical tensor's layout, holds the
+    gathered tensor's first rows (data) and the scales of their tiles, zeros where TE pads the
+    column-wise scales to a multiple of 4; a row-wise-only or column-wise-only tensor keeps
+    its one part."""
+    from harness.cell.gtp_native import _strip_blocks
+
+    gathered, want = _block_layout(padded, cols), _block_layout(rows, cols)
+    tiles = math.ceil(rows / 128)
+    for keep in (("rowwise_data", "rowwise_scale_inv"), ("columnwise_data", "columnwise_scale_inv")):
+        meta = {k: (v if k in keep else None) for k, v in gathered.items()}
+        _strip_blocks(meta, rows, True)
+        for k in keep:
+            assert meta[k].shape == want[k].shape and meta[k].is_contiguous(), (k, meta[k].shape, want[k].shape)
+        if "rowwise_data" in keep:
+            assert torch.equal(meta["rowwise_data"], gathered["rowwise_data"][:rows])
+            assert torch.equal(meta["rowwise_scale_inv"], gathered["rowwise_scale_inv"][:tiles])
+        else:
+            assert torch.equal(meta["columnwise_data"], gathered["columnwise_data"][:, :rows])
+            assert torch.equal(meta["columnwise_scale_inv"][:, :tiles], gathered["columnwise_scale_inv"][:, :tiles])
+            assert not meta["columnwise_scale_inv"][:, tiles:].any()
+    with pytest.raises(NotImplementedError, match="1D block-scaled"):
+        _strip_blocks(dict(gathered), rows, False)
+
+
+@pytest.mark.parametrize("shard,whole", [(128, True), (256, True), (16, False), (80, False)])
+def test_block_scaled_shards_of_whole_tiles_are_quantized_as_the_whole(shard, whole):
+    """Why the native stand-in's block-scaled shards are whole 128-row tiles
+    (``weights.STANDIN_BLOCK_PAD``): TE 2.20.2 gathers a 2D-block weight by dequantizing each
+    shard - quantized under its own tiles - and quantizing the gathered whole again. A shard of
+    whole tiles has the whole weight's tiles, so that equals the oracle's one quantization
+    (``quantized.tiled``) every time; a shard of part of a tile has a smaller amax, a finer
+    power-of-two scale, and where a value falls below FP8's normal range there the two
+    roundings differ (Megatron's 16-row alignment: a 272-row weight's shards of 16 or 80 rows)."""
+    from harness.cell.quantized import FORMATS, tiled
+
+    fmt, rows, differing = FORMATS["e4m3"], 272, []
+    for seed in range(5):
+        w = seeded((rows, 272), torch.bfloat16, seed=seed).to(torch.float64)
+        padded = torch.nn.functional.pad(w, (0, 0, 0, -rows % shard))
+        twice = tiled(torch.cat([tiled(s, 128, fmt, torch.bfloat16) for s in padded.split(shard)]), 128, fmt,
+                      torch.bfloat16)[:rows]
+        differing.append(int((twice != tiled(w, 128, fmt, torch.bfloat16)).sum()))
+    assert (not any(differing)) == whole, differing

@@ -2,7 +2,9 @@
 
 Megatron-Core's native-FP8 GTP path (weight ``megatron_fp8``) builds each rank's weight
 shard as a TE quantized tensor (TE's ``quantized_model_init``: the shard quantized on its
-own) and all-gathers the quantized data and scales instead of a high-precision shard. This
+own) and hands it to TE's gather, which all-gathers the quantized data and scales instead of
+a high-precision shard - but for a 2D-block (``blockwise``) weight, which TE 2.20.2 gathers
+in high precision and quantizes whole (``_start_all_gather_fp8_blockwise``). This
 module is the harness's own implementer of that path, so the path can be judged - and its
 defects told apart from Megatron's - without Megatron installed, as ``gtp_mcore`` is for
 the high-precision weight.
@@ -17,9 +19,10 @@ What it shares with Megatron's class, because TE reads it:
   never the parameter's own quantizer, whose usages TE's optimizer path relies on;
 - padding rows are stripped from the gathered quantized tensor (data and scales).
 
-Where it differs, as a correct implementer may: padding is stripped for per-tensor FP8
-shards too (Megatron asserts MXFP8 or NVFP4, ledger entry
-``megatron-native-fp8-padding-unsupported``), the stripped tensor keeps the weight's own
+Where it differs, as a correct implementer may: padding is stripped for per-tensor FP8 and
+block-scaled shards too (Megatron asserts MXFP8 or NVFP4, ledger entry
+``megatron-native-fp8-padding-unsupported``), a block-scaled shard is whole 128-row tiles
+(``weights.STANDIN_BLOCK_PAD``; Megatron does not build one), the stripped tensor keeps the weight's own
 dtype (Megatron's names bf16, which TE refuses for an fp32 weight), and a group gathers its
 members one collective each. Gradients are high precision and take the harness weight's
 path (:class:`harness.cell.gtp.GTPGroup`): pre-scale, reduce-scatter, ``main_grad``.
@@ -45,7 +48,8 @@ _SKIP = frozenset({"__new__", "__init__", "__dict__", "__weakref__", "__module__
                    "__qualname__", "__slots__", "__torch_function__"})
 _SUBCLASSES: dict[type, type] = {}
 #: MXFP8's scale block along the rows, and the tiles TE pads its scale-inverses to; the
-#: block-scaled recipe's block (a weight's tiles are 128 x 128)
+#: block-scaled recipe's block (TE's ``Float8BlockQuantizer.block_len``: a weight's tiles are
+#: 128 x 128)
 _MX_BLOCK, _ROW_TILE, _COL_TILE, _BLOCK = 32, 128, 4, 128
 
 
@@ -102,7 +106,8 @@ class NativeGroup(GTPGroup):
         for m in self.members:
             q = m._quantizer.copy()
             q.internal = False
-            # compact MXFP8 scales gather row by row; the per-tensor formats keep TE's default
+            # MXFP8's scales gather row by row only in their compact layout; the per-tensor and
+            # block formats have no GEMM-ready layout of their own (the flag changes nothing there)
             q.optimize_for_gemm = not _is_mxfp8(q)
             self._gather_quantizers.append(q)
 
@@ -130,7 +135,8 @@ class NativeGroup(GTPGroup):
     def _strip(self, tensor: Any) -> Any:
         """The gathered tensor without its padding rows: the data and the scales of the
         logical rows (TE's scale layouts: MXFP8 row-wise scales one per row, padded to 128
-        rows; column-wise one per 32 rows, padded to 4)."""
+        rows, column-wise one per 32 rows, padded to 4; per-tensor FP8 one scale, its
+        transpose holding rows as columns; block-scaled: :func:`_strip_blocks`)."""
         rows = self.logical_shape[0]
         pad = self.padded_rows - rows
         if pad == 0:
@@ -145,7 +151,7 @@ class NativeGroup(GTPGroup):
             if meta.get("columnwise_scale_inv") is not None:
                 meta["columnwise_scale_inv"] = meta["columnwise_scale_inv"][:_round_up(rows // _MX_BLOCK, _COL_TILE)]
         elif _is_blockwise_tensor(tensor):
-            _strip_blocks(meta, rows, tensor._is_2D_scaled)
+            _strip_blocks(meta, rows, meta["is_2D_scaled"])
         elif "data" in meta:  # per-tensor FP8: one scale; the transpose holds rows as columns
             if meta.get("data") is not None:
                 meta["data"] = meta["data"][:rows]
@@ -172,6 +178,8 @@ def _strip_blocks(meta: dict[str, Any], rows: int, two_d: bool) -> None:
         meta["rowwise_scale_inv"] = meta["rowwise_scale_inv"][:tiles]
     if meta.get("columnwise_data") is not None:
         meta["columnwise_data"] = meta["columnwise_data"][:, :rows].contiguous()
+        # the logical tiles' columns, then zeros up to the multiple of 4 TE pads to (columns no
+        # GEMM reads; the gathered tensor held there the scales of tiles of padding rows)
         scales = meta["columnwise_scale_inv"]
         kept = scales.new_zeros(scales.shape[0], _round_up(tiles, _COL_TILE))
         kept[:, :tiles] = scales[:, :tiles]

@@ -104,9 +104,12 @@ class WeightKind:
             itself, the parameter, as the gathered weight.
         native: the shards are native quantized parameters (TE's ``quantized_model_init``:
             each rank's shard quantized on its own under the cell's recipe) and the weight
-            all-gathers them quantized (Megatron's native-FP8 GTP path).
-        recipes: the recipe values the weight exists under (None: any; a native weight: those
-            in ``NATIVE_RECIPES``); a matrix constraint keeps every other pair out.
+            hands them to TE's gather (Megatron's native-FP8 GTP path), which gathers them
+            quantized - except a 2D-block (``blockwise``) weight, which TE 2.20.2 gathers in
+            high precision and quantizes whole.
+        recipes: the recipe values the weight exists under (None: any; Megatron's native
+            weight: ``NATIVE_RECIPES``, the stand-in: ``STANDIN_NATIVE_RECIPES``); a matrix
+            constraint keeps every other pair out.
     """
 
     name: str
@@ -172,8 +175,9 @@ _MCORE_NATIVE = dataclasses.replace(_MCORE, shared_buffers=False)
 #: of TE's Python that te-cpu does not replace); docs/megatron.md says what each does
 NATIVE_RECIPES: tuple[str, ...] = ("delayed", "current", "mxfp8")
 #: the recipes the harness's native stand-in (``gtp_mcore_fp8``) is built for: Megatron's, and
-#: ``blockwise``, whose 2D-block (128 x 128) shards TE 2.20.2 gathers in high precision and
-#: quantizes whole, the stand-in stripping the padding rows (docs/megatron.md)
+#: ``blockwise``, whose 2D-block (128 x 128) shards - whole tiles, ``STANDIN_BLOCK_PAD`` - TE
+#: 2.20.2 gathers in high precision and quantizes whole, the stand-in stripping the padding
+#: rows (docs/megatron.md)
 STANDIN_NATIVE_RECIPES: tuple[str, ...] = NATIVE_RECIPES + ("blockwise",)
 _KINDS = (
     WeightKind("distributed", "the harness GTP weight, kind defaults: synchronous, fresh copies, "
@@ -199,7 +203,7 @@ _KINDS = (
                "NaN, 16*N padding, Megatron's attach: weights re-registered behind the biases)",
                behaviour=_MCORE, coverage="hooks"),
     WeightKind("gtp_mcore_fp8", "the harness weight over native quantized shards (TE's "
-               "quantized_model_init), all-gathered quantized as Megatron's native-FP8 path does, "
+               "quantized_model_init), handed to TE's gather as Megatron's native-FP8 path does, "
                "with gtp_mcore's behaviours; needs a recipe", behaviour=_MCORE_NATIVE, coverage="hooks",
                min_world_size=2, native=True, recipes=STANDIN_NATIVE_RECIPES),
     WeightKind("megatron", "Megatron-Core 0.19.2's real GTPShardedParam (python -m harness "
@@ -215,6 +219,12 @@ NAMES: tuple[str, ...] = tuple(KINDS)
 NATIVE_API = "quantized_model_init"
 #: Megatron's alignment per recipe (``configure_gtp_remat_from_recipe``): 32 rows under MXFP8
 MEGATRON_MXFP8_PAD = 32
+#: the native stand-in's alignment under ``blockwise``: a shard of whole 128-row tiles is
+#: quantized under the whole weight's 128 x 128 tiles, so TE's gather (dequantize, gather,
+#: quantize the whole) gives the oracle's values. Under Megatron's 16 a shard holds part of a
+#: tile, whose smaller amax gives it a finer scale: a value below FP8's normal range is then
+#: rounded twice, to codes the oracle's one quantization does not give (cases/test_gtp.py)
+STANDIN_BLOCK_PAD = 128
 #: what a selection gets when it does not name weights: every value that needs nothing
 #: installed and runs on every backend (Megatron's class is opted into with ``--weights
 #: megatron``; a native weight, which needs TE's ``quantized_model_init``, with its name)
@@ -254,11 +264,14 @@ def shard_rows(rows: int, world_size: int, pad_multiple: int = 1) -> tuple[int, 
 def pad_multiple(weight: str, recipe: str = "none") -> int:
     """The row alignment of a ``weight`` shard under ``recipe``: Megatron's follows the recipe
     (``configure_gtp_remat_from_recipe``: 32 under MXFP8, else 16), and so does a native
-    harness weight's (an MXFP8 shard is whole 32-row blocks); the harness weight's otherwise
+    harness weight's (an MXFP8 shard is whole 32-row blocks; a block-scaled one, which Megatron
+    does not build, whole 128-row tiles: ``STANDIN_BLOCK_PAD``); the harness weight's otherwise
     is its behaviour's."""
     kind = KINDS[weight]
     if recipe == "mxfp8" and (kind.implementer == "megatron" or kind.native):
         return MEGATRON_MXFP8_PAD
+    if recipe == "blockwise" and kind.native and kind.implementer != "megatron":
+        return STANDIN_BLOCK_PAD
     return kind.pad_multiple
 
 
