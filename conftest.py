@@ -35,12 +35,13 @@ pytest_plugins = [
 #: ``benchmarks/bench_gate.py`` measures them), in the order
 #: the xdist workers should start them. Started last, the longest one ran alone at the end
 #: while the other worker sat idle; started first, the short modules fill in around them. After
-#: them the other modules of 20 s or more in a gate (``bench_gate.py``'s table by file), longest
-#: first, so that the last ones to start are short: in a timed suite run test_te_cpu, late in
-#: collection order, was the last module to start, 34 s alone at the end.
+#: them the other modules of 14 s or more in a gate (``bench_gate.py``'s table by file), longest
+#: first, so that the last ones to start are short: in timed suite runs test_te_cpu (34 s), and
+#: once it went first test_warm (16 s), late in collection order, started last and ran alone.
 FIRST = ("test_faults_ci", "test_ledger_te", "test_review_te", "test_selftest", "test_faults", "test_shard_merge",
          "test_te_tree", "test_matrix", "test_mutants", "test_report_browser", "test_te_cpu", "test_external_launch",
-         "test_megatron_offload", "test_cli", "test_faults_pytest")
+         "test_megatron_offload", "test_cli", "test_faults_pytest", "test_agent_server", "test_faults_packed",
+         "test_sample", "test_warm")
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest run without xdist (-p no:xdist) has no such hook
