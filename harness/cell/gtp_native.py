@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from harness.vocabulary.weights import Behaviour, shard_rows
+from harness.vocabulary.weights import STANDIN_BLOCK_PAD, Behaviour, shard_rows
 from harness.cell.gtp import GTPGroup, GTPWeight, attach_like_megatron, sharding
 
 __all__ = ["NativeGroup", "inject_native", "native_shard", "quantized"]
@@ -48,9 +48,9 @@ _SKIP = frozenset({"__new__", "__init__", "__dict__", "__weakref__", "__module__
                    "__qualname__", "__slots__", "__torch_function__"})
 _SUBCLASSES: dict[type, type] = {}
 #: MXFP8's scale block along the rows, and the tiles TE pads its scale-inverses to; the
-#: block-scaled recipe's block (TE's ``Float8BlockQuantizer.block_len``: a weight's tiles are
-#: 128 x 128)
-_MX_BLOCK, _ROW_TILE, _COL_TILE, _BLOCK = 32, 128, 4, 128
+#: block-scaled recipe's block (TE's ``Float8BlockQuantizer.block_len``, a weight's tiles
+#: 128 x 128), which is the stand-in's alignment of a block-scaled shard
+_MX_BLOCK, _ROW_TILE, _COL_TILE, _BLOCK = 32, 128, 4, STANDIN_BLOCK_PAD
 
 
 def quantized(tensor: Any) -> bool:
@@ -113,14 +113,18 @@ class NativeGroup(GTPGroup):
 
     def materialize(self, forward: bool) -> list[Any] | Any:
         """TE's quantized all-gather of every member, the padding rows stripped; the call's
-        log entry says whether every tensor handed out is quantized."""
+        log entry says whether TE's gather was handed quantized shards and handed out
+        quantized tensors. Both ends: TE's gather quantizes a high-precision input too, and
+        under ``blockwise`` dequantizes a quantized one, so its output alone cannot tell a
+        native shard from a high-precision one."""
         self.join_chain(forward)
+        shards = self.members  # what TE's gather is handed: the native quantized parameters
         # detached, requiring grad as the parameter does (TE reads the copies' flag for
         # whether the weights need a gradient), as Megatron hands its gathers out
         out = [self._gather(m, q, forward).detach().requires_grad_(m.requires_grad and self.behaviour.copies_require_grad)
-               for m, q in zip(self.members, self._gather_quantizers)]
+               for m, q in zip(shards, self._gather_quantizers)]
         if self.log.calls:
-            self.log.calls[-1]["quantized"] = all(quantized(t) for t in out)
+            self.log.calls[-1]["quantized"] = all(quantized(t) for t in (*shards, *out))
         if forward:
             self.track_forward(out)
         return out[0] if len(out) == 1 else out

@@ -680,7 +680,9 @@ def _protocol_checks(cell: Cell, gtp: GTPGroup) -> list[Check]:
     checks.append(compare.compare_value("finalize_dtypes", "dtype", dtypes, [want]))
     if weights.KINDS[cell.weight].native:
         # the native path, proven: every gather handed the GEMMs quantized data (a weight
-        # gathered in high precision and quantized by TE has MXFP8's values too)
+        # gathered in high precision and quantized by TE has MXFP8's values too); the
+        # stand-in's also says that it handed TE's gather its quantized shards (under
+        # blockwise TE dequantizes them first: a high-precision shard gives the same output)
         gathers = [c for c in gtp.log.calls if c["kind"].startswith("materialize")]
         checks.append(compare.compare_value("native_gathers_quantized", "flag",
                                             bool(gathers) and all(c.get("quantized") for c in gathers), True))
